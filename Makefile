@@ -1,0 +1,22 @@
+# Every target sets up .venv itself (tools/ensure-venv): `make demo` and `make test` are all
+# a fresh machine needs.
+.PHONY: demo test validate bench clean
+
+demo:
+	@tools/ensure-venv
+	.venv/bin/dpinfer demo
+
+test:
+	@tools/ensure-venv
+	.venv/bin/python -m pytest -q
+
+validate:
+	@tools/ensure-venv
+	.venv/bin/python -m pytest -q -m validation -s
+
+bench:
+	@tools/ensure-venv
+	.venv/bin/python benchmarks/bench_beta_binomial.py
+
+clean:
+	rm -rf .venv build *.egg-info

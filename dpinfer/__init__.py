@@ -1,0 +1,1 @@
+"""dpinfer: differentially private releases as transparent likelihoods for PyMC."""
