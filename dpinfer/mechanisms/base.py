@@ -158,5 +158,62 @@ class Mechanism(abc.ABC):
         """E[(release - true value)^2] = variance + bias^2."""
         return self.variance(true_values) + self.bias(true_values) ** 2
 
+    @abc.abstractmethod
+    def release_interval(self, true_values, prob: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+        """(lower, upper): an interval holding the release with probability >= ``prob`` given
+        the true values (central for continuous laws; for discrete laws the narrowest interval
+        symmetric about the truth, clipped to the release's support)."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.privacy})"
+
+
+class AdditiveMechanism(Mechanism):
+    """release = true value + noise, the noise independent of the data and identically
+    distributed per cell, with a law symmetric about 0. Subclasses give the noise law."""
+
+    @abc.abstractmethod
+    def noise_logpdf(self, noise: np.ndarray) -> np.ndarray:
+        """log f(e): log pmf (discrete noise) or log density (continuous noise)."""
+
+    @abc.abstractmethod
+    def sample_noise(self, shape: tuple, rng: np.random.Generator) -> np.ndarray:
+        """Noise draws of the given shape."""
+
+    @property
+    @abc.abstractmethod
+    def noise_variance(self) -> float:
+        """Var(e)."""
+
+    @abc.abstractmethod
+    def noise_log_sup_beyond(self, k) -> np.ndarray:
+        """log max_{|e| > k} f(e) (the noise law is symmetric and unimodal at 0)."""
+
+    @abc.abstractmethod
+    def noise_interval(self, prob: float = 0.9) -> tuple[float, float]:
+        """(-q, q) with P(|e| <= q) >= prob: the smallest such q for discrete noise, the exact
+        central quantile for continuous noise."""
+
+    def release(self, true_values, rng: np.random.Generator) -> np.ndarray:
+        true_values = (as_integer_array if self.discrete else as_real_array)("true_values", true_values)
+        return true_values + self.sample_noise(true_values.shape, rng)
+
+    def log_likelihood(self, release, true_values) -> np.ndarray:
+        release, true_values = self._check_pair(release, true_values)
+        return self.noise_logpdf(release - true_values)
+
+    def log_likelihood_bound_outside(self, release, k) -> np.ndarray:
+        # {x integer : |x - s| > k} gives |e| > k for every noise value e = s - x.
+        release = self.check_release(release)
+        return np.broadcast_to(self.noise_log_sup_beyond(k), np.shape(release)).astype(float)
+
+    def bias(self, true_values) -> np.ndarray:
+        return np.zeros(np.shape(as_real_array("true_values", true_values)))
+
+    def variance(self, true_values) -> np.ndarray:
+        return np.full(np.shape(as_real_array("true_values", true_values)), self.noise_variance)
+
+    def release_interval(self, true_values, prob: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+        true_values = as_real_array("true_values", true_values)
+        lo, hi = self.noise_interval(prob)
+        return true_values + lo, true_values + hi
