@@ -104,3 +104,13 @@ def check_same_shape(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray) -> 
         raise ValueError(
             f"{name_a} has shape {np.shape(a)} and {name_b} has shape {np.shape(b)}; they must match"
         ) from None
+
+
+def check_probability(value, name: str = "prob") -> float:
+    """A probability strictly inside (0, 1) (interval levels, tolerances)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number in (0, 1), got {value!r}")
+    value = float(value)
+    if not (0.0 < value < 1.0):
+        raise ValueError(f"{name} must lie strictly between 0 and 1, got {value!r}")
+    return value
