@@ -129,6 +129,8 @@ class Mechanism(abc.ABC):
         observed = self.check_release(observed)
         rv = self.dist(true_values)
         rv = model.register_rv(rv, name, observed=observed, dims=dims)
+        if hasattr(true_values, "tag"):
+            true_values.tag.dpinfer_release = name
         record_release(model, name=name, release_rv=rv, latent=true_values, mechanism=self)
         return rv
 

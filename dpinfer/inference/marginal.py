@@ -1,0 +1,161 @@
+"""Exact marginalisation of latent true counts over proven windows (inference notes §1).
+
+A model in which a latent count vector x ~ p(x | theta) (an elementwise discrete PyMC
+distribution) is privatised into a release s by a mechanism is rewritten into one in which x
+is gone and the release keeps being an observed variable whose law is the marginal
+
+    p(s_i | theta) = sum_{x in W_i} p(x | theta) p(s_i | x)      (per cell i),
+
+so NUTS runs on theta alone, ``pm.compute_log_likelihood`` gives per-cell marginal
+log-likelihoods and posterior predictive draws of the release work (draw x from its prior,
+then release it). Given theta, x is then drawn exactly from the normalised window weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+from pymc.logprob.abstract import _logprob_helper
+from pymc.model.fgraph import fgraph_from_model, model_from_fgraph, model_observed_rv
+from pytensor.graph.basic import ancestors
+from pytensor.graph.replace import clone_replace
+from pytensor.tensor.random.op import RandomVariable
+
+from dpinfer.inference.records import ReleaseRecord
+from dpinfer.inference.window import Window
+
+# Lowest count each of PyMC's count distributions supports (RandomVariable.name -> value).
+_SUPPORT_LOWER = {
+    "poisson": 0,
+    "binomial": 0,
+    "nbinom": 0,
+    "beta_binomial": 0,
+    "betabinom": 0,
+    "hypergeometric": 0,
+    "geometric": 1,
+}
+
+
+class NotMarginalisableError(ValueError):
+    """The latent counts of a release cannot be marginalised exactly by a window."""
+
+
+@dataclass
+class MarginalPlan:
+    """What :func:`marginalise` needs for one release."""
+
+    record: ReleaseRecord
+    latent_name: str
+    release_value: np.ndarray
+    support_lower: int | None
+    window: Window | None = None
+
+
+def plan_marginalisation(model, record: ReleaseRecord, all_records) -> MarginalPlan:
+    """Check that ``record``'s latent counts can be marginalised: an elementwise discrete
+    free variable of ``model`` whose only child is this one release."""
+    latent = record.latent
+    name = getattr(latent, "name", None)
+    if latent not in model.free_RVs:
+        raise NotMarginalisableError(
+            f"the true values of release {record.name!r} must be a free random variable of the "
+            f"model (e.g. pm.Poisson('x', ...)); got {latent!r}"
+        )
+    node = latent.owner
+    if not isinstance(node.op, RandomVariable) or node.op.ndim_supp != 0:
+        raise NotMarginalisableError(
+            f"latent {name!r} must be an elementwise distribution (Poisson, Binomial, "
+            f"NegativeBinomial, ...); got {node.op}"
+        )
+    if not latent.type.dtype.startswith("int"):
+        raise NotMarginalisableError(f"latent {name!r} must be integer valued (counts)")
+    releases_of_latent = [r for r in all_records if r.latent is latent]
+    if len(releases_of_latent) > 1:
+        raise NotMarginalisableError(
+            f"latent {name!r} has {len(releases_of_latent)} releases; joint marginalisation of "
+            "several releases of the same counts is not supported yet"
+        )
+    others = [
+        v
+        for v in model.free_RVs + model.observed_RVs + model.deterministics + model.potentials
+        if v is not latent and v is not record.release_rv
+    ]
+    for v in others:
+        if latent in ancestors([v]):
+            raise NotMarginalisableError(
+                f"latent {name!r} is also used by {v.name!r}; only counts whose sole child is "
+                "their release are marginalised"
+            )
+    release_value = np.asarray(model.rvs_to_values[record.release_rv].data)
+    return MarginalPlan(
+        record=record,
+        latent_name=name,
+        release_value=release_value,
+        support_lower=_SUPPORT_LOWER.get(node.op.name),
+    )
+
+
+def _windowed_terms(prior_op, prior_params, mechanism, release, window: Window):
+    """log p(x | theta) + log p(s | x) on the window grid, shape (W, *cells)."""
+    grid = pt.as_tensor_variable(window.grid())
+    prior_lp = _logprob_helper(prior_op(*prior_params), grid)
+    release_b = pt.broadcast_to(release, grid.shape)
+    lik_lp = pm.logp(mechanism.dist(grid), release_b)
+    return prior_lp + lik_lp
+
+
+def marginalise(model, plans: list[MarginalPlan]):
+    """A new model in which each plan's latent counts are summed out of its release."""
+    fgraph, memo = fgraph_from_model(model)
+    for plan in plans:
+        record, window = plan.record, plan.window
+        mechanism = record.mechanism
+        latent_var = memo[record.latent]
+        release_var = memo[record.release_rv]
+        prior_rv = latent_var.owner.inputs[0]
+        prior_op = prior_rv.owner.op
+        prior_params = prior_op.dist_params(prior_rv.owner)
+        _, release_data = release_var.owner.inputs
+        release_const = np.asarray(plan.release_value)
+
+        def logp(value, *params, prior_op=prior_op, mechanism=mechanism, window=window,
+                 release_const=release_const):
+            terms = _windowed_terms(prior_op, params, mechanism, release_const, window)
+            return pt.logsumexp(terms, axis=0)
+
+        def dist(*args, prior_op=prior_op, mechanism=mechanism):
+            *params, size = args
+            return mechanism.dist(prior_op(*params, size=size))
+
+        marginal = pm.CustomDist.dist(
+            *prior_params,
+            dist=dist,
+            logp=logp,
+            dtype=release_var.type.dtype,
+            size=tuple(prior_rv.shape),
+            class_name=f"Marginal{type(mechanism).__name__}",
+        )
+        op = release_var.owner.op
+        new_release = model_observed_rv(marginal, release_data, op.name, *op.dims)
+        fgraph.replace(release_var, new_release, import_missing=True)
+        fgraph.remove_output(fgraph.outputs.index(latent_var))
+    return model_from_fgraph(fgraph, mutate_fgraph=True)
+
+
+def compile_window_log_weights(marginal_model, plan: MarginalPlan):
+    """A function of the marginal model's free variables (constrained values, in the order of
+    ``marginal_model.free_RVs``) returning the log weights (W, *cells) of the latent counts:
+    log p(x | theta) + log p(s | x) on the window grid."""
+    release_rv = marginal_model[plan.record.name]
+    node = release_rv.owner
+    prior_op = plan.record.latent.owner.op
+    params = node.op.dist_params(node)
+    terms = _windowed_terms(prior_op, params, plan.record.mechanism, plan.release_value, plan.window)
+    free = marginal_model.free_RVs
+    placeholders = [rv.type() for rv in free]
+    terms = clone_replace(terms, dict(zip(free, placeholders)))
+    return pytensor.function(placeholders, terms, on_unused_input="ignore")
