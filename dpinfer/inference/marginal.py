@@ -90,7 +90,7 @@ def plan_marginalisation(model, record: ReleaseRecord, all_records) -> MarginalP
                 f"latent {name!r} is also used by {v.name!r}; only counts whose sole child is "
                 "their release are marginalised"
             )
-    release_value = np.asarray(model.rvs_to_values[record.release_rv].data)
+    release_value = current_value(model.rvs_to_values[record.release_rv])
     return MarginalPlan(
         record=record,
         latent_name=name,
@@ -99,12 +99,27 @@ def plan_marginalisation(model, record: ReleaseRecord, all_records) -> MarginalP
     )
 
 
-def _windowed_terms(prior_op, prior_params, mechanism, release, window: Window):
-    """log p(x | theta) + log p(s | x) on the window grid, shape (W, *cells)."""
-    grid = pt.as_tensor_variable(window.grid())
+def current_value(var) -> np.ndarray:
+    """The numeric value of an observed variable's data (constant or pm.Data)."""
+    if hasattr(var, "get_value"):
+        return np.asarray(var.get_value())
+    return np.asarray(var.data)
+
+
+def _windowed_terms(prior_op, prior_params, mechanism, release, half_width, support_lower):
+    """log p(x | theta) + log p(s | x) for x on each cell's window, shape (W, *cells).
+
+    The window of cell i is c_i - k ... c_i + k with c_i = max(round(s_i), support_lower);
+    ``release`` is symbolic, so a compiled model serves any release of the same shape.
+    """
+    centres = release if release.dtype.startswith("int") else pt.round(release)
+    centres = centres.astype("int64")
+    if support_lower is not None:
+        centres = pt.maximum(centres, support_lower)
+    offsets = pt.arange(-half_width, half_width + 1, dtype="int64")
+    grid = centres[None, ...] + offsets.reshape((-1,) + (1,) * release.ndim)
     prior_lp = _logprob_helper(prior_op(*prior_params), grid)
-    release_b = pt.broadcast_to(release, grid.shape)
-    lik_lp = pm.logp(mechanism.dist(grid), release_b)
+    lik_lp = pm.logp(mechanism.dist(grid), pt.broadcast_to(release, grid.shape))
     return prior_lp + lik_lp
 
 
@@ -112,7 +127,7 @@ def marginalise(model, plans: list[MarginalPlan]):
     """A new model in which each plan's latent counts are summed out of its release."""
     fgraph, memo = fgraph_from_model(model)
     for plan in plans:
-        record, window = plan.record, plan.window
+        record = plan.record
         mechanism = record.mechanism
         latent_var = memo[record.latent]
         release_var = memo[record.release_rv]
@@ -120,11 +135,10 @@ def marginalise(model, plans: list[MarginalPlan]):
         prior_op = prior_rv.owner.op
         prior_params = prior_op.dist_params(prior_rv.owner)
         _, release_data = release_var.owner.inputs
-        release_const = np.asarray(plan.release_value)
 
-        def logp(value, *params, prior_op=prior_op, mechanism=mechanism, window=window,
-                 release_const=release_const):
-            terms = _windowed_terms(prior_op, params, mechanism, release_const, window)
+        def logp(value, *params, prior_op=prior_op, mechanism=mechanism,
+                 half_width=plan.window.half_width, support_lower=plan.support_lower):
+            terms = _windowed_terms(prior_op, params, mechanism, value, half_width, support_lower)
             return pt.logsumexp(terms, axis=0)
 
         def dist(*args, prior_op=prior_op, mechanism=mechanism):
@@ -154,7 +168,10 @@ def compile_window_log_weights(marginal_model, plan: MarginalPlan):
     node = release_rv.owner
     prior_op = plan.record.latent.owner.op
     params = node.op.dist_params(node)
-    terms = _windowed_terms(prior_op, params, plan.record.mechanism, plan.release_value, plan.window)
+    release = marginal_model.rvs_to_values[release_rv]
+    terms = _windowed_terms(
+        prior_op, params, plan.record.mechanism, release, plan.window.half_width, plan.support_lower
+    )
     free = marginal_model.free_RVs
     placeholders = [rv.type() for rv in free]
     terms = clone_replace(terms, dict(zip(free, placeholders)))

@@ -25,13 +25,20 @@ import xarray as xr
 from dpinfer._validation import check_probability
 from dpinfer.inference.marginal import (
     compile_window_log_weights,
+    current_value,
     marginalise,
     plan_marginalisation,
 )
 from dpinfer.inference.records import releases_of
-from dpinfer.inference.window import initial_half_width, make_window, neglected_log_mass
+from dpinfer.inference.window import (
+    initial_half_width,
+    make_window,
+    neglected_log_mass,
+    window_centres,
+)
 
 MAX_WIDENINGS = 4
+_MARGINAL = "_dpinfer_marginal_fit"
 
 
 def sample(
@@ -70,28 +77,23 @@ def sample(
     tol = check_probability(tol, "tol")
     model = pm.modelcontext(model)
     records = releases_of(model)
-    rng = np.random.default_rng(random_seed)
     if not records:
         raise ValueError(
             "the model has no release registered with Mechanism.observe(...); use pm.sample"
         )
-
+    rng = np.random.default_rng(random_seed)
     plans = [plan_marginalisation(model, r, records) for r in records]
-    for plan in plans:
-        mech, s = plan.record.mechanism, plan.release_value
-        centre = np.rint(np.asarray(s, dtype=float))
-        if plan.support_lower is not None:
-            centre = np.maximum(centre, plan.support_lower)
-        # Start where the tail bound is tol * 1e-4 of the likelihood at the window centre;
-        # every posterior draw is checked afterwards against the actual L_i(theta).
-        log_peak = float(np.min(mech.log_likelihood(s, centre)))
-        k = initial_half_width(mech, s, log_target=np.log(tol) + log_peak - np.log(1e4))
-        plan.window = make_window(mech, s, plan.support_lower, k)
+    cached = getattr(model, _MARGINAL, None)
+    for i, plan in enumerate(plans):
+        k = _initial_half_width(plan, tol)
+        if cached is not None:  # keep the compiled model if its windows are wide enough
+            k = max(k, cached.plans[i].window.half_width)
+        plan.window = make_window(plan.record.mechanism, plan.release_value, plan.support_lower, k)
 
     seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
     for attempt in range(MAX_WIDENINGS + 1):
-        marginal_model = marginalise(model, plans)
-        with marginal_model:
+        fit = _marginal_fit(model, plans)
+        with fit.model:
             idata = pm.sample(
                 draws,
                 tune=tune,
@@ -101,7 +103,7 @@ def sample(
                 progressbar=progressbar,
                 **sample_kwargs,
             )
-        report, failed = _draw_latents(idata, marginal_model, model, plans, tol, rng, progressbar)
+        report, failed = _draw_latents(idata, fit, model, tol, rng, progressbar)
         if not failed:
             break
         if attempt == MAX_WIDENINGS:
@@ -120,23 +122,66 @@ def sample(
         entry["widenings"] = attempt
     idata.posterior.attrs["dpinfer"] = json.dumps(report)
     if log_likelihood:
-        with marginal_model:
+        with fit.model:
             pm.compute_log_likelihood(idata, progressbar=progressbar)
-    _set_marginal_model(model, marginal_model)
     return idata
 
 
-def _draw_latents(idata, marginal_model, model, plans, tol, rng, progressbar):
+def _initial_half_width(plan, tol: float) -> int:
+    """Start where the tail bound is tol * 1e-4 of the likelihood at the window centre; every
+    posterior draw is checked afterwards against the actual windowed likelihood."""
+    mech, s = plan.record.mechanism, plan.release_value
+    centre = window_centres(s, plan.support_lower)
+    log_peak = float(np.min(mech.log_likelihood(s, centre)))
+    return initial_half_width(mech, s, log_target=np.log(tol) + log_peak - np.log(1e4))
+
+
+class _MarginalFit:
+    """A marginalised model kept on the original model, so refits with new release data
+    (pm.set_data) reuse its compiled functions."""
+
+    def __init__(self, model, plans):
+        self.plans = plans
+        self.half_widths = [p.window.half_width for p in plans]
+        self.model = marginalise(model, plans)
+        self._log_weights = {}
+
+    def log_weights(self, plan):
+        if plan.latent_name not in self._log_weights:
+            self._log_weights[plan.latent_name] = compile_window_log_weights(self.model, plan)
+        return self._log_weights[plan.latent_name]
+
+    def set_releases(self, plans) -> None:
+        for plan in plans:
+            data = self.model.rvs_to_values[self.model[plan.record.name]]
+            if hasattr(data, "set_value"):
+                data.set_value(np.asarray(plan.release_value, dtype=data.type.dtype))
+            elif not np.array_equal(current_value(data), plan.release_value):
+                raise RuntimeError("release data changed but is not a pm.Data variable")
+        self.plans = plans
+
+
+def _marginal_fit(model, plans) -> _MarginalFit:
+    fit = getattr(model, _MARGINAL, None)
+    if fit is None or fit.half_widths != [p.window.half_width for p in plans]:
+        fit = _MarginalFit(model, plans)
+        setattr(model, _MARGINAL, fit)
+    else:
+        fit.set_releases(plans)
+    return fit
+
+
+def _draw_latents(idata, fit, model, tol, rng, progressbar):
     """Exact draws of each latent given each posterior draw; returns (report, failed names)."""
     posterior = idata.posterior.to_dataset()
-    free_names = [rv.name for rv in marginal_model.free_RVs]
+    free_names = [rv.name for rv in fit.model.free_RVs]
     values = [posterior[n].values for n in free_names]
     n_chains, n_draws = values[0].shape[:2]
     report, failed = {}, []
-    for plan in plans:
+    for plan in fit.plans:
         if progressbar:
             print(f"dpinfer: exact draws of {plan.latent_name!r} given each posterior draw")
-        log_weights = compile_window_log_weights(marginal_model, plan)
+        log_weights = fit.log_weights(plan)
         grid = plan.window.grid()
         cells = grid.shape[1:]
         draws_out = np.empty((n_chains, n_draws) + cells, dtype=np.int64)
@@ -178,22 +223,15 @@ def _categorical(grid: np.ndarray, log_p: np.ndarray, rng) -> np.ndarray:
     return np.take_along_axis(grid, index[None, ...], axis=0)[0]
 
 
-_MARGINAL = "_dpinfer_marginal_model"
-
-
-def _set_marginal_model(model, marginal_model) -> None:
-    setattr(model, _MARGINAL, marginal_model)
-
-
 def marginal_model(model=None):
     """The model :func:`sample` last fitted for ``model``: latent counts summed out, releases
     still observed. Use it for ``pm.sample_posterior_predictive`` of releases and
     ``pm.compute_log_likelihood`` (per-cell marginal log-likelihoods)."""
     model = pm.modelcontext(model)
-    found = getattr(model, _MARGINAL, None)
-    if found is None:
+    fit = getattr(model, _MARGINAL, None)
+    if fit is None:
         raise ValueError("dpinfer.sample has not been run on this model yet")
-    return found
+    return fit.model
 
 
 def warn_if_latent(var) -> None:
