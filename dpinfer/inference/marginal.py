@@ -21,7 +21,7 @@ import pytensor
 import pytensor.tensor as pt
 from pymc.logprob.abstract import _logprob_helper
 from pymc.model.fgraph import fgraph_from_model, model_from_fgraph, model_observed_rv
-from pytensor.graph.basic import ancestors
+from pytensor.graph.traversal import ancestors
 from pytensor.graph.replace import clone_replace
 from pytensor.tensor.random.op import RandomVariable
 
