@@ -34,7 +34,7 @@ import warnings
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
-from scipy.special import gammainc
+from scipy.special import gammainc, gammaincc
 
 from dpinfer._validation import (
     as_real_array,
@@ -184,8 +184,10 @@ class _BoundedLaplace(Mechanism):
             raise ValueError(f"k must be >= 0, got {k!r}")
         lo, hi = _check_support(support)
         lo, hi = math.ceil(lo) if math.isfinite(lo) else lo, math.floor(hi) if math.isfinite(hi) else hi
-        left_hi = np.minimum(np.ceil(release - k) - 1, hi)
-        right_lo = np.maximum(np.floor(release + k) + 1, lo)
+        # innermost integers with |x - r| > k (r +- k may round onto an integer: test both)
+        left_hi, right_lo = np.ceil(release - k), np.floor(release + k)
+        left_hi = np.minimum(np.where(release - left_hi > k, left_hi, left_hi - 1), hi)
+        right_lo = np.maximum(np.where(right_lo - release > k, right_lo, right_lo + 1), lo)
         candidates = [(np.full_like(release, lo), lo <= left_hi), (left_hi, lo <= left_hi),
                       (right_lo, right_lo <= hi), (np.full_like(release, hi), right_lo <= hi)]
         best = np.full(release.shape, -np.inf)
@@ -385,7 +387,10 @@ class TruncatedLaplace(_BoundedLaplace):
         E[r - x_c] = b [P(2,γ) - P(2,α)] / [P(1,α) + P(1,γ)],
         E[(r - x_c)^2] = 2b^2 [P(3,α) + P(3,γ)] / [P(1,α) + P(1,γ)]."""
         norm = gammainc(1, alpha) + gammainc(1, gamma)
-        m1 = self.scale * (gammainc(2, gamma) - gammainc(2, alpha)) / norm
+        # P(2,γ) - P(2,α) = Q(2,α) - Q(2,γ): subtract the smaller pair (Q when both P near 1)
+        far = np.minimum(alpha, gamma) > 1.0
+        diff = np.where(far, gammaincc(2, alpha) - gammaincc(2, gamma), gammainc(2, gamma) - gammainc(2, alpha))
+        m1 = self.scale * diff / norm
         m2 = 2 * self.scale**2 * (gammainc(3, alpha) + gammainc(3, gamma)) / norm
         return m1, m2
 
