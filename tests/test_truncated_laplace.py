@@ -55,14 +55,17 @@ def laplace_truncated_cdf(r, x, b, lower, upper):
 @pytest.mark.parametrize("row", EPS_EFF_TABLE)
 def test_effective_epsilon_table(row):
     lower, upper, sens, eps, eff_paper, eff_cons, ratio = row
-    assert TruncatedLaplace.epsilon_effective(sens / eps, lower, upper, sens) == pytest.approx(eff_paper, abs=5e-5)
-    assert TruncatedLaplace.epsilon_effective(2 * sens / eps, lower, upper, sens) == pytest.approx(eff_cons, abs=5e-5)
+    eff = TruncatedLaplace.epsilon_effective
+    assert eff(sens / eps, lower, upper, sens) == pytest.approx(eff_paper, abs=5e-5)
+    assert eff(2 * sens / eps, lower, upper, sens) == pytest.approx(eff_cons, abs=5e-5)
     mech = TruncatedLaplace(eps, lower, upper, sens)
     assert mech.scale / (sens / eps) == pytest.approx(ratio, abs=5e-5)
     assert mech.epsilon == eps
 
 
-@pytest.mark.parametrize("lower, upper, sens, eps", [(0, 1, 0.1, 1.0), (0, 1, 0.01, 0.1), (-1, 1, 0.02, 0.3), (0, 1, 3.0, 0.7)])
+@pytest.mark.parametrize(
+    "lower, upper, sens, eps", [(0, 1, 0.1, 1.0), (0, 1, 0.01, 0.1), (-1, 1, 0.02, 0.3), (0, 1, 3.0, 0.7)]
+)
 def test_default_scale_is_smallest_with_exact_epsilon(lower, upper, sens, eps):
     b = TruncatedLaplace(eps, lower, upper, sens).scale
     eff = TruncatedLaplace.epsilon_effective(b, lower, upper, sens)
@@ -80,7 +83,8 @@ def test_paper_scale_is_not_epsilon_dp_and_reports_true_epsilon():
     assert audit.holds and audit.measured_epsilon == pytest.approx(1.48985, abs=1e-5)
     assert TruncatedLaplace(1.0, 0, 1, 0.1).epsilon == 1.0
     wide = TruncatedLaplace(1.0, 0, 1, 0.1, scale=0.5)  # more noise than needed: true epsilon < asked
-    assert wide.epsilon == pytest.approx(TruncatedLaplace.epsilon_effective(0.5, 0, 1, 0.1)) and wide.epsilon < 1
+    assert wide.epsilon == pytest.approx(TruncatedLaplace.epsilon_effective(0.5, 0, 1, 0.1))
+    assert wide.epsilon < 1
     assert TruncatedLaplace(1.0, 0, 1, 0.1, scale="conservative").scale == pytest.approx(0.2)
 
 
@@ -97,7 +101,7 @@ def brute_force_loss(mech, s_grid, r_grid):
 
 @pytest.mark.parametrize(
     "lower, upper, sens, b",
-    [(0.0, 1.0, 0.1, 0.1), (0.0, 1.0, 0.5, 0.3), (0.0, 1.0, 1.0, 0.4), (0.0, 1.0, 2.5, 0.4), (-1.0, 2.0, 7.0, 1.3)],
+    [(0, 1, 0.1, 0.1), (0, 1, 0.5, 0.3), (0, 1, 1.0, 0.4), (0, 1, 2.5, 0.4), (-1, 2, 7.0, 1.3)],
 )
 def test_worst_case_loss_closed_form_matches_brute_force(lower, upper, sens, b):
     """Closed form min(Δ, D)/b + log ΔC(b) against a grid over all pairs s, s' (also outside
@@ -138,6 +142,15 @@ def test_bit_audit_equals_epsilon(args):
 
 
 # --- densities -------------------------------------------------------------------------------------
+def integral_on_bounds(mech, x, power):
+    """int_l^u r^power p(r | x) dr by quadrature (the density part only; BIT atoms excluded)."""
+    peak = [x] if mech.lower < x < mech.upper else None
+    return integrate.quad(
+        lambda r: r**power * math.exp(mech.log_likelihood(r, x)),
+        mech.lower, mech.upper, points=peak, epsabs=1e-14, epsrel=1e-12, limit=200,
+    )[0]
+
+
 CASES = [(x, b, l, u) for (l, u) in [(0.0, 1.0), (-2.0, 3.0), (5.0, 5.5)] for b in [0.01, 0.3, 4.0, 1e3]
          for x in [l - 3.0, l - 0.2, l, 0.3 * l + 0.7 * u, u, u + 0.05, u + 40.0]]
 
@@ -145,12 +158,9 @@ CASES = [(x, b, l, u) for (l, u) in [(0.0, 1.0), (-2.0, 3.0), (5.0, 5.5)] for b 
 @pytest.mark.parametrize("x, b, l, u", CASES)
 def test_densities_integrate_to_one(x, b, l, u):
     trunc, bit = truncated_with_scale(b, l, u), bit_with_scale(b, l, u)
-    peak = [min(max(x, l), u)] if l < x < u else None
-    total_t = integrate.quad(lambda r: math.exp(trunc.log_likelihood(r, x)), l, u, points=peak, epsabs=1e-13, limit=200)[0]
-    assert total_t == pytest.approx(1.0, abs=1e-9)
-    interior = integrate.quad(lambda r: math.exp(bit.log_likelihood(r, x)), l, u, points=peak, epsabs=1e-13, limit=200)[0]
+    assert integral_on_bounds(trunc, x, 0) == pytest.approx(1.0, abs=1e-9)
     atoms = np.exp(bit.log_likelihood([l, u], [x, x])).sum()
-    assert interior + atoms == pytest.approx(1.0, abs=1e-9)
+    assert integral_on_bounds(bit, x, 0) + atoms == pytest.approx(1.0, abs=1e-9)
 
 
 def test_log_likelihood_outside_bounds_is_minus_inf_and_memoryless():
@@ -160,8 +170,10 @@ def test_log_likelihood_outside_bounds_is_minus_inf_and_memoryless():
     r = np.linspace(0, 1, 7)
     far = trunc.log_likelihood(r, np.full(7, -1e6))
     np.testing.assert_allclose(far, trunc.log_likelihood(r, np.zeros(7)), rtol=1e-14)
-    np.testing.assert_allclose(far, stats.expon(scale=0.3).logpdf(r) - math.log(-math.expm1(-1 / 0.3)), rtol=1e-12)
-    np.testing.assert_allclose(bit.log_likelihood([0.0, 1.0, 0.4], [-1e6, 1e6, 0.4]), [0.0, 0.0, -math.log(0.6)])
+    exponential = stats.expon(scale=0.3).logpdf(r) - math.log(-math.expm1(-1 / 0.3))
+    np.testing.assert_allclose(far, exponential, rtol=1e-12)
+    atoms_and_peak = bit.log_likelihood([0.0, 1.0, 0.4], [-1e6, 1e6, 0.4])
+    np.testing.assert_allclose(atoms_and_peak, [0.0, 0.0, -math.log(0.6)])
 
 
 def test_pymc_logp_equals_numpy_likelihood():
@@ -211,14 +223,14 @@ def test_observe_registers_the_bit_release():
 
 
 # --- samplers ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("x, b, l, u", [(0.05, 0.1, 0.0, 1.0), (0.5, 1.0, 0.0, 1.0), (-0.4, 0.3, 0.0, 1.0), (2.0, 0.5, -1.0, 1.5)])
+@pytest.mark.parametrize("x, b, l, u", [(0.05, 0.1, 0, 1), (0.5, 1.0, 0, 1), (-0.4, 0.3, 0, 1), (2.0, 0.5, -1, 1.5)])
 def test_truncated_sampler_matches_law(x, b, l, u):
     draws = truncated_with_scale(b, l, u).release(np.full(100_000, x), np.random.default_rng(20020))
     assert draws.min() >= l and draws.max() <= u
     assert stats.kstest(draws, lambda r: laplace_truncated_cdf(r, x, b, l, u)).pvalue > 1e-3
 
 
-@pytest.mark.parametrize("x, b, l, u", [(0.05, 0.1, 0.0, 1.0), (0.5, 1.0, 0.0, 1.0), (-0.4, 0.3, 0.0, 1.0), (3.0, 2.0, 0.0, None)])
+@pytest.mark.parametrize("x, b, l, u", [(0.05, 0.1, 0, 1), (0.5, 1.0, 0, 1), (-0.4, 0.3, 0, 1), (3.0, 2.0, 0, None)])
 def test_bit_sampler_matches_law(x, b, l, u):
     mech = BITLaplace(1.0 / b, l, u)
     n = 100_000
@@ -258,9 +270,7 @@ def test_moments_reference_table(row):
 def quadrature_moments(mech, x):
     """(E[r], Var[r]) by quadrature of the density plus the atoms (BIT)."""
     l, u = mech.lower, mech.upper
-    peak = [x] if l < x < u else None
-    dens = lambda r, k: r**k * math.exp(mech.log_likelihood(r, x))  # noqa: E731
-    mom = [integrate.quad(dens, l, u, args=(k,), points=peak, epsabs=1e-14, epsrel=1e-12, limit=200)[0] for k in (1, 2)]
+    mom = [integral_on_bounds(mech, x, k) for k in (1, 2)]
     if isinstance(mech, BITLaplace):
         p = np.exp(mech.log_likelihood([l, u], [x, x]))
         mom = [mom[0] + p[0] * l + p[1] * u, mom[1] + p[0] * l**2 + p[1] * u**2]
@@ -307,7 +317,9 @@ def test_release_interval_has_the_stated_probability():
 
 
 # --- tail bound for windows -----------------------------------------------------------------------
-@pytest.mark.parametrize("mech", [truncated_with_scale(2.0, 0, 10), truncated_with_scale(0.7, -3, 8), BITLaplace(0.5, 0, 10), BITLaplace(0.4, 0)])
+@pytest.mark.parametrize(
+    "mech", [truncated_with_scale(2.0, 0, 10), truncated_with_scale(0.7, -3, 8), BITLaplace(0.5, 0, 10), BITLaplace(0.4, 0)]
+)
 @pytest.mark.parametrize("support", [None, (0, np.inf), (-3, 12)])
 def test_bound_outside_is_the_sup_over_integers(mech, support):
     xs = np.arange(-400, 401, dtype=float)
@@ -322,7 +334,8 @@ def test_bound_outside_is_the_sup_over_integers(mech, support):
             brute = mech.log_likelihood(np.full(far.shape, r), far).max() if far.size else -np.inf
             assert brute <= bnd + 1e-12
             # tight: the sup is reached at an integer, or (BIT atoms, no support) approached as x -> -/+inf
-            assert brute == pytest.approx(bnd, abs=1e-12) or (np.isfinite(brute) and bnd == 0.0 and brute > -1e-80)
+            approached = bnd == 0.0 and brute > -1e-80
+            assert brute == pytest.approx(bnd, abs=1e-12) or approached
 
 
 def test_bound_outside_decays_for_counts():
@@ -378,3 +391,15 @@ def test_bad_scale_and_bounds():
     assert BITLaplace(1.0, 0).privacy.epsilon == 1.0
     assert not TruncatedLaplace.discrete and not TruncatedLaplace.exact_sampler
     assert not BITLaplace.discrete and not BITLaplace.exact_sampler
+
+
+def test_one_sided_bit_moments_match_seed_002_eq_10():
+    """Bounds [l, inf): bias_BIT = (b/2) e^{-a/b} (Eq (10)); MSE = b^2 [P(2, a/b) + 1]; below l
+    the release is l + the clamp excess, so bias -> l - x and the variance -> 0."""
+    mech = BITLaplace(0.5, 0.0)  # b = 2
+    a = np.array([0.0, 0.5, 3.0, 40.0])
+    np.testing.assert_allclose(mech.bias(a), np.exp(-a / 2), rtol=1e-14)
+    np.testing.assert_allclose(mech.mse(a), 4 * (1 - (1 + a / 2) * np.exp(-a / 2) + 1), rtol=1e-13)
+    below = np.array([-1.0, -30.0])
+    np.testing.assert_allclose(mech.bias(below), -below + np.exp(below / 2), rtol=1e-14)
+    np.testing.assert_allclose(mech.variance(below), 4 * np.exp(below / 2) - np.exp(below), rtol=1e-13)

@@ -56,6 +56,11 @@ def _laplace_logcdf(z: np.ndarray) -> np.ndarray:
     return np.where(z < 0, z - LOG2, np.log1p(-0.5 * np.exp(-np.maximum(z, 0.0))))
 
 
+def _two_c(alpha, gamma):
+    """2 C(x_c) = m_l + m_r = P(1, α) + P(1, γ): twice the Laplace mass of [l, u], no cancellation."""
+    return -np.expm1(-alpha) - np.expm1(-gamma)
+
+
 def _bounded_laplace_quantile(q, centre, b, m_l, m_r, lower, upper) -> np.ndarray:
     """Inverse CDF of Laplace(centre, b) restricted to [centre - A, centre + G], where
     m_l = 1 - e^{-A/b} and m_r = 1 - e^{-G/b} (m = 1 for an unrestricted side), then clipped to
@@ -279,7 +284,9 @@ class TruncatedLaplace(_BoundedLaplace):
         elif isinstance(scale, str):
             rules = {"paper": 1.0, "conservative": 2.0}
             if scale not in rules:
-                raise ValueError(f"scale must be None, a number > 0, 'paper' or 'conservative', got {scale!r}")
+                raise ValueError(
+                    f"scale must be None, a number > 0, 'paper' or 'conservative', got {scale!r}"
+                )
             b = rules[scale] * sensitivity / self.asked_epsilon
         else:
             b = check_positive("scale", scale)
@@ -303,8 +310,9 @@ class TruncatedLaplace(_BoundedLaplace):
         lower, upper = check_bounds(lower, upper)
         width = upper - lower
         step = min(check_positive("sensitivity", sensitivity), width)
-        log_dc = math.log(-math.expm1(-step / b) - math.expm1(-(width - step) / b)) - math.log(-math.expm1(-width / b))
-        return step / b + log_dc
+        two_c_moved = -math.expm1(-step / b) - math.expm1(-(width - step) / b)  # 2 C(l + Δ_e)
+        two_c_bound = -math.expm1(-width / b)  # 2 C(l)
+        return step / b + math.log(two_c_moved) - math.log(two_c_bound)
 
     @classmethod
     def optimal_scale(cls, epsilon, lower, upper, sensitivity=1.0) -> float:
@@ -326,12 +334,14 @@ class TruncatedLaplace(_BoundedLaplace):
     @property
     def privacy(self) -> PrivacyGuarantee:
         if self.scale_rule == "optimal":
-            epsilon, note = self.asked_epsilon, f"scale b = {self.scale:.10g}, the smallest with ε_eff(b) <= ε"
+            epsilon = self.asked_epsilon
+            note = f"scale b = {self.scale:.10g}, the smallest with ε_eff(b) <= ε"
         else:
             epsilon = self.effective_epsilon
             note = (
-                f"scale b = {self.scale:.10g} ({self.scale_rule}) asked for epsilon = {self.asked_epsilon:.6g}; "
-                f"the true worst-case loss of the renormalised truncation is ε_eff = {epsilon:.6g} (seed 002 §2.5)"
+                f"scale b = {self.scale:.10g} ({self.scale_rule}) asked for epsilon = "
+                f"{self.asked_epsilon:.6g}; the true worst-case loss of the renormalised truncation "
+                f"is ε_eff = {epsilon:.6g} (seed 002 §2.5)"
             )
         if self.sensitivity >= self.upper - self.lower:
             note += "; sensitivity >= upper - lower, so the worst case is s = lower, s' = upper"
@@ -363,14 +373,14 @@ class TruncatedLaplace(_BoundedLaplace):
         log C(x) = log((m_l + m_r)/2) - dist(x, [l, u])/b."""
         x = as_real_array("true_values", true_values)
         x_c, alpha, gamma = self._reduced(x)
-        return np.log(0.5 * (-np.expm1(-alpha) - np.expm1(-gamma))) - np.abs(x - x_c) / self.scale
+        return np.log(0.5 * _two_c(alpha, gamma)) - np.abs(x - x_c) / self.scale
 
     def log_likelihood(self, release, true_values) -> np.ndarray:
         """log f_T(r | x) = -log b - |r - x_c|/b - log(m_l + m_r) on [l, u], -inf outside.
         (``observe`` rejects releases outside [l, u] instead: they cannot be data.)"""
         release, x, inside = self._log_likelihood_inputs(release, true_values)
         x_c, alpha, gamma = self._reduced(x)
-        logf = -math.log(self.scale) - np.abs(release - x_c) / self.scale - np.log(-np.expm1(-alpha) - np.expm1(-gamma))
+        logf = -math.log(self.scale) - np.abs(release - x_c) / self.scale - np.log(_two_c(alpha, gamma))
         return np.where(inside, logf, -np.inf)
 
     def _log_likelihood_limit(self, release, direction):
@@ -379,7 +389,8 @@ class TruncatedLaplace(_BoundedLaplace):
     # --- release -------------------------------------------------------------------------------------
     def _quantile(self, q, x):
         x_c, alpha, gamma = self._reduced(x)
-        return _bounded_laplace_quantile(q, x_c, self.scale, -np.expm1(-alpha), -np.expm1(-gamma), self.lower, self.upper)
+        m_l, m_r = -np.expm1(-alpha), -np.expm1(-gamma)
+        return _bounded_laplace_quantile(q, x_c, self.scale, m_l, m_r, self.lower, self.upper)
 
     # --- utility -------------------------------------------------------------------------------------
     def _moments(self, alpha, gamma, x):
@@ -389,7 +400,9 @@ class TruncatedLaplace(_BoundedLaplace):
         norm = gammainc(1, alpha) + gammainc(1, gamma)
         # P(2,γ) - P(2,α) = Q(2,α) - Q(2,γ): subtract the smaller pair (Q when both P near 1)
         far = np.minimum(alpha, gamma) > 1.0
-        diff = np.where(far, gammaincc(2, alpha) - gammaincc(2, gamma), gammainc(2, gamma) - gammainc(2, alpha))
+        diff = np.where(
+            far, gammaincc(2, alpha) - gammaincc(2, gamma), gammainc(2, gamma) - gammainc(2, alpha)
+        )
         m1 = self.scale * diff / norm
         m2 = 2 * self.scale**2 * (gammainc(3, alpha) + gammainc(3, gamma)) / norm
         return m1, m2
@@ -441,17 +454,15 @@ class BITLaplace(_BoundedLaplace):
         s = np.linspace(lo - 2 * step, hi + 2 * step, n_true)
         pairs = [(a, a + sign * step) for a in s for sign in (-1.0, 1.0)]
         grid = max_privacy_loss(self.log_likelihood, pairs, np.linspace(lo, hi, n_release))
-        return PrivacyAudit(self._epsilon, 0.0, grid, 0.0,
-                            method=f"grid over {len(pairs)} neighbour pairs x {n_release} releases incl. atoms")
+        method = f"grid over {len(pairs)} neighbour pairs x {n_release} releases incl. atoms"
+        return PrivacyAudit(self._epsilon, 0.0, grid, 0.0, method=method)
 
     def log_likelihood(self, release, true_values) -> np.ndarray:
         release, x, inside = self._log_likelihood_inputs(release, true_values)
         b = self.scale
-        logp = np.where(
-            release == self.lower,
-            _laplace_logcdf((self.lower - x) / b),
-            np.where(release == self.upper, _laplace_logcdf((x - self.upper) / b), -math.log(2 * b) - np.abs(release - x) / b),
-        )
+        interior = -math.log(2 * b) - np.abs(release - x) / b
+        at_upper = np.where(release == self.upper, _laplace_logcdf((x - self.upper) / b), interior)
+        logp = np.where(release == self.lower, _laplace_logcdf((self.lower - x) / b), at_upper)
         return np.where(inside, logp, -np.inf)
 
     def _log_likelihood_limit(self, release, direction):
