@@ -126,7 +126,10 @@ class Mechanism(abc.ABC):
         from dpinfer.inference.records import record_release
 
         model = pm.modelcontext(model)
-        observed = self.check_release(observed)
+        if hasattr(observed, "get_value"):  # pm.Data: validate its value, keep it symbolic
+            self.check_release(observed.get_value())
+        else:
+            observed = self.check_release(observed)
         rv = self.dist(true_values)
         rv = model.register_rv(rv, name, observed=observed, dims=dims)
         if hasattr(true_values, "tag"):
