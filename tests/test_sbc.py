@@ -1,0 +1,162 @@
+"""Simulation-based calibration: the statistics on exact cases, then dpinfer.sample itself.
+
+Every tolerance is a binomial (or chi-square) Monte Carlo band at a stated level, with the
+multiplicity correction of dpinfer.inference.sbc (Bonferroni over quantities and checks).
+"""
+
+from __future__ import annotations
+
+import itertools
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpinfer.inference.sbc import (
+    chisq_uniformity_pvalue,
+    coverage_band,
+    covers,
+    ecdf_uniformity_pvalue,
+    randomised_pit,
+    randomised_ranks,
+    sbc_summary,
+    thin,
+)
+
+
+# --- exact properties of the randomised rank -----------------------------------------------
+def test_randomised_rank_is_exactly_uniform_by_enumeration():
+    """Truth and L = 3 draws iid from a 3-point law (many ties): enumerating every outcome,
+    P(rank = r) = sum P(outcome) 1{below <= r <= below + ties} / (ties + 1) = 1/(L + 1) exactly,
+    while the plain rank #{draws < truth} is not uniform."""
+    pmf = {0: Fraction(1, 2), 1: Fraction(3, 10), 2: Fraction(1, 5)}
+    L = 3
+    randomised = [Fraction(0)] * (L + 1)
+    plain = [Fraction(0)] * (L + 1)
+    for truth, *draws in itertools.product(pmf, repeat=L + 1):
+        p = pmf[truth] * np.prod([pmf[d] for d in draws], dtype=object)
+        below = sum(d < truth for d in draws)
+        ties = sum(d == truth for d in draws)
+        for r in range(below, below + ties + 1):
+            randomised[r] += p / (ties + 1)
+        plain[below] += p
+    assert randomised == [Fraction(1, L + 1)] * (L + 1)
+    assert plain != [Fraction(1, L + 1)] * (L + 1)
+
+
+def test_randomised_rank_spreads_ties_uniformly():
+    """Implementation check: draws [0, 1, 1, 1, 2], truth 1 -> rank uniform on {1, 2, 3, 4}.
+    Each frequency of n = 40000 calls lies in its binomial band (alpha = 1e-4 over 4 values)."""
+    rng = np.random.default_rng(1)
+    draws = np.array([0, 1, 1, 1, 2])[:, None].repeat(40_000, axis=1)
+    r = randomised_ranks(draws, np.ones(40_000, dtype=int), rng)
+    assert set(np.unique(r)) == {1, 2, 3, 4}
+    lo, hi = coverage_band(40_000, 0.25, 1e-4 / 4)
+    for v in (1, 2, 3, 4):
+        assert lo <= np.mean(r == v) <= hi
+
+
+def test_randomised_pit_coverage_is_exact():
+    """PIT (rank + V)/(L + 1) of uniform ranks is Uniform(0, 1): central p-intervals cover with
+    probability p, checked against the binomial band (alpha = 1e-4 per level)."""
+    rng = np.random.default_rng(2)
+    L, n = 9, 100_000
+    u = randomised_pit(rng.integers(0, L + 1, size=n), L, rng)
+    for p in (0.5, 0.9):
+        lo, hi = coverage_band(n, p, 1e-4)
+        assert lo <= np.mean(covers(u, p)) <= hi
+
+
+def test_coverage_band_is_an_exact_binomial_region():
+    for n, p, a in [(50, 0.9, 0.01), (200, 0.5, 0.001)]:
+        lo, hi = coverage_band(n, p, a)
+        outside = stats.binom.cdf(round(lo * n) - 1, n, p) + stats.binom.sf(round(hi * n), n, p)
+        assert outside <= a
+        assert lo < p < hi
+
+
+def test_uniformity_tests_are_calibrated_and_have_power():
+    """Under the null, P(p-value <= 0.1) is 0.1 within its binomial band (alpha = 1e-3) for both
+    tests; with R = 500, a PIT from Beta(2, 2) (posterior too wide) or Beta(0.7, 0.7) (too
+    narrow) is rejected at the per-test level sbc_summary uses for 10 quantities at
+    alpha = 0.01 (0.01 / 2 / 20 = 2.5e-4)."""
+    rng = np.random.default_rng(3)
+    n_sets, R = 500, 50
+    p_chi = np.array([chisq_uniformity_pvalue(rng.random(R), 10) for _ in range(n_sets)])
+    p_ecdf = np.array([ecdf_uniformity_pvalue(rng.random(R)) for _ in range(n_sets)])
+    lo, hi = coverage_band(n_sets, 0.1, 1e-3)
+    # chi-square p-values are discrete: P(p <= 0.1) <= 0.1, so only the upper limit is exact
+    assert np.mean(p_chi <= 0.1) <= hi
+    assert lo <= np.mean(p_ecdf <= 0.1) <= hi
+    for a, b in [(2.0, 2.0), (0.7, 0.7)]:
+        u = rng.beta(a, b, size=500)
+        assert chisq_uniformity_pvalue(u, 10) < 2.5e-4
+        assert ecdf_uniformity_pvalue(u) < 2.5e-4
+
+
+def test_bad_arguments_are_rejected():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="shape"):
+        randomised_ranks(np.zeros((5, 2)), np.zeros(3), rng)
+    with pytest.raises(TypeError, match="rng"):
+        randomised_ranks(np.zeros((5,)), np.zeros(()), 1)
+    with pytest.raises(ValueError, match="n_draws"):
+        randomised_pit(np.array([11]), 10, rng)
+    with pytest.raises(ValueError, match="prob"):
+        covers(np.array([0.5]), 1.0)
+    with pytest.raises(ValueError, match="expected counts"):
+        chisq_uniformity_pvalue(rng.random(20), 10)
+    with pytest.raises(ValueError, match="n_keep"):
+        thin(np.zeros((10, 2)), 11)
+
+
+# --- SBC of exact posteriors: a conjugate model with a latent count --------------------------
+# theta ~ Beta(A, B); x | theta ~ Binomial(N, theta) (latent count); y | x ~ Binomial(x, Q)
+# observed. Exact joint posterior: p(x | y) by enumeration of x in 0..N from the beta-binomial
+# prior times Binomial(y; x, Q); then theta | x ~ Beta(A + x, B + N - x).
+A, B, N, Q = 2.0, 3.0, 12, 0.5
+
+
+def _exact_posterior(y, size, rng, sharpen=1.0):
+    xs = np.arange(N + 1)
+    logw = stats.betabinom.logpmf(xs, N, A, B) + stats.binom.logpmf(y, xs, Q)
+    w = np.exp(sharpen * (logw - logw.max()))
+    x = rng.choice(xs, size=size, p=w / w.sum())
+    return x, rng.beta(A + x, B + N - x)
+
+
+def _conjugate_sbc(n_reps, L, rng, *, sharpen=1.0, shrink=1.0, plain=False):
+    pits = {"theta": [], "x": []}
+    for _ in range(n_reps):
+        theta = rng.beta(A, B)
+        x = rng.binomial(N, theta)
+        y = rng.binomial(x, Q)
+        xd, td = _exact_posterior(y, L, rng, sharpen)
+        td = td.mean() + shrink * (td - td.mean())
+        for name, draws, truth in (("theta", td, theta), ("x", xd, x)):
+            r = np.sum(draws < truth) if plain else randomised_ranks(draws, np.asarray(truth), rng)
+            pits[name].append(int(r))
+    return {k: randomised_pit(np.array(v), L, rng) for k, v in pits.items()}
+
+
+def test_sbc_passes_for_exact_posterior_draws():
+    df = sbc_summary(_conjugate_sbc(400, 99, np.random.default_rng(10)), alpha=0.01)
+    assert df["passed"].all(), df.to_string()
+
+
+def test_sbc_fails_without_tie_randomisation():
+    """Plain ranks of the integer count x pile up low: the same exact sampler fails."""
+    df = sbc_summary(_conjugate_sbc(400, 99, np.random.default_rng(10), plain=True), alpha=0.01)
+    assert not df.set_index("quantity").loc["x", "ranks_ok"], df.to_string()
+
+
+def test_sbc_fails_for_too_narrow_posteriors():
+    """theta draws shrunk to 0.6 of their spread and x drawn from the squared (sharpened)
+    posterior pmf: both under-cover (90% coverage below the band) and fail the rank tests."""
+    df = sbc_summary(
+        _conjugate_sbc(400, 99, np.random.default_rng(11), sharpen=2.0, shrink=0.6), alpha=0.01
+    ).set_index("quantity")
+    for q in ("theta", "x"):
+        assert df.loc[q, "coverage90"] < df.loc[q, "band90_lo"], df.to_string()
+        assert not df.loc[q, "ranks_ok"], df.to_string()
