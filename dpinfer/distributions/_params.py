@@ -8,19 +8,19 @@ every integer location through :func:`as_integer_location`.
 
 from __future__ import annotations
 
-import numpy as np
 import pytensor.tensor as pt
 from pytensor.graph.basic import Variable
 
-from dpinfer._validation import as_integer_array
+from dpinfer._validation import as_integer_array, as_real_array
 
 
-def as_float64(value):
-    """A float64 tensor: numbers and arrays are converted in numpy, symbolic inputs cast."""
+def as_float64(name: str, value):
+    """A float64 tensor: numbers and arrays must be finite reals (checked in numpy), symbolic
+    inputs are cast."""
     if isinstance(value, Variable):
         value = pt.as_tensor_variable(value)
         return value if value.dtype == "float64" else pt.cast(value, "float64")
-    return pt.as_tensor_variable(np.asarray(value, dtype=np.float64))
+    return pt.as_tensor_variable(as_real_array(name, value))
 
 
 def as_integer_location(name: str, value):

@@ -153,7 +153,7 @@ class DiscreteGaussian(Discrete):
 
     @classmethod
     def dist(cls, mu, sigma, *args, **kwargs):
-        return super().dist([as_integer_location("mu", mu), as_float64(sigma)], *args, **kwargs)
+        return super().dist([as_integer_location("mu", mu), as_float64("sigma", sigma)], *args, **kwargs)
 
     def support_point(rv, size, mu, sigma):
         return mu if rv_size_is_none(size) else pt.full(size, mu)

@@ -78,7 +78,7 @@ class DiscreteLaplace(Discrete):
 
     @classmethod
     def dist(cls, mu, b, *args, **kwargs):
-        return super().dist([as_integer_location("mu", mu), as_float64(b)], *args, **kwargs)
+        return super().dist([as_integer_location("mu", mu), as_float64("b", b)], *args, **kwargs)
 
     def support_point(rv, size, mu, b):
         return mu if rv_size_is_none(size) else pt.full(size, mu)
