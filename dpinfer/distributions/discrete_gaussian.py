@@ -19,7 +19,7 @@ from dpinfer.distributions._params import as_float64, as_integer_location
 __all__ = ["DiscreteGaussian", "discrete_gaussian_log_normaliser", "discrete_gaussian_variance"]
 
 # Terms kept in the normaliser series. Direct branch (sigma < 1): the first omitted term is
-# exp(-13^2 / 2) = 5e-37 relative to the k = 0 term. Poisson-summation branch (sigma >= 1): the
+# below exp(-13^2 / 2) = 2e-37 relative to the k = 0 term. Poisson-summation branch (sigma >= 1): the
 # first omitted term is exp(-2 pi^2 13^2) ~ 1e-1449. Both are far below float64 resolution.
 _SERIES_TERMS = 12
 _TWO_PI_SQ = 2.0 * math.pi**2
