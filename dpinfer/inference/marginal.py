@@ -100,10 +100,26 @@ def plan_marginalisation(model, record: ReleaseRecord, all_records) -> MarginalP
 
 
 def current_value(var) -> np.ndarray:
-    """The numeric value of an observed variable's data (constant or pm.Data)."""
+    """The numeric value of an observed variable's data (constant or pm.Data, possibly behind
+    the dtype casts PyMC inserts: observed integer data become int32, then int64 counts)."""
     if hasattr(var, "get_value"):
         return np.asarray(var.get_value())
-    return np.asarray(var.data)
+    if hasattr(var, "data"):
+        return np.asarray(var.data)
+    return np.asarray(var.eval())
+
+
+def shared_data(var):
+    """The pm.Data (shared) variable behind an observed value, through single-input ops such
+    as PyMC's dtype casts; None for constant data."""
+    while var is not None:
+        if hasattr(var, "set_value"):
+            return var
+        owner = var.owner
+        if owner is None or len(owner.inputs) != 1:
+            return None
+        var = owner.inputs[0]
+    return None
 
 
 def _windowed_terms(prior_op, prior_params, mechanism, release, half_width, support_lower):

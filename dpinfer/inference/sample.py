@@ -28,6 +28,7 @@ from dpinfer.inference.marginal import (
     current_value,
     marginalise,
     plan_marginalisation,
+    shared_data,
 )
 from dpinfer.inference.records import releases_of
 from dpinfer.inference.window import (
@@ -154,8 +155,12 @@ class _MarginalFit:
     def set_releases(self, plans) -> None:
         for plan in plans:
             data = self.model.rvs_to_values[self.model[plan.record.name]]
-            if hasattr(data, "set_value"):
-                data.set_value(np.asarray(plan.release_value, dtype=data.type.dtype))
+            shared = shared_data(data)
+            if shared is not None:
+                value = np.asarray(plan.release_value, dtype=shared.type.dtype)
+                if not np.array_equal(value, plan.release_value):
+                    raise ValueError(f"release {plan.record.name!r} does not fit {shared.type.dtype}")
+                shared.set_value(value)
             elif not np.array_equal(current_value(data), plan.release_value):
                 raise RuntimeError("release data changed but is not a pm.Data variable")
         self.plans = plans
