@@ -41,6 +41,7 @@ from dpinfer.mechanisms.base import (
     check_neighbour,
 )
 from dpinfer.mechanisms.exact_sampling import sample_discrete_laplace
+from dpinfer.mechanisms.laplace import check_noise_distance
 
 __all__ = ["DoubleGeometric", "ClampedGeometric"]
 
@@ -55,13 +56,6 @@ def _log1mexp(x) -> np.ndarray:
     x = np.asarray(x, dtype=float)
     with np.errstate(divide="ignore"):
         return np.where(x > -math.log(2.0), np.log(-np.expm1(x)), np.log1p(-np.exp(x)))
-
-
-def _check_k(k) -> np.ndarray:
-    k = as_integer_array("k", k)
-    if np.any(k < 0):
-        raise ValueError(f"k must be a whole number >= 0, got {k.ravel()[:3].tolist()}")
-    return k
 
 
 def _audit_pure(mechanism: Mechanism, x_lo: int, x_hi: int, outputs: np.ndarray, note: str) -> PrivacyAudit:
@@ -161,8 +155,8 @@ class DoubleGeometric(AdditiveMechanism):
         return 2.0 * math.exp(-self._rate) / math.expm1(-self._rate) ** 2
 
     def noise_log_sup_beyond(self, k) -> np.ndarray:
-        """log f(k + 1) = log max_{|e| > k} f(e), for whole numbers k >= 0."""
-        return self._log_norm - self._rate * (_check_k(k) + 1.0)
+        """log max_{|e| > k} f(e) = log f(floor(k) + 1) for k >= 0 (e is an integer)."""
+        return self._log_norm - self._rate * (np.floor(check_noise_distance(k)) + 1.0)
 
     def noise_interval(self, prob: float = 0.9) -> tuple[float, float]:
         """(-q, q) for the smallest whole q with P(|e| <= q) = 1 - 2 a^{q+1}/(1 + a) >= prob."""
@@ -282,7 +276,7 @@ class ClampedGeometric(Mechanism):
         max_{x >= lower + k + 1} a^(x - lower)/(1 + a) = a^(k+1)/(1 + a), and likewise at upper.
         """
         release = self.check_release(release)
-        k = _check_k(k)
+        k = np.floor(check_noise_distance(k))
         noise = self.noise
         interior = noise.noise_log_sup_beyond(k)
         at_bound = -noise._rate * (k + 1.0) - noise._log1p_a if within_bounds else 0.0
