@@ -12,7 +12,7 @@ from __future__ import annotations
 import pymc.step_methods as step_methods
 from pymc.step_methods.compound import BlockedStep, Competence
 
-from dpinfer.inference.sample import warn_if_latent
+from dpinfer.inference.sampling import warn_if_latent
 
 
 class LatentCountGuard(BlockedStep):

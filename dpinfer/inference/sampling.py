@@ -110,14 +110,19 @@ def sample(
         if attempt == MAX_WIDENINGS:
             raise RuntimeError(
                 f"the window bound still exceeds tol={tol} after {MAX_WIDENINGS} widenings for "
-                f"{failed}; the posterior puts mass where the likelihood is tiny - check the model"
+                f"{sorted(failed)}; the posterior puts mass where the likelihood is tiny - check the model"
             )
         for plan in plans:
             if plan.latent_name in failed:
                 mech, s = plan.record.mechanism, plan.release_value
-                plan.window = make_window(mech, s, plan.support_lower, 2 * plan.window.half_width)
+                # eta_i <= tol L_i / n for every draw suffices; L_W <= L makes this conservative.
+                log_l = failed[plan.latent_name]
+                target = np.log(tol) - np.log(np.size(s)) + log_l
+                k = initial_half_width(mech, s, log_target=target, support_lower=plan.support_lower)
+                k = max(2 * plan.window.half_width, k)
+                plan.window = make_window(mech, s, plan.support_lower, k)
         if progressbar:
-            print(f"dpinfer: widening the windows of {failed} and refitting")
+            print(f"dpinfer: widening the windows of {sorted(failed)} and refitting")
 
     for entry in report.values():
         entry["widenings"] = attempt
@@ -134,7 +139,9 @@ def _initial_half_width(plan, tol: float) -> int:
     mech, s = plan.record.mechanism, plan.release_value
     centre = window_centres(s, plan.support_lower)
     log_peak = float(np.min(mech.log_likelihood(s, centre)))
-    return initial_half_width(mech, s, log_target=np.log(tol) + log_peak - np.log(1e4))
+    return initial_half_width(
+        mech, s, log_target=np.log(tol) + log_peak - np.log(1e4), support_lower=plan.support_lower
+    )
 
 
 class _MarginalFit:
@@ -177,12 +184,15 @@ def _marginal_fit(model, plans) -> _MarginalFit:
 
 
 def _draw_latents(idata, fit, model, tol, rng, progressbar):
-    """Exact draws of each latent given each posterior draw; returns (report, failed names)."""
+    """Exact draws of each latent given each posterior draw.
+
+    Returns (report, failed): ``failed`` maps each latent whose window bound exceeded ``tol``
+    on some draw to the smallest windowed log-likelihood of any cell over all draws."""
     posterior = idata.posterior.to_dataset()
     free_names = [rv.name for rv in fit.model.free_RVs]
     values = [posterior[n].values for n in free_names]
     n_chains, n_draws = values[0].shape[:2]
-    report, failed = {}, []
+    report, failed = {}, {}
     for plan in fit.plans:
         if progressbar:
             print(f"dpinfer: exact draws of {plan.latent_name!r} given each posterior draw")
@@ -190,12 +200,13 @@ def _draw_latents(idata, fit, model, tol, rng, progressbar):
         grid = plan.window.grid()
         cells = grid.shape[1:]
         draws_out = np.empty((n_chains, n_draws) + cells, dtype=np.int64)
-        worst = -np.inf
+        worst, min_log_l = -np.inf, np.inf
         for c in range(n_chains):
             for d in range(n_draws):
                 lw = log_weights(*[v[c, d] for v in values])
                 log_l = np.logaddexp.reduce(lw, axis=0)
                 worst = max(worst, float(neglected_log_mass(plan.window.log_eta, log_l)))
+                min_log_l = min(min_log_l, float(np.min(log_l)))
                 draws_out[c, d] = _categorical(grid, lw - log_l, rng)
         dims = model.named_vars_to_dims.get(plan.latent_name) or [
             f"{plan.latent_name}_dim_{i}" for i in range(len(cells))
@@ -215,8 +226,8 @@ def _draw_latents(idata, fit, model, tol, rng, progressbar):
             "tol": tol,
         }
         if not bound <= tol:
-            failed.append(plan.latent_name)
-    idata.posterior = xr.DataTree(posterior)
+            failed[plan.latent_name] = min_log_l
+    idata["posterior"] = xr.DataTree(posterior)  # attribute assignment would not replace the node
     return report, failed
 
 

@@ -49,11 +49,13 @@ def window_centres(release: np.ndarray, support_lower: int | None) -> np.ndarray
     return centres
 
 
-def log_eta(mechanism, release: np.ndarray, half_width: int) -> np.ndarray:
+def log_eta(mechanism, release: np.ndarray, half_width: int, support_lower=None) -> np.ndarray:
     """log sup{p(s | x): supported x outside the window}. A continuous release s is
     centred at round(s), so |x - s| > half_width - 1/2 there: bound at half_width - 1."""
     k = half_width if mechanism.discrete else half_width - 1
-    return np.asarray(mechanism.log_likelihood_bound_outside(release, max(k, 0)), dtype=float)
+    support = (-np.inf if support_lower is None else support_lower, np.inf)
+    bound = mechanism.log_likelihood_bound_outside(release, max(k, 0), support=support)
+    return np.asarray(bound, dtype=float)
 
 
 def make_window(mechanism, release, support_lower, half_width: int) -> Window:
@@ -61,17 +63,17 @@ def make_window(mechanism, release, support_lower, half_width: int) -> Window:
     return Window(
         centres=window_centres(release, support_lower),
         half_width=int(half_width),
-        log_eta=log_eta(mechanism, release, half_width),
+        log_eta=log_eta(mechanism, release, half_width, support_lower),
     )
 
 
-def initial_half_width(mechanism, release, *, log_target: float) -> int:
+def initial_half_width(mechanism, release, *, log_target: float, support_lower=None) -> int:
     """Smallest k with every cell's tail bound log eta_i(k) <= log_target (doubling, then
     bisection; eta is non-increasing in k)."""
     release = np.asarray(release)
 
     def ok(k: int) -> bool:
-        return bool(np.all(log_eta(mechanism, release, k) <= log_target))
+        return bool(np.all(log_eta(mechanism, release, k, support_lower) <= log_target))
 
     hi = 1
     while not ok(hi):

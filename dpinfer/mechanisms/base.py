@@ -111,8 +111,11 @@ class Mechanism(abc.ABC):
         true values."""
 
     @abc.abstractmethod
-    def log_likelihood_bound_outside(self, release, k: int) -> np.ndarray:
-        """Elementwise log of an upper bound on sup { p(release | x) : integer x, |x - release| > k }.
+    def log_likelihood_bound_outside(
+        self, release, k: int, *, support=(-np.inf, np.inf)
+    ) -> np.ndarray:
+        """Elementwise log of an upper bound on
+        sup { p(release | x) : integer x in [support[0], support[1]], |x - release| > k }.
 
         This is what makes exact marginalisation over a finite window of true counts provably
         accurate (inference notes §1): the mass neglected outside the window is at most this
@@ -207,8 +210,9 @@ class AdditiveMechanism(Mechanism):
         release, true_values = self._check_pair(release, true_values)
         return self.noise_logpdf(release - true_values)
 
-    def log_likelihood_bound_outside(self, release, k) -> np.ndarray:
-        # {x integer : |x - s| > k} gives |e| > k for every noise value e = s - x.
+    def log_likelihood_bound_outside(self, release, k, *, support=(-np.inf, np.inf)) -> np.ndarray:
+        # {x integer : |x - s| > k} gives |e| > k for every noise value e = s - x, whatever
+        # the support of x.
         release = self.check_release(release)
         return np.broadcast_to(self.noise_log_sup_beyond(k), np.shape(release)).astype(float)
 

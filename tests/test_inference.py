@@ -1,0 +1,190 @@
+"""dpinfer.sample against exact posteriors computed by enumeration."""
+
+import json
+import warnings
+
+import arviz as az
+import numpy as np
+import pymc as pm
+import pytest
+from scipy import special, stats
+
+from dpinfer.inference import marginal_model, sample
+from dpinfer.inference.marginal import NotMarginalisableError
+from dpinfer.inference.window import initial_half_width, neglected_log_mass
+from dpinfer.mechanisms.geometric import DoubleGeometric
+
+N, A, B, EPS, RELEASE = 1000, 10.0, 10.0, 0.1, 612
+
+
+def exact_beta_binomial_posterior():
+    """theta ~ Beta(A, B), x ~ Bin(N, theta), s = x + DoubleGeometric(EPS) = RELEASE.
+
+    x's marginal is BetaBinomial(N, A, B), so p(x | s) ∝ BetaBin(x) f(s - x) over x = 0..N,
+    and theta | x ~ Beta(A + x, B + N - x): E[theta | s] and Var by the laws of total
+    expectation and variance.
+    """
+    x = np.arange(N + 1)
+    a = np.exp(-EPS)
+    log_w = stats.betabinom.logpmf(x, N, A, B) + np.log((1 - a) / (1 + a)) - EPS * np.abs(RELEASE - x)
+    p = np.exp(log_w - special.logsumexp(log_w))
+    a_post, b_post = A + x, B + N - x
+    m = a_post / (A + B + N)
+    v = a_post * b_post / ((A + B + N) ** 2 * (A + B + N + 1))
+    mean = np.sum(p * m)
+    sd = np.sqrt(np.sum(p * (v + m**2)) - mean**2)
+    return mean, sd, x, p
+
+
+@pytest.fixture(scope="module")
+def beta_binomial_fit():
+    mech = DoubleGeometric(epsilon=EPS)
+    with pm.Model() as model:
+        theta = pm.Beta("theta", A, B)
+        x = pm.Binomial("x", N, theta)
+        mech.observe("release", x, observed=RELEASE)
+    idata = sample(2000, tune=1000, chains=2, random_seed=11, progressbar=False, model=model)
+    return model, idata
+
+
+def test_exact_posterior_values_match_published():
+    mean, sd, _, _ = exact_beta_binomial_posterior()
+    assert mean == pytest.approx(0.6082, abs=5e-5)
+    assert sd == pytest.approx(0.0205, abs=5e-5)
+
+
+def test_theta_posterior_matches_enumeration(beta_binomial_fit):
+    _, idata = beta_binomial_fit
+    mean, sd, _, _ = exact_beta_binomial_posterior()
+    theta = idata.posterior["theta"]
+    ess = float(az.ess(idata, var_names=["theta"])["theta"])
+    draws = theta.values.ravel()
+    # Monte Carlo standard errors: of the mean sd/sqrt(ess); of the sd ~ sd/sqrt(2 ess).
+    assert abs(draws.mean() - mean) < 4 * sd / np.sqrt(ess)
+    assert abs(draws.std() - sd) < 4 * sd / np.sqrt(2 * ess)
+
+
+def test_naive_posterior_is_too_narrow():
+    """Taking the release as the count gives Beta(A + s, B + N - s): about 26% too narrow."""
+    _, sd, _, _ = exact_beta_binomial_posterior()
+    naive_sd = stats.beta(A + RELEASE, B + N - RELEASE).std()
+    assert 1 - naive_sd / sd == pytest.approx(0.26, abs=0.01)
+
+
+def test_count_draws_match_enumerated_posterior(beta_binomial_fit):
+    _, idata = beta_binomial_fit
+    _, _, support, p = exact_beta_binomial_posterior()
+    x = idata.posterior["x"].values
+    assert x.dtype == np.int64
+    exact_mean = np.sum(p * support)
+    exact_sd = np.sqrt(np.sum(p * support**2) - exact_mean**2)
+    ess = float(az.ess(idata, var_names=["x"])["x"])
+    assert abs(x.mean() - exact_mean) < 4 * exact_sd / np.sqrt(ess)
+    assert abs(x.std() - exact_sd) < 4 * exact_sd / np.sqrt(2 * ess)
+    # Whole-distribution check on deciles of the exact posterior, with effective counts.
+    edges = np.searchsorted(np.cumsum(p), np.linspace(0.1, 0.9, 9))
+    expected = np.diff(np.concatenate([[0.0], np.cumsum(p)[edges], [1.0]]))
+    observed = np.bincount(np.searchsorted(support[edges], x.ravel(), side="left"), minlength=10)
+    observed = observed / x.size
+    chi2 = ess * np.sum((observed - expected) ** 2 / expected)
+    assert stats.chi2.sf(chi2, df=9) > 1e-3
+
+
+def test_report_records_method_window_and_bound(beta_binomial_fit):
+    _, idata = beta_binomial_fit
+    report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
+    assert report["release"] == "release"
+    assert report["max_relative_error_bound"] <= report["tol"]
+    assert report["window_half_width"] > 100  # epsilon = 0.1: a = 0.905, tails are long
+
+
+def test_marginal_model_keeps_release_observed(beta_binomial_fit):
+    model, idata = beta_binomial_fit
+    mm = marginal_model(model)
+    assert [v.name for v in mm.observed_RVs] == ["release"]
+    assert [v.name for v in mm.free_RVs] == ["theta"]
+    sub = idata.posterior.isel(draw=slice(0, 50))
+    small = idata.copy()
+    small["posterior"] = sub
+    with mm:
+        ll = pm.compute_log_likelihood(small, progressbar=False, extend_inferencedata=False)
+        pp = pm.sample_posterior_predictive(small, random_seed=1, progressbar=False)
+    # Marginal likelihood of the release at a posterior draw, by direct enumeration.
+    theta0 = float(sub["theta"].values[0, 0])
+    x = np.arange(N + 1)
+    a = np.exp(-EPS)
+    direct = special.logsumexp(
+        stats.binom.logpmf(x, N, theta0) + np.log((1 - a) / (1 + a)) - EPS * np.abs(RELEASE - x)
+    )
+    assert float(ll["release"].values[0, 0]) == pytest.approx(direct, rel=1e-9)
+    predictive = pp["posterior_predictive"]["release"].values
+    assert predictive.dtype.kind == "i" and abs(predictive.mean() - RELEASE) < 40
+
+
+def test_plain_pm_sample_warns_on_latent_counts():
+    from pymc.sampling.mcmc import assign_step_methods
+
+    mech = DoubleGeometric(epsilon=1.0)
+    with pm.Model() as model:
+        lam = pm.Gamma("lam", 2.0, 0.1)
+        x = pm.Poisson("x", lam, shape=3)
+        mech.observe("release", x, observed=[3, 4, 5])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assign_step_methods(model)
+    assert any("dpinfer.sample" in str(w.message) for w in caught)
+
+
+def test_latent_with_other_children_is_refused():
+    mech = DoubleGeometric(epsilon=1.0)
+    with pm.Model() as model:
+        lam = pm.Gamma("lam", 2.0, 0.1)
+        x = pm.Poisson("x", lam)
+        pm.Binomial("y", n=x, p=0.5, observed=2)
+        mech.observe("release", x, observed=4)
+    with pytest.raises(NotMarginalisableError, match="also used by 'y'"):
+        sample(10, tune=10, model=model, progressbar=False)
+
+
+def test_model_without_release_is_refused():
+    with pm.Model() as model:
+        pm.Normal("mu")
+    with pytest.raises(ValueError, match="no release registered"):
+        sample(model=model)
+
+
+def test_window_bound_is_valid_against_the_full_sum():
+    """|L - L_W| / L_W <= eta / L_W: compare the windowed likelihood with the full sum."""
+    mech = DoubleGeometric(epsilon=0.5)
+    release, lam = np.array([0, 3, 25]), 12.0
+    k = initial_half_width(mech, release, log_target=np.log(1e-6))
+    x_all = np.arange(0, 400)
+    full = special.logsumexp(
+        stats.poisson.logpmf(x_all[:, None], lam) + mech.log_likelihood(release[None, :], x_all[:, None]),
+        axis=0,
+    )
+    centres = np.maximum(release, 0)
+    windowed = []
+    for c, s in zip(centres, release):
+        xs = np.arange(max(c - k, 0), c + k + 1)
+        windowed.append(special.logsumexp(stats.poisson.logpmf(xs, lam) + mech.log_likelihood(s, xs)))
+    windowed = np.array(windowed)
+    log_eta = mech.log_likelihood_bound_outside(release, k)
+    bound = neglected_log_mass(log_eta, windowed)
+    assert np.sum(full - windowed) <= bound + 1e-15
+    assert np.all(log_eta <= np.log(1e-6) + 1e-12)
+
+
+def test_window_widens_when_the_check_fails(monkeypatch):
+    import dpinfer.inference.sampling as sample_module
+
+    monkeypatch.setattr(sample_module, "_initial_half_width", lambda plan, tol: 1)
+    mech = DoubleGeometric(epsilon=EPS)
+    with pm.Model() as model:
+        theta = pm.Beta("theta", A, B)
+        x = pm.Binomial("x", N, theta)
+        mech.observe("release", x, observed=RELEASE)
+    idata = sample(50, tune=50, chains=1, random_seed=3, progressbar=False, model=model)
+    report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
+    assert report["widenings"] >= 1
+    assert report["max_relative_error_bound"] <= report["tol"]
