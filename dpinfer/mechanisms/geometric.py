@@ -212,8 +212,16 @@ class ClampedGeometric(Mechanism):
     def __repr__(self) -> str:
         return (
             f"ClampedGeometric(epsilon={self.epsilon:g}, lower={self.lower}, upper={self.upper}, "
-            f"sensitivity={self.noise.sensitivity}, neighbour={self.noise.neighbour!r})"
+            f"sensitivity={self.sensitivity}, neighbour={self.neighbour!r})"
         )
+
+    @property
+    def sensitivity(self) -> int:
+        return self.noise.sensitivity
+
+    @property
+    def neighbour(self) -> str:
+        return self.noise.neighbour
 
     @property
     def _top(self) -> float:
@@ -231,7 +239,7 @@ class ClampedGeometric(Mechanism):
         """Max log-ratio by enumeration over true values from lower - 2 sensitivity to
         min(upper, lower + 20) + 2 sensitivity (values outside the bounds included) and every
         possible output up to 50 sensitivities beyond them; it equals epsilon."""
-        sens = self.noise.sensitivity
+        sens = self.sensitivity
         x_lo = self.lower - 2 * sens
         x_hi = min(self._top, self.lower + _AUDIT_SPAN) + 2 * sens
         y_hi = min(self._top, x_hi + _AUDIT_MARGIN * sens)
