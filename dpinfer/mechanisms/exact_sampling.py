@@ -163,7 +163,7 @@ def _bernoulli(num: np.ndarray, den: np.ndarray, rng: np.random.Generator) -> np
 def _bernoulli_exp_unit(num: np.ndarray, den: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Bernoulli(exp(-gamma)) for gamma = num/den in [0, 1] (CKS Alg. 1, first case): draw
     A_k ~ Bernoulli(gamma/k) for k = 1, 2, ... until the first A_K = 0; return [K odd].
-    P(K odd) = sum_k (-gamma)^(k-1)/(k-1)! ... = exp(-gamma)."""
+    P(K = k) = gamma^(k-1)/(k-1)! - gamma^k/k!, so P(K odd) = sum_j (-gamma)^j/j! = exp(-gamma)."""
     result = np.empty(num.size, dtype=bool)
     todo = np.arange(num.size)
     den_max = _max_abs(den)
