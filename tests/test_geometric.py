@@ -240,7 +240,7 @@ def test_clamped_bound_outside_is_valid():
     for k in [0, 2, 5]:
         rs = np.arange(0, 9)
         general = mech.log_likelihood_bound_outside(rs, k)
-        inside = mech.log_likelihood_bound_outside(rs, k, within_bounds=True)
+        inside = mech.log_likelihood_bound_outside(rs, k, support=(0, 8))
         for r, g, w in zip(rs, general, inside):
             far = np.array([x for x in range(r - 300, r + 301) if abs(x - r) > k])
             sup_all = mech.log_likelihood(np.full(far.shape, r), far).max()

@@ -211,7 +211,7 @@ def _draw_latents(idata, fit, model, tol, rng, progressbar):
         dims = model.named_vars_to_dims.get(plan.latent_name) or [
             f"{plan.latent_name}_dim_{i}" for i in range(len(cells))
         ]
-        coords = {dim: model.coords[dim] for dim in dims if dim in model.coords}
+        coords = {dim: np.asarray(model.coords[dim]) for dim in dims if model.coords.get(dim)}
         posterior[plan.latent_name] = xr.DataArray(
             draws_out, dims=("chain", "draw", *dims), coords=coords
         )

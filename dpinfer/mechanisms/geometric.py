@@ -274,22 +274,24 @@ class ClampedGeometric(Mechanism):
         values = np.arange(self.lower, self.upper + 1)
         return np.exp(self.log_likelihood(values[None, :], values[:, None]))
 
-    def log_likelihood_bound_outside(self, release, k, *, within_bounds: bool = False) -> np.ndarray:
-        """log of an upper bound on sup { P(release | x) : integer x, |x - release| > k }.
+    def log_likelihood_bound_outside(self, release, k, *, support=(-np.inf, np.inf)) -> np.ndarray:
+        """log of an upper bound on sup { P(release | x) : integer x in support, |x - release| > k }.
 
-        Interior releases: f(k + 1) (the noise pmf is unimodal). A release at a bound: true
-        values beyond that bound release it with probability tending to 1, so the bound is 1
-        (log 0) unless ``within_bounds=True`` restricts x to [lower, upper] (valid when the true
-        values cannot leave the bounds, e.g. counts with lower = 0); then it is
-        max_{x >= lower + k + 1} a^(x - lower)/(1 + a) = a^(k+1)/(1 + a), and likewise at upper.
+        Interior releases: f(k + 1) (the noise pmf is unimodal). A release at ``lower``: true
+        values above it give P = a^(x - lower)/(1 + a) <= a^(k+1)/(1 + a) for x > lower + k, but
+        true values far below it give P -> 1, so the bound is 1 (log 0) unless no supported x
+        lies below lower - k (e.g. counts, support starting at 0 = lower). Likewise at upper.
         """
         release = self.check_release(release)
         k = np.floor(check_noise_distance(k))
         noise = self.noise
         interior = noise.noise_log_sup_beyond(k)
-        at_bound = -noise._rate * (k + 1.0) - noise._log1p_a if within_bounds else 0.0
-        is_bound = (release == self.lower) | (release == self._top)
-        return np.where(is_bound, at_bound, interior).astype(float)
+        tail = -noise._rate * (k + 1.0) - noise._log1p_a
+        support_lower, support_upper = support
+        out = np.where(release == self.lower, np.where(support_lower >= release - k, tail, 0.0), interior)
+        if self.upper is not None:
+            out = np.where(release == self.upper, np.where(support_upper <= release + k, tail, 0.0), out)
+        return out.astype(float)
 
     # --- utility -------------------------------------------------------------------------------
     def _noise_moments(self, true_values) -> tuple[np.ndarray, np.ndarray]:
