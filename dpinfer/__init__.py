@@ -1,1 +1,41 @@
-"""dpinfer: differentially private releases as transparent likelihoods for PyMC."""
+"""dpinfer: differentially private releases as transparent likelihoods for PyMC.
+
+    import dpinfer as dp
+    mech = dp.DoubleGeometric(epsilon=0.5)          # curator and analyst share this object
+    noisy = mech.release(true_counts, rng)            # exact sampler
+    with pm.Model():
+        x = pm.Poisson("x", lam, shape=n)
+        mech.observe("release", x, observed=noisy)    # p(release | x) as a PyMC likelihood
+        idata = dp.sample()                           # counts summed out / drawn exactly
+"""
+
+from dpinfer.inference import marginal_model, sample
+from dpinfer.mechanisms import (
+    BITLaplace,
+    ClampedGeometric,
+    DiscreteGaussian,
+    DoubleGeometric,
+    Gaussian,
+    Laplace,
+    Mechanism,
+    PrivacyAudit,
+    PrivacyGuarantee,
+    TruncatedLaplace,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BITLaplace",
+    "ClampedGeometric",
+    "DiscreteGaussian",
+    "DoubleGeometric",
+    "Gaussian",
+    "Laplace",
+    "Mechanism",
+    "PrivacyAudit",
+    "PrivacyGuarantee",
+    "TruncatedLaplace",
+    "marginal_model",
+    "sample",
+]

@@ -62,7 +62,7 @@ def _fit_observed(population, counties, counts, draws, seed, label):
     return idata.posterior.to_dataset()
 
 
-def run(state: str = "IL", epsilon: float = 0.25, draws: int = 1000, seed: int = 2026) -> dict:
+def run(state: str = "IL", epsilon: float = 0.25, draws: int = 500, seed: int = 2026) -> dict:
     data = load_midwest()
     if state not in set(data["state"]):
         raise ValueError(f"state must be one of {sorted(set(data['state']))}, got {state!r}")
@@ -95,7 +95,7 @@ def run(state: str = "IL", epsilon: float = 0.25, draws: int = 1000, seed: int =
     stacked = post["count"].values.reshape(-1, len(truth))
     med, lo, hi = _interval(stacked)
     noise_lo, noise_hi = mechanism.noise_interval(PROB)
-    base_lo, base_hi = release + noise_lo, release + noise_hi
+    base_lo, base_hi = release + int(noise_lo), release + int(noise_hi)
 
     table = pd.DataFrame(
         {
@@ -141,7 +141,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="dpinfer demo", description=__doc__.splitlines()[0])
     parser.add_argument("--state", default="IL", help="IL, IN, MI, OH or WI (default IL)")
     parser.add_argument("--epsilon", type=float, default=0.25, help="privacy budget per count (default 0.25)")
-    parser.add_argument("--draws", type=int, default=1000, help="posterior draws per chain (default 1000)")
+    parser.add_argument("--draws", type=int, default=500, help="posterior draws (and tuning steps) per chain (default 500)")
     parser.add_argument("--seed", type=int, default=2026, help="random seed (default 2026)")
     args = parser.parse_args(argv)
     run(state=args.state, epsilon=args.epsilon, draws=args.draws, seed=args.seed)

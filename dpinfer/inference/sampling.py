@@ -134,14 +134,14 @@ def sample(
 
 
 def _initial_half_width(plan, tol: float) -> int:
-    """Start where the tail bound is tol * 1e-4 of the likelihood at the window centre; every
-    posterior draw is checked afterwards against the actual windowed likelihood."""
+    """Start where each cell's tail bound is tol / (n_cells 1e4) of the likelihood at its
+    window centre; every posterior draw is checked afterwards against the actual windowed
+    likelihood (the prior rarely puts less than 1e-4 of its mass near the release)."""
     mech, s = plan.record.mechanism, plan.release_value
     centre = window_centres(s, plan.support_lower)
     log_peak = float(np.min(mech.log_likelihood(s, centre)))
-    return initial_half_width(
-        mech, s, log_target=np.log(tol) + log_peak - np.log(1e4), support_lower=plan.support_lower
-    )
+    target = np.log(tol) - np.log(np.size(s)) - np.log(1e4) + log_peak
+    return initial_half_width(mech, s, log_target=target, support_lower=plan.support_lower)
 
 
 class _MarginalFit:

@@ -1,0 +1,23 @@
+"""Privacy mechanisms: one class per mechanism, each with its privacy guarantee and exact
+audit, a sampler, its likelihood (numpy and PyMC) and its utility."""
+
+from dpinfer.mechanisms.base import AdditiveMechanism, Mechanism, PrivacyAudit, PrivacyGuarantee
+from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
+from dpinfer.mechanisms.gaussian import Gaussian
+from dpinfer.mechanisms.geometric import ClampedGeometric, DoubleGeometric
+from dpinfer.mechanisms.laplace import Laplace
+from dpinfer.mechanisms.truncated_laplace import BITLaplace, TruncatedLaplace
+
+__all__ = [
+    "AdditiveMechanism",
+    "BITLaplace",
+    "ClampedGeometric",
+    "DiscreteGaussian",
+    "DoubleGeometric",
+    "Gaussian",
+    "Laplace",
+    "Mechanism",
+    "PrivacyAudit",
+    "PrivacyGuarantee",
+    "TruncatedLaplace",
+]
