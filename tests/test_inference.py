@@ -10,7 +10,6 @@ import pytest
 from scipy import special, stats
 
 from dpinfer.inference import marginal_model, sample
-from dpinfer.inference.marginal import NotMarginalisableError
 from dpinfer.inference.window import initial_half_width, neglected_log_mass
 from dpinfer.mechanisms.geometric import DoubleGeometric
 
@@ -135,14 +134,16 @@ def test_plain_pm_sample_warns_on_latent_counts():
     assert any("dpinfer.sample" in str(w.message) for w in caught)
 
 
-def test_latent_with_other_children_is_refused():
+def test_latent_with_a_continuous_child_is_refused():
+    from dpinfer.inference.gibbs import ContinuousChildError
+
     mech = DoubleGeometric(epsilon=1.0)
     with pm.Model() as model:
         lam = pm.Gamma("lam", 2.0, 0.1)
         x = pm.Poisson("x", lam)
-        pm.Binomial("y", n=x, p=0.5, observed=2)
+        pm.Normal("y", mu=x, sigma=1.0, observed=2.5)
         mech.observe("release", x, observed=4)
-    with pytest.raises(NotMarginalisableError, match="also used by 'y'"):
+    with pytest.raises(ContinuousChildError, match="continuous child 'y'"):
         sample(10, tune=10, model=model, progressbar=False)
 
 
@@ -187,4 +188,39 @@ def test_window_widens_when_the_check_fails(monkeypatch):
     idata = sample(50, tune=50, chains=1, random_seed=3, progressbar=False, model=model)
     report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
     assert report["widenings"] >= 1
+    assert report["max_relative_error_bound"] <= report["tol"]
+
+
+def test_windowed_gibbs_for_counts_with_other_children():
+    """x ~ Poisson(lam), lam ~ Gamma(a, b); y ~ Binomial(x, q) observed; s = x + noise.
+
+    x's marginal is NegativeBinomial(a, b / (b + 1)), so p(x | y, s) ∝ NB(x) Bin(y | x, q) f(s - x)
+    is enumerable, and lam | x ~ Gamma(a + x, b + 1) gives E[lam | y, s].
+    """
+    a, b, q, y, s_obs, eps = 4.0, 0.2, 0.5, 9, 23, 0.4
+    mech = DoubleGeometric(epsilon=eps)
+    with pm.Model() as model:
+        lam = pm.Gamma("lam", a, b)
+        x = pm.Poisson("x", lam)
+        pm.Binomial("y", n=x, p=q, observed=y)
+        mech.observe("release", x, observed=s_obs)
+    idata = sample(1500, tune=500, chains=2, random_seed=5, progressbar=False, model=model)
+    support = np.arange(0, 400)
+    log_w = (
+        stats.nbinom.logpmf(support, a, b / (b + 1))
+        + stats.binom.logpmf(y, support, q)
+        + mech.log_likelihood(np.full(support.shape, s_obs), support)
+    )
+    p = np.exp(log_w - special.logsumexp(log_w))
+    x_mean = np.sum(p * support)
+    x_sd = np.sqrt(np.sum(p * support**2) - x_mean**2)
+    lam_mean = np.sum(p * (a + support) / (b + 1))
+    draws = idata.posterior["x"].values
+    ess = az.ess(idata, var_names=["x", "lam"])
+    assert abs(draws.mean() - x_mean) < 4 * x_sd / np.sqrt(float(ess["x"]))
+    assert abs(draws.std() - x_sd) < 4 * x_sd / np.sqrt(2 * float(ess["x"]))
+    lam_draws = idata.posterior["lam"].values
+    assert abs(lam_draws.mean() - lam_mean) < 4 * lam_draws.std() / np.sqrt(float(ess["lam"]))
+    report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
+    assert report["method"].startswith("windowed exact Gibbs")
     assert report["max_relative_error_bound"] <= report["tol"]

@@ -52,12 +52,14 @@ class MarginalPlan:
     latent_name: str
     release_value: np.ndarray
     support_lower: int | None
+    method: str  # "marginal": summed out of its release; "gibbs": it has other children
     window: Window | None = None
 
 
 def plan_marginalisation(model, record: ReleaseRecord, all_records) -> MarginalPlan:
-    """Check that ``record``'s latent counts can be marginalised: an elementwise discrete
-    free variable of ``model`` whose only child is this one release."""
+    """Check that ``record``'s latent counts are an elementwise discrete free variable of
+    ``model`` with this one release, and choose the method: summed out of the release when
+    the release is their only child, windowed Gibbs updates otherwise."""
     latent = record.latent
     name = getattr(latent, "name", None)
     if latent not in model.free_RVs:
@@ -84,18 +86,14 @@ def plan_marginalisation(model, record: ReleaseRecord, all_records) -> MarginalP
         for v in model.free_RVs + model.observed_RVs + model.deterministics + model.potentials
         if v is not latent and v is not record.release_rv
     ]
-    for v in others:
-        if latent in ancestors([v]):
-            raise NotMarginalisableError(
-                f"latent {name!r} is also used by {v.name!r}; only counts whose sole child is "
-                "their release are marginalised"
-            )
+    sole_child = not any(latent in ancestors([v]) for v in others)
     release_value = current_value(model.rvs_to_values[record.release_rv])
     return MarginalPlan(
         record=record,
         latent_name=name,
         release_value=release_value,
         support_lower=_SUPPORT_LOWER.get(node.op.name),
+        method="marginal" if sole_child else "gibbs",
     )
 
 

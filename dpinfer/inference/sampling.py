@@ -23,6 +23,7 @@ import pymc as pm
 import xarray as xr
 
 from dpinfer._validation import check_probability
+from dpinfer.inference.gibbs import WindowedCountGibbs
 from dpinfer.inference.marginal import (
     compile_window_log_weights,
     current_value,
@@ -93,7 +94,9 @@ def sample(
 
     seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
     for attempt in range(MAX_WIDENINGS + 1):
-        fit = _marginal_fit(model, plans)
+        fit = _marginal_fit(model, [p for p in plans if p.method == "marginal"])
+        gibbs_plans = [p for p in plans if p.method == "gibbs"]
+        steps = [_gibbs_step(fit.model, p) for p in gibbs_plans]
         with fit.model:
             idata = pm.sample(
                 draws,
@@ -102,9 +105,13 @@ def sample(
                 cores=cores,
                 random_seed=int(seeds[attempt]),
                 progressbar=progressbar,
+                step=steps or None,
                 **sample_kwargs,
             )
         report, failed = _draw_latents(idata, fit, model, tol, rng, progressbar)
+        gibbs_report, gibbs_failed = _gibbs_report(idata, gibbs_plans, tol)
+        report.update(gibbs_report)
+        failed.update(gibbs_failed)
         if not failed:
             break
         if attempt == MAX_WIDENINGS:
@@ -116,10 +123,11 @@ def sample(
             if plan.latent_name in failed:
                 mech, s = plan.record.mechanism, plan.release_value
                 # eta_i <= tol L_i / n for every draw suffices; L_W <= L makes this conservative.
+                k = 2 * plan.window.half_width
                 log_l = failed[plan.latent_name]
-                target = np.log(tol) - np.log(np.size(s)) + log_l
-                k = initial_half_width(mech, s, log_target=target, support_lower=plan.support_lower)
-                k = max(2 * plan.window.half_width, k)
+                if log_l is not None:
+                    target = np.log(tol) - np.log(np.size(s)) + log_l
+                    k = max(k, initial_half_width(mech, s, log_target=target, support_lower=plan.support_lower))
                 plan.window = make_window(mech, s, plan.support_lower, k)
         if progressbar:
             print(f"dpinfer: widening the windows of {sorted(failed)} and refitting")
@@ -131,6 +139,37 @@ def sample(
         with fit.model:
             pm.compute_log_likelihood(idata, progressbar=progressbar)
     return idata
+
+
+def _gibbs_step(marginal_model, plan) -> WindowedCountGibbs:
+    latent = marginal_model[plan.latent_name]
+    return WindowedCountGibbs(
+        [latent],
+        model=marginal_model,
+        release_rv=marginal_model[plan.record.name],
+        window=plan.window,
+        support_lower=plan.support_lower,
+    )
+
+
+def _gibbs_report(idata, plans, tol):
+    """Report of the windowed Gibbs latents: the largest bound over all steps (every chain and
+    draw, tuning excluded). With several Gibbs latents the stat is their largest."""
+    report, failed = {}, {}
+    for plan in plans:
+        bound = float(np.max(idata.sample_stats["neglected_mass_bound"].values))
+        report[plan.latent_name] = {
+            "release": plan.record.name,
+            "mechanism": repr(plan.record.mechanism),
+            "method": "windowed exact Gibbs updates of each count (the counts have other "
+            "children), NUTS on the continuous parameters",
+            "window_half_width": plan.window.half_width,
+            "max_relative_error_bound": bound,
+            "tol": tol,
+        }
+        if not bound <= tol:
+            failed[plan.latent_name] = None  # no likelihood floor known: double the width
+    return report, failed
 
 
 def _initial_half_width(plan, tol: float) -> int:
@@ -187,7 +226,8 @@ def _draw_latents(idata, fit, model, tol, rng, progressbar):
     """Exact draws of each latent given each posterior draw.
 
     Returns (report, failed): ``failed`` maps each latent whose window bound exceeded ``tol``
-    on some draw to the smallest windowed log-likelihood of any cell over all draws."""
+    on some draw to the smallest windowed log-likelihood of any cell over all draws (None
+    where unknown: the window is then doubled)."""
     posterior = idata.posterior.to_dataset()
     free_names = [rv.name for rv in fit.model.free_RVs]
     values = [posterior[n].values for n in free_names]
