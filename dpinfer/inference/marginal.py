@@ -22,7 +22,7 @@ import pytensor.tensor as pt
 from pymc.logprob.abstract import _logprob_helper
 from pymc.model.fgraph import fgraph_from_model, model_from_fgraph, model_observed_rv
 from pytensor.graph.traversal import ancestors
-from pytensor.graph.replace import clone_replace
+from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.tensor.random.op import RandomVariable
 
 from dpinfer.inference.records import ReleaseRecord
@@ -175,9 +175,10 @@ def marginalise(model, plans: list[MarginalPlan]):
 
 
 def compile_window_log_weights(marginal_model, plan: MarginalPlan):
-    """A function of the marginal model's free variables (constrained values, in the order of
-    ``marginal_model.free_RVs``) returning the log weights (W, *cells) of the latent counts:
-    log p(x | theta) + log p(s | x) on the window grid."""
+    """A function of a batch of the marginal model's free variables (constrained values, each
+    with a leading batch axis, in the order of ``marginal_model.free_RVs``) returning the log
+    weights (batch, W, *cells) of the latent counts: log p(x | theta) + log p(s | x) on the
+    window grid."""
     release_rv = marginal_model[plan.record.name]
     node = release_rv.owner
     prior_op = plan.record.latent.owner.op
@@ -189,4 +190,6 @@ def compile_window_log_weights(marginal_model, plan: MarginalPlan):
     free = marginal_model.free_RVs
     placeholders = [rv.type() for rv in free]
     terms = clone_replace(terms, dict(zip(free, placeholders)))
-    return pytensor.function(placeholders, terms, on_unused_input="ignore")
+    batched = [pt.tensor(dtype=p.type.dtype, shape=(None, *p.type.shape)) for p in placeholders]
+    terms = vectorize_graph(terms, replace=dict(zip(placeholders, batched)))
+    return pytensor.function(batched, terms, on_unused_input="ignore")

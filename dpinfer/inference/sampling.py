@@ -40,6 +40,7 @@ from dpinfer.inference.window import (
 )
 
 MAX_WIDENINGS = 4
+_CHUNK_ELEMENTS = 4_000_000  # window log-weights evaluated per call (32 MB)
 _MARGINAL = "_dpinfer_marginal_fit"
 
 
@@ -239,15 +240,18 @@ def _draw_latents(idata, fit, model, tol, rng, progressbar):
         log_weights = fit.log_weights(plan)
         grid = plan.window.grid()
         cells = grid.shape[1:]
-        draws_out = np.empty((n_chains, n_draws) + cells, dtype=np.int64)
+        flat_values = [v.reshape((n_chains * n_draws, *v.shape[2:])) for v in values]
+        draws_out = np.empty((n_chains * n_draws,) + cells, dtype=np.int64)
         worst, min_log_l = -np.inf, np.inf
-        for c in range(n_chains):
-            for d in range(n_draws):
-                lw = log_weights(*[v[c, d] for v in values])
-                log_l = np.logaddexp.reduce(lw, axis=0)
-                worst = max(worst, float(neglected_log_mass(plan.window.log_eta, log_l)))
-                min_log_l = min(min_log_l, float(np.min(log_l)))
-                draws_out[c, d] = _categorical(grid, lw - log_l, rng)
+        chunk = max(1, _CHUNK_ELEMENTS // grid.size)
+        for start in range(0, n_chains * n_draws, chunk):
+            part = slice(start, start + chunk)
+            lw = log_weights(*[v[part] for v in flat_values])  # (draws, W, *cells)
+            log_l = np.logaddexp.reduce(lw, axis=1)
+            worst = max(worst, float(np.max(neglected_log_mass(plan.window.log_eta, log_l))))
+            min_log_l = min(min_log_l, float(np.min(log_l)))
+            draws_out[part] = _categorical(grid, lw - log_l[:, None], rng)
+        draws_out = draws_out.reshape((n_chains, n_draws) + cells)
         dims = model.named_vars_to_dims.get(plan.latent_name) or [
             f"{plan.latent_name}_dim_{i}" for i in range(len(cells))
         ]
@@ -272,11 +276,12 @@ def _draw_latents(idata, fit, model, tol, rng, progressbar):
 
 
 def _categorical(grid: np.ndarray, log_p: np.ndarray, rng) -> np.ndarray:
-    """One draw per cell from probabilities exp(log_p) over the window axis (axis 0)."""
-    cdf = np.cumsum(np.exp(log_p), axis=0)
-    u = rng.random(cdf.shape[1:]) * cdf[-1]
-    index = np.minimum(np.sum(cdf < u, axis=0), grid.shape[0] - 1)
-    return np.take_along_axis(grid, index[None, ...], axis=0)[0]
+    """One draw per (draw, cell) from probabilities exp(log_p) of shape (draws, W, *cells)
+    over the window grid (W, *cells), by inversion of the cumulative sums."""
+    cdf = np.cumsum(np.exp(log_p), axis=1)
+    u = rng.random((cdf.shape[0], 1) + cdf.shape[2:]) * cdf[:, -1:]
+    index = np.minimum(np.sum(cdf < u, axis=1), grid.shape[0] - 1)
+    return np.take_along_axis(grid[None, ...], index[:, None, ...], axis=1)[:, 0]
 
 
 def marginal_model(model=None):
