@@ -30,12 +30,7 @@ def check_epsilon(value, name: str = "epsilon") -> float:
 
 def check_delta(value, name: str = "delta") -> float:
     """Privacy parameter delta: strictly inside (0, 1)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number in (0, 1), got {value!r}")
-    value = float(value)
-    if not (0.0 < value < 1.0):
-        raise ValueError(f"{name} must lie strictly between 0 and 1, got {value!r}")
-    return value
+    return check_probability(value, name)
 
 
 def check_integer_sensitivity(value, name: str = "sensitivity") -> int:

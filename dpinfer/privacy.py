@@ -11,6 +11,7 @@ continuous outputs the sum is an integral).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -61,3 +62,55 @@ def integer_neighbour_pairs(lower: int, upper: int, sensitivity: int) -> list[tu
                 if lower <= x_prime <= upper:
                     pairs.append((x, x_prime))
     return pairs
+
+
+# --- calibration by bisection, always returning the private side ------------------------------
+
+_MAX_DOUBLINGS = 2000
+
+
+def bisect_private_end(too_loose: Callable[[float], bool], lo: float, hi: float) -> float:
+    """For a monotone predicate with too_loose(lo) and not too_loose(hi), shrink [lo, hi] to
+    adjacent floats and return hi, the end on the private side."""
+    while True:
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            return hi
+        if too_loose(mid):
+            lo = mid
+        else:
+            hi = mid
+
+
+def smallest_private_scale(too_loose: Callable[[float], bool], start: float) -> float:
+    """Smallest noise scale s > 0 with ``too_loose(s)`` False (the predicate is true below a
+    threshold and false above it): a doubling bracket on log s around ``start``, then
+    bisection to adjacent floats, returning the private end."""
+    lo = hi = math.log(start)
+    for _ in range(_MAX_DOUBLINGS):
+        if not too_loose(math.exp(hi)):
+            break
+        lo, hi = hi, hi + math.log(2.0)
+    else:
+        raise RuntimeError("no private scale found: the privacy target is unreachable")
+    for _ in range(_MAX_DOUBLINGS):
+        if lo != hi and too_loose(math.exp(lo)):
+            break
+        lo, hi = lo - math.log(2.0), lo
+    else:
+        raise RuntimeError("no scale is too small for this privacy target")
+    return math.exp(bisect_private_end(lambda v: too_loose(math.exp(v)), lo, hi))
+
+
+def smallest_private_epsilon(too_loose: Callable[[float], bool]) -> float:
+    """Smallest epsilon >= 0 at which ``too_loose(epsilon)`` is False (delta(epsilon) within
+    its target; delta is non-increasing in epsilon): 0 if already there, else a doubling
+    bracket and bisection to adjacent floats, returning the private (larger) end."""
+    if not too_loose(0.0):
+        return 0.0
+    hi = 1.0
+    for _ in range(_MAX_DOUBLINGS):
+        if not too_loose(hi):
+            return bisect_private_end(too_loose, 0.0, hi)
+        hi *= 2.0
+    raise RuntimeError("no epsilon reaches this delta")

@@ -21,7 +21,6 @@ Privacy, for an integer query with |x - x'| <= Delta (Delta a whole number):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 
@@ -39,8 +38,8 @@ from dpinfer.distributions.discrete_gaussian import (
     discrete_gaussian_variance,
 )
 from dpinfer.mechanisms.base import AdditiveMechanism, PrivacyAudit, PrivacyGuarantee, check_neighbour
+from dpinfer.privacy import smallest_private_epsilon, smallest_private_scale
 from dpinfer.mechanisms.exact_sampling import sample_discrete_gaussian
-from dpinfer.mechanisms.gaussian import _bisect_private_end
 from dpinfer.mechanisms.laplace import check_noise_distance
 
 __all__ = ["DiscreteGaussian"]
@@ -71,18 +70,6 @@ def _delta_for_epsilon(epsilon: float, sigma: float, sensitivity: int, log_norm:
     log_p = -(y**2) / (2.0 * sigma**2) - log_norm
     excess = epsilon - (2.0 * y * sensitivity + sensitivity**2) / (2.0 * sigma**2)
     return float(np.sum(np.exp(log_p) * -np.expm1(np.minimum(excess, 0.0))))
-
-
-def _smallest_private(too_loose: Callable[[float], bool], start: float) -> float:
-    """For a predicate true below some threshold and false above it (on x > 0), the threshold
-    by a doubling bracket around ``start`` and bisection on log x to adjacent floats, returning
-    the end on the private side (where too_loose is False)."""
-    lo = hi = math.log(start)
-    while too_loose(math.exp(hi)):
-        lo, hi = hi, hi + math.log(2.0)
-    while lo == hi or not too_loose(math.exp(lo)):
-        lo, hi = lo - math.log(2.0), lo
-    return math.exp(_bisect_private_end(lambda v: too_loose(math.exp(v)), lo, hi))
 
 
 class DiscreteGaussian(AdditiveMechanism):
@@ -130,7 +117,7 @@ class DiscreteGaussian(AdditiveMechanism):
             log_norm = discrete_gaussian_log_normaliser(sigma)
             return _delta_for_epsilon(epsilon, sigma, sensitivity, log_norm) > target
 
-        sigma = _smallest_private(too_loose, start=sensitivity / epsilon)
+        sigma = smallest_private_scale(too_loose, start=sensitivity / epsilon)
         return cls(sigma, sensitivity, delta, neighbour)
 
     # --- privacy -------------------------------------------------------------------------------
@@ -163,12 +150,7 @@ class DiscreteGaussian(AdditiveMechanism):
         def too_loose(eps: float) -> bool:
             return _delta_for_epsilon(eps, self.sigma, self.sensitivity, self._log_norm) > target
 
-        if not too_loose(0.0):
-            return 0.0
-        hi = 1.0
-        while too_loose(hi):
-            hi *= 2.0
-        return _bisect_private_end(too_loose, 0.0, hi)
+        return smallest_private_epsilon(too_loose)
 
     def audit(self) -> PrivacyAudit:
         """Exact hockey-stick divergence by enumeration: the pmfs of the releases for true

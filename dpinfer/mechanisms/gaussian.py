@@ -18,7 +18,6 @@ bracket on the private side. The classical σ = Δ sqrt(2 log(1.25/δ)) / ε is 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 import pymc as pm
@@ -28,12 +27,12 @@ from scipy.special import log_ndtr, ndtri
 from dpinfer._validation import check_delta, check_epsilon, check_positive, check_probability
 from dpinfer.distributions._params import as_float64
 from dpinfer.mechanisms.base import AdditiveMechanism, PrivacyAudit, PrivacyGuarantee, check_neighbour
+from dpinfer.privacy import smallest_private_epsilon, smallest_private_scale
 from dpinfer.mechanisms.laplace import check_noise_distance
 
 __all__ = ["Gaussian"]
 
 _HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
-_MAX_DOUBLINGS = 2000
 # Searches aim at δ (1 - 1e-10), not δ: eq. (3) evaluated in float64 is off by up to ~1e-13
 # relative (cancellation in 1 - e^{ε + log Φ(a - u) - log Φ(a)}; checked against mpmath), so
 # the margin keeps the returned σ or ε private in exact arithmetic, at a cost of ~1e-11 in σ.
@@ -56,19 +55,6 @@ def _log_delta(epsilon: float, sigma: float, sensitivity: float) -> float:
     return log_phi_a + _log1mexp(epsilon + float(log_ndtr(a - u)) - log_phi_a)
 
 
-def _bisect_private_end(too_loose: Callable[[float], bool], lo: float, hi: float) -> float:
-    """For a monotone predicate with too_loose(lo) and not too_loose(hi), shrink [lo, hi] to
-    adjacent floats and return hi, the end on the private side."""
-    while True:
-        mid = 0.5 * (lo + hi)
-        if mid <= lo or mid >= hi:
-            return hi
-        if too_loose(mid):
-            lo = mid
-        else:
-            hi = mid
-
-
 def calibrate_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
     """Smallest σ with δ(ε; σ) <= δ (Balle & Wang 2018, Thm 8 / Alg. 1 done by bisection on
     log σ): a doubling bracket from the Laplace scale Δ/ε, then bisection to adjacent floats,
@@ -78,23 +64,10 @@ def calibrate_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> f
     sensitivity = check_positive("sensitivity", sensitivity)
     log_target = math.log(delta) + _LOG_ROUNDING_MARGIN
 
-    def too_loose(log_sigma: float) -> bool:
-        return _log_delta(epsilon, math.exp(log_sigma), sensitivity) > log_target
+    def too_loose(sigma: float) -> bool:
+        return _log_delta(epsilon, sigma, sensitivity) > log_target
 
-    lo = hi = math.log(sensitivity / epsilon)
-    for _ in range(_MAX_DOUBLINGS):
-        if not too_loose(hi):
-            break
-        lo, hi = hi, hi + math.log(2.0)
-    else:
-        raise RuntimeError(f"no sigma found for epsilon={epsilon}, delta={delta}")
-    for _ in range(_MAX_DOUBLINGS):
-        if too_loose(lo):
-            break
-        lo, hi = lo - math.log(2.0), lo
-    else:
-        raise RuntimeError(f"no lower bracket for sigma at epsilon={epsilon}, delta={delta}")
-    return math.exp(_bisect_private_end(too_loose, lo, hi))
+    return smallest_private_scale(too_loose, start=sensitivity / epsilon)
 
 
 class Gaussian(AdditiveMechanism):
@@ -174,12 +147,7 @@ class Gaussian(AdditiveMechanism):
         def too_loose(eps: float) -> bool:
             return _log_delta(eps, self.sigma, self.sensitivity) > log_target
 
-        if not too_loose(0.0):
-            return 0.0
-        hi = 1.0
-        while too_loose(hi):
-            hi *= 2.0
-        return _bisect_private_end(too_loose, 0.0, hi)
+        return smallest_private_epsilon(too_loose)
 
     def audit(self) -> PrivacyAudit:
         r"""Hockey-stick divergence H_ε(N(0, σ²) || N(Δ, σ²)) = ∫ (p - e^ε q)_+ by quadrature.
