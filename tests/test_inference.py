@@ -224,3 +224,28 @@ def test_windowed_gibbs_for_counts_with_other_children():
     report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
     assert report["method"].startswith("windowed exact Gibbs")
     assert report["max_relative_error_bound"] <= report["tol"]
+
+
+def test_release_at_the_upper_atom_of_a_clamped_mechanism():
+    """theta ~ Beta(2, 2), x ~ Binomial(20, theta), release = clamp(x + Laplace, 0, 20) = 20.
+
+    The atom P(s = 20 | x) = exp(-(20 - x)/b)/2 only decays because x <= 20: the window uses
+    the Binomial's upper end. Exact: p(x | s) ∝ BetaBin(x; 20, 2, 2) P(s | x)."""
+    from dpinfer.mechanisms.truncated_laplace import BITLaplace
+
+    mech = BITLaplace(epsilon=0.5, lower=0.0, upper=20.0)
+    with pm.Model() as model:
+        theta = pm.Beta("theta", 2.0, 2.0)
+        x = pm.Binomial("x", 20, theta)
+        mech.observe("release", x, observed=20.0)
+    idata = sample(1000, tune=500, chains=2, random_seed=7, progressbar=False, model=model)
+    support = np.arange(21)
+    log_w = stats.betabinom.logpmf(support, 20, 2, 2) + mech.log_likelihood(np.full(21, 20.0), support)
+    p = np.exp(log_w - special.logsumexp(log_w))
+    theta_mean = np.sum(p * (2 + support) / 24)
+    draws = idata.posterior["theta"].values
+    ess = float(az.ess(idata, var_names=["theta"])["theta"])
+    assert abs(draws.mean() - theta_mean) < 4 * draws.std() / np.sqrt(ess)
+    x_draws = idata.posterior["x"].values
+    assert x_draws.max() <= 20
+    assert abs(x_draws.mean() - np.sum(p * support)) < 4 * x_draws.std() / np.sqrt(ess)

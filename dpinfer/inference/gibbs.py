@@ -5,8 +5,8 @@ summed out of its release alone. Each cell is then updated from its full conditi
 
     p(x_i | rest) ∝ p(x_i | theta) p(s_i | x_i) prod_c p(c | x_i, ...),
 
-enumerated exactly over the window W_i = {c_i - k, ..., c_i + k} (c_i = max(s_i, lowest
-supported count)), every candidate scored by the model's own log-probability of x, its
+enumerated exactly over the window W_i = {c_i - k, ..., c_i + k} (c_i = s_i clipped to the
+counts' support), every candidate scored by the model's own log-probability of x, its
 release and its children, vectorised over the window. The neglected conditional mass is
 bounded as in inference notes §1: all children are discrete, so each of their pmf values is
 at most 1 and
@@ -62,13 +62,14 @@ class WindowedCountGibbs(BlockedStep):
     name = "windowed_count_gibbs"
     stats_dtypes_shapes = {"neglected_mass_bound": (float, [])}
 
-    def __init__(self, vars, *, model, release_rv, window: Window, support_lower=None, rng=None):
+    def __init__(self, vars, *, model, release_rv, window: Window, support=(None, None), rng=None):
         [latent] = vars
         self.model = model
         self.vars = [model.rvs_to_values[latent]]
         self.latent_name = self.vars[0].name
         self.window = window
-        self.support_lower = -np.inf if support_lower is None else support_lower
+        lower, upper = support
+        self.support = (-np.inf if lower is None else lower, np.inf if upper is None else upper)
         self.rng = get_random_generator(rng)
         children = children_of(model, latent, release_rv)
         logp_terms = model.logp(vars=[latent, release_rv, *children], jacobian=False, sum=False)
@@ -99,7 +100,7 @@ class WindowedCountGibbs(BlockedStep):
         bound = 0.0
         for i in range(flat.size):
             values = centres[i] + self.window.offsets
-            values = values[values >= self.support_lower]
+            values = values[(values >= self.support[0]) & (values <= self.support[1])]
             candidates = np.repeat(flat[None, :], values.size, axis=0)
             candidates[:, i] = values
             lw = self._log_weights(candidates.reshape((values.size, *x.shape)), others)

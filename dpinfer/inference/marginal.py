@@ -22,6 +22,8 @@ import pytensor.tensor as pt
 from pymc.logprob.abstract import _logprob_helper
 from pymc.model.fgraph import fgraph_from_model, model_from_fgraph, model_observed_rv
 from pytensor.graph.traversal import ancestors
+from pytensor.graph.basic import Constant
+from pytensor.tensor.exceptions import NotScalarConstantError
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.tensor.random.op import RandomVariable
 
@@ -40,6 +42,23 @@ _SUPPORT_LOWER = {
 }
 
 
+def _support(node) -> tuple:
+    """(lowest, highest) count the prior supports, where known: the lower end from the
+    distribution, the upper end from a Binomial's or BetaBinomial's constant n."""
+    lower = _SUPPORT_LOWER.get(node.op.name)
+    upper = None
+    if node.op.name in ("binomial", "beta_binomial", "betabinom"):
+        n = node.op.dist_params(node)[0]
+        if isinstance(n, Constant):
+            upper = int(np.max(n.data))
+        else:
+            try:
+                upper = int(pt.get_underlying_scalar_constant_value(n, only_process_constants=True))
+            except NotScalarConstantError:  # n is data or a model variable: leave it open
+                pass
+    return lower, upper
+
+
 class NotMarginalisableError(ValueError):
     """The latent counts of a release cannot be marginalised exactly by a window."""
 
@@ -51,7 +70,7 @@ class MarginalPlan:
     record: ReleaseRecord
     latent_name: str
     release_value: np.ndarray
-    support_lower: int | None
+    support: tuple  # (lowest, highest) supported count; None where unknown or unbounded
     method: str  # "marginal": summed out of its release; "gibbs": it has other children
     window: Window | None = None
 
@@ -92,7 +111,7 @@ def plan_marginalisation(model, record: ReleaseRecord, all_records) -> MarginalP
         record=record,
         latent_name=name,
         release_value=release_value,
-        support_lower=_SUPPORT_LOWER.get(node.op.name),
+        support=_support(node),
         method="marginal" if sole_child else "gibbs",
     )
 
@@ -120,16 +139,19 @@ def shared_data(var):
     return None
 
 
-def _windowed_terms(prior_op, prior_params, mechanism, release, half_width, support_lower):
+def _windowed_terms(prior_op, prior_params, mechanism, release, half_width, support):
     """log p(x | theta) + log p(s | x) for x on each cell's window, shape (W, *cells).
 
-    The window of cell i is c_i - k ... c_i + k with c_i = max(round(s_i), support_lower);
+    The window of cell i is c_i - k ... c_i + k with c_i = round(s_i) clipped to the support;
     ``release`` is symbolic, so a compiled model serves any release of the same shape.
     """
     centres = release if release.dtype.startswith("int") else pt.round(release)
     centres = centres.astype("int64")
-    if support_lower is not None:
-        centres = pt.maximum(centres, support_lower)
+    lower, upper = support
+    if lower is not None:
+        centres = pt.maximum(centres, lower)
+    if upper is not None:
+        centres = pt.minimum(centres, upper)
     offsets = pt.arange(-half_width, half_width + 1, dtype="int64")
     grid = centres[None, ...] + offsets.reshape((-1,) + (1,) * release.ndim)
     prior_lp = _logprob_helper(prior_op(*prior_params), grid)
@@ -151,8 +173,8 @@ def marginalise(model, plans: list[MarginalPlan]):
         _, release_data = release_var.owner.inputs
 
         def logp(value, *params, prior_op=prior_op, mechanism=mechanism,
-                 half_width=plan.window.half_width, support_lower=plan.support_lower):
-            terms = _windowed_terms(prior_op, params, mechanism, value, half_width, support_lower)
+                 half_width=plan.window.half_width, support=plan.support):
+            terms = _windowed_terms(prior_op, params, mechanism, value, half_width, support)
             return pt.logsumexp(terms, axis=0)
 
         def dist(*args, prior_op=prior_op, mechanism=mechanism):
@@ -185,7 +207,7 @@ def compile_window_log_weights(marginal_model, plan: MarginalPlan):
     params = node.op.dist_params(node)
     release = marginal_model.rvs_to_values[release_rv]
     terms = _windowed_terms(
-        prior_op, params, plan.record.mechanism, release, plan.window.half_width, plan.support_lower
+        prior_op, params, plan.record.mechanism, release, plan.window.half_width, plan.support
     )
     free = marginal_model.free_RVs
     placeholders = [rv.type() for rv in free]

@@ -91,7 +91,7 @@ def sample(
         k = _initial_half_width(plan, tol)
         if cached is not None:  # keep the compiled model if its windows are wide enough
             k = max(k, cached.plans[i].window.half_width)
-        plan.window = make_window(plan.record.mechanism, plan.release_value, plan.support_lower, k)
+        plan.window = make_window(plan.record.mechanism, plan.release_value, plan.support, k)
 
     seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
     for attempt in range(MAX_WIDENINGS + 1):
@@ -128,8 +128,8 @@ def sample(
                 log_l = failed[plan.latent_name]
                 if log_l is not None:
                     target = np.log(tol) - np.log(np.size(s)) + log_l
-                    k = max(k, initial_half_width(mech, s, log_target=target, support_lower=plan.support_lower))
-                plan.window = make_window(mech, s, plan.support_lower, k)
+                    k = max(k, initial_half_width(mech, s, log_target=target, support=plan.support))
+                plan.window = make_window(mech, s, plan.support, k)
         if progressbar:
             print(f"dpinfer: widening the windows of {sorted(failed)} and refitting")
 
@@ -149,7 +149,7 @@ def _gibbs_step(marginal_model, plan) -> WindowedCountGibbs:
         model=marginal_model,
         release_rv=marginal_model[plan.record.name],
         window=plan.window,
-        support_lower=plan.support_lower,
+        support=plan.support,
     )
 
 
@@ -178,10 +178,10 @@ def _initial_half_width(plan, tol: float) -> int:
     window centre; every posterior draw is checked afterwards against the actual windowed
     likelihood (the prior rarely puts less than 1e-4 of its mass near the release)."""
     mech, s = plan.record.mechanism, plan.release_value
-    centre = window_centres(s, plan.support_lower)
+    centre = window_centres(s, plan.support)
     log_peak = float(np.min(mech.log_likelihood(s, centre)))
     target = np.log(tol) - np.log(np.size(s)) - np.log(1e4) + log_peak
-    return initial_half_width(mech, s, log_target=target, support_lower=plan.support_lower)
+    return initial_half_width(mech, s, log_target=target, support=plan.support)
 
 
 class _MarginalFit:

@@ -6,7 +6,7 @@ For one cell with release s, prior p(x | theta) and likelihood p(s | x) (inferen
     L_W(theta) <= L(theta) <= L_W(theta) + eta,    eta = sup_{x outside W} p(s | x),
 
 because the prior mass outside the window W is at most 1. With W = {c - k, ..., c + k} and
-c = max(s, lowest supported count) every supported x outside W has |x - s| > k, so
+c = s clipped to the counts' support every supported x outside W has |x - s| > k, so
 eta <= sup_{|x - s| > k} p(s | x), which each mechanism bounds
 (``Mechanism.log_likelihood_bound_outside``). Summed over cells the relative error of the
 windowed likelihood is at most
@@ -42,38 +42,43 @@ class Window:
         return self.centres[None, ...] + self.offsets.reshape((-1,) + (1,) * self.centres.ndim)
 
 
-def window_centres(release: np.ndarray, support_lower: int | None) -> np.ndarray:
+def window_centres(release: np.ndarray, support: tuple) -> np.ndarray:
+    """c_i = round(s_i) clipped to the counts' support (lower, upper; None where open)."""
+    lower, upper = support
     centres = np.rint(np.asarray(release, dtype=float)).astype(np.int64)
-    if support_lower is not None:
-        centres = np.maximum(centres, support_lower)
+    if lower is not None:
+        centres = np.maximum(centres, lower)
+    if upper is not None:
+        centres = np.minimum(centres, upper)
     return centres
 
 
-def log_eta(mechanism, release: np.ndarray, half_width: int, support_lower=None) -> np.ndarray:
+def log_eta(mechanism, release: np.ndarray, half_width: int, support=(None, None)) -> np.ndarray:
     """log sup{p(s | x): supported x outside the window}. A continuous release s is
     centred at round(s), so |x - s| > half_width - 1/2 there: bound at half_width - 1."""
     k = half_width if mechanism.discrete else half_width - 1
-    support = (-np.inf if support_lower is None else support_lower, np.inf)
-    bound = mechanism.log_likelihood_bound_outside(release, max(k, 0), support=support)
+    lower, upper = support
+    limits = (-np.inf if lower is None else lower, np.inf if upper is None else upper)
+    bound = mechanism.log_likelihood_bound_outside(release, max(k, 0), support=limits)
     return np.asarray(bound, dtype=float)
 
 
-def make_window(mechanism, release, support_lower, half_width: int) -> Window:
+def make_window(mechanism, release, support, half_width: int) -> Window:
     release = np.asarray(release)
     return Window(
-        centres=window_centres(release, support_lower),
+        centres=window_centres(release, support),
         half_width=int(half_width),
-        log_eta=log_eta(mechanism, release, half_width, support_lower),
+        log_eta=log_eta(mechanism, release, half_width, support),
     )
 
 
-def initial_half_width(mechanism, release, *, log_target: float, support_lower=None) -> int:
+def initial_half_width(mechanism, release, *, log_target: float, support=(None, None)) -> int:
     """Smallest k with every cell's tail bound log eta_i(k) <= log_target (doubling, then
     bisection; eta is non-increasing in k)."""
     release = np.asarray(release)
 
     def ok(k: int) -> bool:
-        return bool(np.all(log_eta(mechanism, release, k, support_lower) <= log_target))
+        return bool(np.all(log_eta(mechanism, release, k, support) <= log_target))
 
     hi = 1
     while not ok(hi):
