@@ -87,10 +87,10 @@ def sample(
     rng = np.random.default_rng(random_seed)
     plans = [plan_marginalisation(model, r, records) for r in records]
     cached = getattr(model, _MARGINAL, None)
-    for i, plan in enumerate(plans):
-        k = _initial_half_width(plan, tol)
-        if cached is not None:  # keep the compiled model if its windows are wide enough
-            k = max(k, cached.plans[i].window.half_width)
+    cached_widths = {p.latent_name: p.window.half_width for p in cached.plans} if cached else {}
+    for plan in plans:
+        # keep the compiled model if its windows are wide enough
+        k = max(_initial_half_width(plan, tol), cached_widths.get(plan.latent_name, 0))
         plan.window = make_window(plan.record.mechanism, plan.release_value, plan.support, k)
 
     seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
@@ -142,6 +142,27 @@ def sample(
     return idata
 
 
+_MARGINAL_METHOD = (
+    "exact marginalisation over a proven window (NUTS on parameters) "
+    "+ exact conditional draws of the counts"
+)
+_GIBBS_METHOD = (
+    "windowed exact Gibbs updates of each count (the counts have other children), "
+    "NUTS on the continuous parameters"
+)
+
+
+def _report_entry(plan, method: str, bound: float, tol: float) -> dict:
+    return {
+        "release": plan.record.name,
+        "mechanism": repr(plan.record.mechanism),
+        "method": method,
+        "window_half_width": plan.window.half_width,
+        "max_relative_error_bound": bound,
+        "tol": tol,
+    }
+
+
 def _gibbs_step(marginal_model, plan) -> WindowedCountGibbs:
     latent = marginal_model[plan.latent_name]
     return WindowedCountGibbs(
@@ -159,15 +180,7 @@ def _gibbs_report(idata, plans, tol):
     report, failed = {}, {}
     for plan in plans:
         bound = float(np.max(idata.sample_stats["neglected_mass_bound"].values))
-        report[plan.latent_name] = {
-            "release": plan.record.name,
-            "mechanism": repr(plan.record.mechanism),
-            "method": "windowed exact Gibbs updates of each count (the counts have other "
-            "children), NUTS on the continuous parameters",
-            "window_half_width": plan.window.half_width,
-            "max_relative_error_bound": bound,
-            "tol": tol,
-        }
+        report[plan.latent_name] = _report_entry(plan, _GIBBS_METHOD, bound, tol)
         if not bound <= tol:
             failed[plan.latent_name] = None  # no likelihood floor known: double the width
     return report, failed
@@ -260,15 +273,7 @@ def _draw_latents(idata, fit, model, tol, rng, progressbar):
             draws_out, dims=("chain", "draw", *dims), coords=coords
         )
         bound = float(np.expm1(worst)) if np.isfinite(worst) else float("inf")
-        report[plan.latent_name] = {
-            "release": plan.record.name,
-            "mechanism": repr(plan.record.mechanism),
-            "method": "exact marginalisation over a proven window (NUTS on parameters) "
-            "+ exact conditional draws of the counts",
-            "window_half_width": plan.window.half_width,
-            "max_relative_error_bound": bound,
-            "tol": tol,
-        }
+        report[plan.latent_name] = _report_entry(plan, _MARGINAL_METHOD, bound, tol)
         if not bound <= tol:
             failed[plan.latent_name] = min_log_l
     idata["posterior"] = xr.DataTree(posterior)  # attribute assignment would not replace the node
