@@ -249,3 +249,13 @@ def test_release_at_the_upper_atom_of_a_clamped_mechanism():
     x_draws = idata.posterior["x"].values
     assert x_draws.max() <= 20
     assert abs(x_draws.mean() - np.sum(p * support)) < 4 * x_draws.std() / np.sqrt(ess)
+
+
+def test_observe_rejects_a_release_of_the_wrong_shape():
+    mech = DoubleGeometric(epsilon=1.0)
+    with pm.Model():
+        x = pm.Poisson("x", 5.0, shape=3)
+        with pytest.raises(ValueError, match=r"observed has shape \(4,\) but true_values has shape \(3,\)"):
+            mech.observe("release", x, observed=[1, 2, 3, 4])
+        with pytest.raises(ValueError, match="whole numbers"):
+            mech.observe("release", x, observed=[1.5, 2, 3])

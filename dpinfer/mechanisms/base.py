@@ -130,10 +130,16 @@ class Mechanism(abc.ABC):
 
         model = pm.modelcontext(model)
         if hasattr(observed, "get_value"):  # pm.Data: validate its value, keep it symbolic
-            self.check_release(observed.get_value())
+            value = self.check_release(observed.get_value())
         else:
-            observed = self.check_release(observed)
+            observed = value = self.check_release(observed)
         rv = self.dist(true_values)
+        true_shape = tuple(int(d) for d in rv.shape.eval())
+        if value.shape != true_shape:
+            raise ValueError(
+                f"observed has shape {value.shape} but true_values has shape {true_shape}; "
+                "each true value needs exactly one released value"
+            )
         rv = model.register_rv(rv, name, observed=observed, dims=dims)
         if hasattr(true_values, "tag"):
             true_values.tag.dpinfer_release = name
