@@ -37,3 +37,17 @@ def as_integer_location(name: str, value):
             )
         return value if value.dtype == "int64" else pt.cast(value, "int64")
     return pt.as_tensor_variable(as_integer_array(name, value))
+
+
+def symmetric_log_tails(value, mu, log_tail):
+    """(log P(Y <= value), log P(Y > value)) for an integer law symmetric about integer mu.
+
+    With j = floor(value - mu), the smaller of the two tails is P(Y - mu >= m) with m = -j for
+    j < 0 and m = j + 1 for j >= 0 (so m >= 1); ``log_tail(m)`` gives its log accurately and
+    the other tail is its log1mexp, so both tails stay accurate far out.
+    """
+    j = pt.floor(pt.cast(value - mu, "float64"))
+    left = pt.lt(j, 0)
+    small = log_tail(pt.switch(left, -j, j + 1))
+    large = pt.log1mexp(small)
+    return pt.switch(left, small, large), pt.switch(left, large, small)

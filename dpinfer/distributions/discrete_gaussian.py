@@ -14,7 +14,7 @@ from pymc.distributions.shape_utils import rv_size_is_none
 from pytensor.tensor.random.op import RandomVariable
 
 from dpinfer._validation import check_positive
-from dpinfer.distributions._params import as_float64, as_integer_location
+from dpinfer.distributions._params import as_float64, as_integer_location, symmetric_log_tails
 
 __all__ = ["DiscreteGaussian", "discrete_gaussian_log_normaliser", "discrete_gaussian_variance"]
 
@@ -171,14 +171,13 @@ class DiscreteGaussian(Discrete):
 
 
 def _log_tails(value, mu, sigma):
-    """(log P(Y <= value), log P(Y > value)) via the smaller tail T(m), m >= 1 (see the
-    DiscreteGaussian docstring for the grid length)."""
-    j = pt.floor(pt.cast(value - mu, "float64"))
-    left = pt.lt(j, 0)
-    m = pt.switch(left, -j, j + 1)
-    n = pt.cast(pt.ceil(_TAIL_SIGMAS * pt.max(sigma)), "int64") + _TAIL_EXTRA
-    k = pt.shape_padright(m) + pt.arange(n, dtype="float64")
-    s = pt.shape_padright(sigma)
-    small = pt.logsumexp(-(k**2) / (2.0 * s**2), axis=-1) - _log_normaliser(sigma)
-    large = pt.log1mexp(small)
-    return pt.switch(left, small, large), pt.switch(left, large, small)
+    """P(Y - mu >= m) for m >= 1 as a sum of pmf terms over a grid of m .. m + n - 1 (see the
+    DiscreteGaussian docstring for the grid length n)."""
+
+    def log_tail(m):
+        n = pt.cast(pt.ceil(_TAIL_SIGMAS * pt.max(sigma)), "int64") + _TAIL_EXTRA
+        k = pt.shape_padright(m) + pt.arange(n, dtype="float64")
+        s = pt.shape_padright(sigma)
+        return pt.logsumexp(-(k**2) / (2.0 * s**2), axis=-1) - _log_normaliser(sigma)
+
+    return symmetric_log_tails(value, mu, log_tail)

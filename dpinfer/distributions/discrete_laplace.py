@@ -11,7 +11,7 @@ from pymc.distributions.distribution import Discrete
 from pymc.distributions.shape_utils import rv_size_is_none
 from pytensor.tensor.random.op import RandomVariable
 
-from dpinfer.distributions._params import as_float64, as_integer_location
+from dpinfer.distributions._params import as_float64, as_integer_location, symmetric_log_tails
 
 __all__ = ["DiscreteLaplace"]
 
@@ -96,15 +96,6 @@ class DiscreteLaplace(Discrete):
 
 
 def _log_tails(value, mu, b):
-    """(log P(Y <= value), log P(Y > value)).
-
-    With j = floor(value - mu), the smaller of the two tails is a^m / (1 + a) where m = -j for
-    j < 0 and m = j + 1 for j >= 0 (so m >= 1); the other is its log1mexp.
-    """
+    """P(Y - mu >= m) = a^m / (1 + a) for m >= 1."""
     t = 1.0 / b
-    j = pt.floor(value - mu)
-    left = pt.lt(j, 0)
-    m = pt.switch(left, -j, j + 1)
-    small = -t * m - pt.log1pexp(-t)
-    large = pt.log1mexp(small)
-    return pt.switch(left, small, large), pt.switch(left, large, small)
+    return symmetric_log_tails(value, mu, lambda m: -t * m - pt.log1pexp(-t))
