@@ -109,3 +109,10 @@ def check_probability(value, name: str = "prob") -> float:
     if not (0.0 < value < 1.0):
         raise ValueError(f"{name} must lie strictly between 0 and 1, got {value!r}")
     return value
+
+
+def check_rng(rng) -> np.random.Generator:
+    """Randomness only through a numpy Generator passed in (reproducible)."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    return rng

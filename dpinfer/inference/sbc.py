@@ -58,16 +58,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from dpinfer._validation import check_rng
+
 LEVELS = (0.5, 0.9)
 
 
 # --- ranks and PIT ----------------------------------------------------------------------------
-def _check_rng(rng) -> np.random.Generator:
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-    return rng
-
-
 def randomised_ranks(draws, truth, rng: np.random.Generator) -> np.ndarray:
     """Rank of ``truth`` among ``draws`` with ties broken uniformly at random.
 
@@ -76,7 +72,7 @@ def randomised_ranks(draws, truth, rng: np.random.Generator) -> np.ndarray:
     rank = #{draws < truth} + Uniform{0, ..., #{draws == truth}} (Talts et al. 2018 §3;
     inference notes §5). Exactly uniform when truth and draws are exchangeable.
     """
-    rng = _check_rng(rng)
+    rng = check_rng(rng)
     draws = np.asarray(draws)
     truth = np.asarray(truth)
     if draws.ndim < 1 or draws.shape[0] < 1:
@@ -96,7 +92,7 @@ def randomised_ranks(draws, truth, rng: np.random.Generator) -> np.ndarray:
 def randomised_pit(ranks, n_draws: int, rng: np.random.Generator) -> np.ndarray:
     """u = (rank + V) / (L + 1), V ~ Uniform(0, 1): exactly Uniform(0, 1) when the ranks are
     uniform on {0, ..., L} (L = ``n_draws``)."""
-    rng = _check_rng(rng)
+    rng = check_rng(rng)
     ranks = np.asarray(ranks)
     if n_draws < 1 or np.any(ranks < 0) or np.any(ranks > n_draws):
         raise ValueError(f"ranks must lie in 0..n_draws with n_draws >= 1; n_draws={n_draws}")
@@ -317,7 +313,7 @@ def run_sbc(
     -> array over replications), "ess" (min bulk ESS of the continuous parameters per
     replication), "n_ranks" and "seconds".
     """
-    _check_rng(rng)
+    check_rng(rng)
     if n_reps < 1:
         raise ValueError(f"n_reps must be >= 1, got {n_reps}")
     if draws * chains < n_ranks:

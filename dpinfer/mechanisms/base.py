@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pymc as pm
 
-from dpinfer._validation import as_integer_array, as_real_array, check_same_shape
+from dpinfer._validation import as_integer_array, as_real_array, check_rng, check_same_shape
 
 NEIGHBOUR_RELATIONS = ("add-remove", "substitution")
 
@@ -210,7 +210,7 @@ class AdditiveMechanism(Mechanism):
 
     def release(self, true_values, rng: np.random.Generator) -> np.ndarray:
         true_values = (as_integer_array if self.discrete else as_real_array)("true_values", true_values)
-        return true_values + self.sample_noise(true_values.shape, rng)
+        return true_values + self.sample_noise(true_values.shape, check_rng(rng))
 
     def log_likelihood(self, release, true_values) -> np.ndarray:
         release, true_values = self._check_pair(release, true_values)

@@ -29,6 +29,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from dpinfer._validation import check_rng
+
 __all__ = [
     "sample_bernoulli",
     "sample_bernoulli_exp",
@@ -76,12 +78,6 @@ def _shape(size) -> tuple[int, ...]:
     if any(s < 0 for s in size):
         raise ValueError(f"size must not contain negative entries, got {size!r}")
     return tuple(int(s) for s in size)
-
-
-def _check_rng(rng) -> np.random.Generator:
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-    return rng
 
 
 # --- integer helpers -----------------------------------------------------------------------
@@ -251,7 +247,7 @@ def sample_bernoulli(p, size, rng: np.random.Generator) -> np.ndarray:
     p = _as_fraction("p", p)
     if not 0 <= p <= 1:
         raise ValueError(f"p must lie in [0, 1], got {p}")
-    shape, rng = _shape(size), _check_rng(rng)
+    shape, rng = _shape(size), check_rng(rng)
     n = math.prod(shape)
     bound = p.denominator
     num = _exact_ints(np.full(n, p.numerator, dtype=object), bound)
@@ -265,7 +261,7 @@ def sample_bernoulli_exp(gamma, size, rng: np.random.Generator) -> np.ndarray:
     gamma = _as_fraction("gamma", gamma)
     if gamma < 0:
         raise ValueError(f"gamma must be >= 0, got {gamma}")
-    shape, rng = _shape(size), _check_rng(rng)
+    shape, rng = _shape(size), check_rng(rng)
     n = math.prod(shape)
     bound = max(gamma.numerator, gamma.denominator)
     num = _exact_ints(np.full(n, gamma.numerator, dtype=object), bound)
@@ -279,7 +275,7 @@ def sample_geometric_exp(gamma, size, rng: np.random.Generator) -> np.ndarray:
     gamma = _as_fraction("gamma", gamma)
     if not gamma >= Fraction(1, _MAX_SCALE):
         raise ValueError(f"gamma must be >= 2**-40 (so that draws fit in int64), got {gamma}")
-    shape, rng = _shape(size), _check_rng(rng)
+    shape, rng = _shape(size), check_rng(rng)
     return _geometric_exp(math.prod(shape), gamma, rng).reshape(shape)
 
 
@@ -291,7 +287,7 @@ def sample_discrete_laplace(scale, size, rng: np.random.Generator) -> np.ndarray
     epsilon and sensitivity Delta, scale = Delta/epsilon.
     """
     scale = _positive_scale("scale", scale)
-    shape, rng = _shape(size), _check_rng(rng)
+    shape, rng = _shape(size), check_rng(rng)
     return _discrete_laplace(math.prod(shape), scale, rng).reshape(shape)
 
 
@@ -305,7 +301,7 @@ def sample_discrete_gaussian(sigma, size, rng: np.random.Generator) -> np.ndarra
     fraction (|Y| q t - p)^2 / (2 p q t^2).
     """
     sigma = _positive_scale("sigma", sigma)
-    shape, rng = _shape(size), _check_rng(rng)
+    shape, rng = _shape(size), check_rng(rng)
     sigma2 = sigma**2
     p, q = sigma2.numerator, sigma2.denominator
     t = math.floor(sigma) + 1

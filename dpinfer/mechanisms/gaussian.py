@@ -24,6 +24,7 @@ import pymc as pm
 from scipy import integrate
 from scipy.special import log_ndtr, ndtri
 
+from dpinfer._math import log1mexp
 from dpinfer._validation import check_delta, check_epsilon, check_positive, check_probability
 from dpinfer.distributions._params import as_float64
 from dpinfer.mechanisms.base import AdditiveMechanism, PrivacyAudit, PrivacyGuarantee, check_neighbour
@@ -39,20 +40,13 @@ _HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
 _LOG_ROUNDING_MARGIN = math.log1p(-1e-10)
 
 
-def _log1mexp(x: float) -> float:
-    """log(1 - e^x) for x <= 0, accurate on both sides of -log 2 (Mächler 2012)."""
-    if x >= 0.0:
-        return -math.inf
-    return math.log(-math.expm1(x)) if x > -math.log(2.0) else math.log1p(-math.exp(x))
-
-
 def _log_delta(epsilon: float, sigma: float, sensitivity: float) -> float:
     """log δ(ε; σ) of eq. (3): with a = u/2 - ε/u, u = Δ/σ, δ = Φ(a) (1 - e^{ε + log Φ(a - u) - log Φ(a)}),
     every factor in log space (scipy's ``log_ndtr``), so deep tails do not underflow."""
     u = sensitivity / sigma
     a = 0.5 * u - epsilon / u
     log_phi_a = float(log_ndtr(a))
-    return log_phi_a + _log1mexp(epsilon + float(log_ndtr(a - u)) - log_phi_a)
+    return log_phi_a + log1mexp(epsilon + float(log_ndtr(a - u)) - log_phi_a)
 
 
 def calibrate_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:

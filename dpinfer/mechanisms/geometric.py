@@ -25,6 +25,7 @@ import numpy as np
 import pymc as pm
 
 from dpinfer import privacy
+from dpinfer._math import log1mexp
 from dpinfer._validation import (
     as_integer_array,
     check_bounds,
@@ -49,13 +50,6 @@ __all__ = ["DoubleGeometric", "ClampedGeometric"]
 _AUDIT_MARGIN = 50
 # Audit enumeration: true values span this many integers beyond a lower bound.
 _AUDIT_SPAN = 20
-
-
-def _log1mexp(x) -> np.ndarray:
-    """log(1 - e^x) for x <= 0, accurate at both ends (Maechler 2012)."""
-    x = np.asarray(x, dtype=float)
-    with np.errstate(divide="ignore"):
-        return np.where(x > -math.log(2.0), np.log(-np.expm1(x)), np.log1p(-np.exp(x)))
 
 
 def _audit_pure(mechanism: Mechanism, x_lo: int, x_hi: int, outputs: np.ndarray, note: str) -> PrivacyAudit:
@@ -100,7 +94,7 @@ class DoubleGeometric(AdditiveMechanism):
         self.neighbour = check_neighbour(neighbour)
         self._rate = self._epsilon / self.sensitivity  # -log a
         self._log1p_a = math.log1p(math.exp(-self._rate))
-        self._log_norm = float(_log1mexp(-self._rate)) - self._log1p_a  # log((1 - a)/(1 + a))
+        self._log_norm = float(log1mexp(-self._rate)) - self._log1p_a  # log((1 - a)/(1 + a))
 
     @property
     def alpha(self) -> float:
@@ -139,7 +133,7 @@ class DoubleGeometric(AdditiveMechanism):
         j = np.floor(np.asarray(k, dtype=float))
         with np.errstate(over="ignore", invalid="ignore"):
             left = self._rate * j - self._log1p_a
-            right = _log1mexp(-self._rate * (j + 1.0) - self._log1p_a)
+            right = log1mexp(-self._rate * (j + 1.0) - self._log1p_a)
         return np.where(j < 0, left, right)
 
     def noise_logsf(self, k) -> np.ndarray:
