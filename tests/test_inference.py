@@ -259,3 +259,38 @@ def test_observe_rejects_a_release_of_the_wrong_shape():
             mech.observe("release", x, observed=[1, 2, 3, 4])
         with pytest.raises(ValueError, match="whole numbers"):
             mech.observe("release", x, observed=[1.5, 2, 3])
+
+
+def test_fixed_prior_gives_exact_iid_count_draws():
+    """No parameters left after summing out: x_i ~ Poisson(3) released with OpenDP-style
+    one-sided clamping at 0. dp.sample draws the counts i.i.d. from the exact posterior
+    p(x | s) ∝ Pois(x; 3) P(s | x); a chi-square test against enumeration (i.i.d. draws)."""
+    from dpinfer.mechanisms.geometric import ClampedGeometric
+
+    mech = ClampedGeometric(epsilon=0.5, lower=0)
+    release = np.array([0, 4])
+    with pm.Model() as model:
+        x = pm.Poisson("x", 3.0, shape=2)
+        mech.observe("release", x, observed=release)
+    idata = sample(2000, chains=2, random_seed=3, progressbar=False, model=model)
+    draws = idata.posterior["x"].values.reshape(-1, 2)
+    support = np.arange(60)
+    for i, s in enumerate(release):
+        log_w = stats.poisson.logpmf(support, 3.0) + mech.log_likelihood(np.full(60, s), support)
+        p = np.exp(log_w - special.logsumexp(log_w))
+        observed = np.bincount(draws[:, i], minlength=60)[:60]
+        keep = p * draws.shape[0] >= 5  # pool the tail into one cell
+        obs = np.append(observed[keep], observed[~keep].sum())
+        exp = np.append(p[keep], p[~keep].sum()) * draws.shape[0]
+        assert stats.chisquare(obs, exp).pvalue > 1e-3
+
+
+def test_binomial_upper_support_is_read_through_broadcasting():
+    from dpinfer.inference.marginal import _support
+
+    with pm.Model():
+        a = pm.Binomial("a", 20, 0.3, shape=3)
+        b = pm.Binomial("b", np.array([10, 20]), 0.3)
+        c = pm.Binomial("c", pm.Data("n", np.array([5, 7])), 0.3)
+        d = pm.Poisson("d", 2.0)
+    assert [_support(v.owner) for v in (a, b, c, d)] == [(0, 20), (0, 20), (0, None), (0, None)]

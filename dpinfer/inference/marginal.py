@@ -21,9 +21,8 @@ import pytensor
 import pytensor.tensor as pt
 from pymc.logprob.abstract import _logprob_helper
 from pymc.model.fgraph import fgraph_from_model, model_from_fgraph, model_observed_rv
-from pytensor.graph.traversal import ancestors
+from pytensor.graph.traversal import ancestors, graph_inputs
 from pytensor.graph.basic import Constant
-from pytensor.tensor.exceptions import NotScalarConstantError
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.tensor.random.op import RandomVariable
 
@@ -49,13 +48,8 @@ def _support(node) -> tuple:
     upper = None
     if node.op.name in ("binomial", "beta_binomial", "betabinom"):
         n = node.op.dist_params(node)[0]
-        if isinstance(n, Constant):
-            upper = int(np.max(n.data))
-        else:
-            try:
-                upper = int(pt.get_underlying_scalar_constant_value(n, only_process_constants=True))
-            except NotScalarConstantError:  # n is data or a model variable: leave it open
-                pass
+        if all(isinstance(v, Constant) for v in graph_inputs([n])):  # n is fixed: evaluate it
+            upper = int(np.max(n.eval()))
     return lower, upper
 
 

@@ -98,17 +98,21 @@ def sample(
         fit = _marginal_fit(model, [p for p in plans if p.method == "marginal"])
         gibbs_plans = [p for p in plans if p.method == "gibbs"]
         steps = [_gibbs_step(fit.model, p) for p in gibbs_plans]
-        with fit.model:
-            idata = pm.sample(
-                draws,
-                tune=tune,
-                chains=chains,
-                cores=cores,
-                random_seed=int(seeds[attempt]),
-                progressbar=progressbar,
-                step=steps or None,
-                **sample_kwargs,
-            )
+        if fit.model.free_RVs:
+            with fit.model:
+                idata = pm.sample(
+                    draws,
+                    tune=tune,
+                    chains=chains,
+                    cores=cores,
+                    random_seed=int(seeds[attempt]),
+                    progressbar=progressbar,
+                    step=steps or None,
+                    **sample_kwargs,
+                )
+        else:  # nothing continuous left: the counts' posterior is the window weights, i.i.d.
+            coords = {"chain": np.arange(chains), "draw": np.arange(draws)}
+            idata = xr.DataTree.from_dict({"posterior": xr.Dataset(coords=coords)})
         report, failed = _draw_latents(idata, fit, model, tol, rng, progressbar)
         gibbs_report, gibbs_failed = _gibbs_report(idata, gibbs_plans, tol)
         report.update(gibbs_report)
@@ -243,9 +247,8 @@ def _draw_latents(idata, fit, model, tol, rng, progressbar):
     on some draw to the smallest windowed log-likelihood of any cell over all draws (None
     where unknown: the window is then doubled)."""
     posterior = idata.posterior.to_dataset()
-    free_names = [rv.name for rv in fit.model.free_RVs]
-    values = [posterior[n].values for n in free_names]
-    n_chains, n_draws = values[0].shape[:2]
+    values = [posterior[rv.name].values for rv in fit.model.free_RVs]
+    n_chains, n_draws = posterior.sizes["chain"], posterior.sizes["draw"]
     report, failed = {}, {}
     for plan in fit.plans:
         if progressbar:
@@ -259,7 +262,11 @@ def _draw_latents(idata, fit, model, tol, rng, progressbar):
         chunk = max(1, _CHUNK_ELEMENTS // grid.size)
         for start in range(0, n_chains * n_draws, chunk):
             part = slice(start, start + chunk)
-            lw = log_weights(*[v[part] for v in flat_values])  # (draws, W, *cells)
+            n_part = len(range(n_chains * n_draws)[part])
+            # (draws, W, *cells); with no parameters the weights are the same for every draw
+            lw = log_weights(*[v[part] for v in flat_values]) if values else np.broadcast_to(
+                log_weights(), (n_part, *grid.shape)
+            )
             log_l = np.logaddexp.reduce(lw, axis=1)
             worst = max(worst, float(np.max(neglected_log_mass(plan.window.log_eta, log_l))))
             min_log_l = min(min_log_l, float(np.min(log_l)))
