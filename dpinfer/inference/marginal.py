@@ -69,10 +69,11 @@ class MarginalPlan:
     window: Window | None = None
 
 
-def plan_marginalisation(model, record: ReleaseRecord, all_records) -> MarginalPlan:
+def plan_marginalisation(model, record: ReleaseRecord) -> MarginalPlan:
     """Check that ``record``'s latent counts are an elementwise discrete free variable of
-    ``model`` with this one release, and choose the method: summed out of the release when
-    the release is their only child, windowed Gibbs updates otherwise."""
+    ``model``, and choose the method: summed out of the release when the release is their
+    only child, windowed Gibbs updates otherwise (other children, including further releases
+    of the same counts, which then count as children)."""
     latent = record.latent
     name = getattr(latent, "name", None)
     if latent not in model.free_RVs:
@@ -88,12 +89,6 @@ def plan_marginalisation(model, record: ReleaseRecord, all_records) -> MarginalP
         )
     if not latent.type.dtype.startswith("int"):
         raise NotMarginalisableError(f"latent {name!r} must be integer valued (counts)")
-    releases_of_latent = [r for r in all_records if r.latent is latent]
-    if len(releases_of_latent) > 1:
-        raise NotMarginalisableError(
-            f"latent {name!r} has {len(releases_of_latent)} releases; joint marginalisation of "
-            "several releases of the same counts is not supported yet"
-        )
     others = [
         v
         for v in model.free_RVs + model.observed_RVs + model.deterministics + model.potentials

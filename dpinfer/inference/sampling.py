@@ -85,7 +85,13 @@ def sample(
             "the model has no release registered with Mechanism.observe(...); use pm.sample"
         )
     rng = np.random.default_rng(random_seed)
-    plans = [plan_marginalisation(model, r, records) for r in records]
+    # One plan per latent: its first release sets the window, any further release of the same
+    # counts is one more child in the windowed Gibbs step.
+    plans, seen = [], set()
+    for record in records:
+        if id(record.latent) not in seen:
+            seen.add(id(record.latent))
+            plans.append(plan_marginalisation(model, record))
     cached = getattr(model, _MARGINAL, None)
     cached_widths = {p.latent_name: p.window.half_width for p in cached.plans} if cached else {}
     for plan in plans:
