@@ -143,7 +143,9 @@ def _windowed_terms(prior_op, prior_params, mechanism, release, half_width, supp
         centres = pt.minimum(centres, upper)
     offsets = pt.arange(-half_width, half_width + 1, dtype="int64")
     grid = centres[None, ...] + offsets.reshape((-1,) + (1,) * release.ndim)
-    prior_lp = _logprob_helper(prior_op(*prior_params), grid)
+    # The prior's node only dispatches its logp; its rng is never used.
+    _, prior = prior_op(*prior_params, rng=pt.random.rng(), return_next_rng=True)
+    prior_lp = _logprob_helper(prior, grid)
     lik_lp = pm.logp(mechanism.dist(grid), pt.broadcast_to(release, grid.shape))
     return prior_lp + lik_lp
 
@@ -168,7 +170,9 @@ def marginalise(model, plans: list[MarginalPlan]):
 
         def dist(*args, prior_op=prior_op, mechanism=mechanism):
             *params, size = args
-            return mechanism.dist(prior_op(*params, size=size))
+            rng = pt.random.shared_rng(np.random.default_rng())  # PyMC reseeds it when sampling
+            _, counts = prior_op(*params, size=size, rng=rng, return_next_rng=True)
+            return mechanism.dist(counts)
 
         marginal = pm.CustomDist.dist(
             *prior_params,
