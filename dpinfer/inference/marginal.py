@@ -115,19 +115,6 @@ def current_value(var) -> np.ndarray:
     return np.asarray(var.eval())
 
 
-def shared_data(var):
-    """The pm.Data (shared) variable behind an observed value, through single-input ops such
-    as PyMC's dtype casts; None for constant data."""
-    while var is not None:
-        if hasattr(var, "set_value"):
-            return var
-        owner = var.owner
-        if owner is None or len(owner.inputs) != 1:
-            return None
-        var = owner.inputs[0]
-    return None
-
-
 def _windowed_terms(prior_op, prior_params, mechanism, release, half_width, support):
     """log p(x | theta) + log p(s | x) for x on each cell's window, shape (W, *cells).
 

@@ -24,13 +24,7 @@ import xarray as xr
 
 from dpinfer._validation import check_probability
 from dpinfer.inference.gibbs import WindowedCountGibbs
-from dpinfer.inference.marginal import (
-    compile_window_log_weights,
-    current_value,
-    marginalise,
-    plan_marginalisation,
-    shared_data,
-)
+from dpinfer.inference.marginal import compile_window_log_weights, marginalise, plan_marginalisation
 from dpinfer.inference.records import releases_of
 from dpinfer.inference.window import (
     initial_half_width,
@@ -208,8 +202,8 @@ def _initial_half_width(plan, tol: float) -> int:
 
 
 class _MarginalFit:
-    """A marginalised model kept on the original model, so refits with new release data
-    (pm.set_data) reuse its compiled functions."""
+    """A marginalised model kept on the original model, so refits with new data
+    (pm.set_data on the original model) reuse its compiled functions."""
 
     def __init__(self, model, plans):
         self.plans = plans
@@ -222,17 +216,12 @@ class _MarginalFit:
             self._log_weights[plan.latent_name] = compile_window_log_weights(self.model, plan)
         return self._log_weights[plan.latent_name]
 
-    def set_releases(self, plans) -> None:
-        for plan in plans:
-            data = self.model.rvs_to_values[self.model[plan.record.name]]
-            shared = shared_data(data)
-            if shared is not None:
-                value = np.asarray(plan.release_value, dtype=shared.type.dtype)
-                if not np.array_equal(value, plan.release_value):
-                    raise ValueError(f"release {plan.record.name!r} does not fit {shared.type.dtype}")
-                shared.set_value(value)
-            elif not np.array_equal(current_value(data), plan.release_value):
-                raise RuntimeError("release data changed but is not a pm.Data variable")
+    def sync_data(self, model, plans) -> None:
+        """Copy the current value of every pm.Data variable of ``model`` (new releases,
+        covariates, other observed data) into the kept marginal model, whose data are copies."""
+        for var in model.data_vars:
+            if hasattr(var, "get_value"):
+                self.model[var.name].set_value(var.get_value())
         self.plans = plans
 
 
@@ -242,7 +231,7 @@ def _marginal_fit(model, plans) -> _MarginalFit:
         fit = _MarginalFit(model, plans)
         setattr(model, _MARGINAL, fit)
     else:
-        fit.set_releases(plans)
+        fit.sync_data(model, plans)
     return fit
 
 
