@@ -352,3 +352,32 @@ def test_refit_with_new_data_uses_the_new_values_on_both_paths():
         draws = idata.posterior["x"].values
         ess = float(az.ess(idata, var_names=["x"])["x"])
         assert abs(draws.mean() - mean) < 4 * sd / np.sqrt(ess), (s_obs, draws.mean(), mean)
+
+
+def test_gibbs_path_starts_where_the_default_start_is_impossible():
+    """The prior's default start x = 20 is impossible with y = 30 ~ Binomial(x, 0.6); the
+    Gibbs step supplies a valid start and the posterior matches enumeration."""
+    a, b, q = 4.0, 0.2, 0.6
+    mech = DoubleGeometric(epsilon=0.5)
+    with pm.Model() as model:
+        lam = pm.Gamma("lam", a, b)
+        x = pm.Poisson("x", lam, shape=2)
+        pm.Binomial("y", n=x, p=q, observed=[30, 2])
+        mech.observe("release", x, observed=[48, 4])
+    idata = sample(1000, tune=500, chains=2, random_seed=4, progressbar=False, model=model)
+    draws = idata.posterior["x"].values
+    assert (draws[..., 0] >= 30).all()
+    # Exact: (x1, x2) are negative multinomial a priori (lam integrated out):
+    # p(x1, x2) ∝ Gamma(a + x1 + x2) / (x1! x2!) (b + 2)^-(x1 + x2).
+    x1, x2 = np.meshgrid(np.arange(200), np.arange(60), indexing="ij")
+    log_w = (
+        special.gammaln(a + x1 + x2) - special.gammaln(x1 + 1) - special.gammaln(x2 + 1)
+        - (x1 + x2) * np.log(b + 2)
+        + stats.binom.logpmf(30, x1, q) + stats.binom.logpmf(2, x2, q)
+        + mech.log_likelihood(np.full(x1.shape, 48), x1) + mech.log_likelihood(np.full(x2.shape, 4), x2)
+    )
+    p = np.exp(log_w - special.logsumexp(log_w))
+    mean = np.sum(p * x1)
+    sd = np.sqrt(np.sum(p * x1**2) - mean**2)
+    ess = float(az.ess(draws[..., 0]))
+    assert abs(draws[..., 0].mean() - mean) < 4 * sd / np.sqrt(ess)

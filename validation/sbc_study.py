@@ -1,15 +1,19 @@
-"""Simulation-based calibration study of ``dpinfer.sample`` on two small models.
+"""Simulation-based calibration study of ``dpinfer.sample`` on three small models.
 
 (a) Poisson-gamma counts with double geometric noise:
         lam ~ Gamma(4, rate 0.2);  x_i ~ Poisson(lam), i = 1..5;  s = x + DoubleGeometric(eps = 0.5)
 (b) a binomial proportion released with the clamped (boundary-inflated) Laplace mechanism:
         theta ~ Beta(2, 2);  x ~ Binomial(40, theta);  s = clamp(x + Laplace(1/eps), 0, 40), eps = 0.5
+(c) counts with a second, exactly observed child (dp.sample's windowed Gibbs path):
+        lam ~ Gamma(4, rate 0.2);  x_i ~ Poisson(lam), i = 1..3;  y_i ~ Binomial(x_i, 0.6) observed;
+        s = x + DoubleGeometric(eps = 0.5)
 
 Each replication draws the truth from the prior and a release from the mechanism, refits the
 same compiled model (release held in pm.Data) and ranks the truth among thinned posterior
 draws (dpinfer.inference.sbc). On the same replicates a naive analysis takes the release as
 the true count (negative releases set to 0, non-integers rounded) and uses the exact
-conjugate posterior: lam | s ~ Gamma(4 + sum s, 0.2 + 5), x = s; theta | s ~ Beta(2 + s, 2 + 40 - s).
+conjugate posterior: lam | s ~ Gamma(4 + sum s, 0.2 + 5), x = s; theta | s ~ Beta(2 + s, 2 + 40 - s);
+in (c) x = max(s, y), as x >= y is known.
 
 Model (b) includes releases on both atoms (s = 0 and s = 40): the window's tail bound at the
 upper atom decays because the count cannot exceed N = 40.
@@ -37,6 +41,8 @@ RESULTS = Path(__file__).parent / "results" / "sbc.md"
 GAMMA_SHAPE, GAMMA_RATE, N_CELLS, EPS_A = 4.0, 0.2, 5, 0.5
 # model (b)
 BETA_A, BETA_B, N_TRIALS, EPS_B = 2.0, 2.0, 40, 0.5
+# model (c)
+N_CELLS_C, Q_C, EPS_C = 3, 0.6, 0.5
 
 
 def poisson_gamma():
@@ -84,12 +90,39 @@ def beta_binomial():
     return model, simulate, naive
 
 
+def poisson_binomial_child():
+    """Model (c): returns (model, simulate, naive_fit)."""
+    mech = DoubleGeometric(epsilon=EPS_C)
+    with pm.Model() as model:
+        s_data = pm.Data("s_data", np.zeros(N_CELLS_C, dtype="int64"))
+        y_data = pm.Data("y_data", np.zeros(N_CELLS_C, dtype="int64"))
+        lam = pm.Gamma("lam", GAMMA_SHAPE, GAMMA_RATE)
+        x = pm.Poisson("x", lam, shape=N_CELLS_C)
+        pm.Binomial("y", n=x, p=Q_C, observed=y_data)
+        mech.observe("s", x, observed=s_data)
+
+    def simulate(rng):
+        lam = rng.gamma(GAMMA_SHAPE, 1.0 / GAMMA_RATE)
+        x = rng.poisson(lam, size=N_CELLS_C)
+        y = rng.binomial(x, Q_C)
+        return {"lam": lam, "x": x}, {"s_data": mech.release(x, rng), "y_data": y}
+
+    def naive(data, names, rng, size=1000):
+        x = np.maximum(np.asarray(data["s_data"]), np.asarray(data["y_data"]))
+        lam = rng.gamma(GAMMA_SHAPE + x.sum(), 1.0 / (GAMMA_RATE + x.size), size=size)
+        return {"lam": lam, "x": np.broadcast_to(x, (size, x.size))}
+
+    return model, simulate, naive
+
+
 def run_study(n_reps: int = 200, seed: int = 20260501, **kwargs) -> dict:
-    """Both models, dpinfer and naive on the same replicates; returns {model name: table}."""
+    """All models, dpinfer and naive on the same replicates; returns {model name: table}."""
     results = {}
     for i, (name, setup) in enumerate(
         [("(a) Poisson-gamma + DoubleGeometric", poisson_gamma),
-         ("(b) Beta-binomial + BITLaplace on [0, N]", beta_binomial)]
+         ("(b) Beta-binomial + BITLaplace on [0, N]", beta_binomial),
+         ("(c) Poisson counts with a Binomial child + DoubleGeometric (Gibbs path)",
+          poisson_binomial_child)]
     ):
         model, simulate, naive = setup()
         print(f"\n== {name}: {n_reps} replications ==", flush=True)

@@ -82,6 +82,11 @@ class WindowedCountGibbs(BlockedStep):
         # pymc's compile turns parameter checks into -inf (a candidate count can be an
         # invalid parameter of a child, e.g. Binomial(n=x) with x < 0).
         self._logp_batch = compile([batch, *others], batched, on_unused_input="ignore")
+        # Per-cell scores from the terms shaped like the counts (the counts' own, the
+        # release's, elementwise children's), for a start point only.
+        aligned = [t for t in logp_terms if t.type.ndim == value.type.ndim]
+        cell_scores = vectorize_graph(pt.add(*aligned), replace={value: batch})
+        self._cell_scores = compile([batch, *others], cell_scores, on_unused_input="ignore")
 
     def _log_weights(self, candidates: np.ndarray, others) -> np.ndarray:
         """Blanket log-probability of each candidate vector. PyMC's parameter checks act on a
@@ -114,6 +119,17 @@ class WindowedCountGibbs(BlockedStep):
         new = dict(point)
         new[self.latent_name] = flat.reshape(x.shape)
         return new, [{"neglected_mass_bound": float(np.expm1(bound))}]
+
+    def initial_value(self, point) -> np.ndarray:
+        """A start for the counts where the model's default one (e.g. the prior mean) can be
+        impossible (a Binomial child y > x): each cell's best window value by the terms shaped
+        like the counts, every cell moved together so that no other cell blocks the score."""
+        value_shape = np.shape(point[self.latent_name])
+        rows = self.window.centres[None, ...] + self.window.offsets.reshape((-1,) + (1,) * len(value_shape))
+        rows = np.clip(rows, self.support[0], self.support[1]).astype(np.int64)
+        scores = self._cell_scores(rows, *[point[n] for n in self._others])
+        best = np.take_along_axis(rows, np.argmax(scores, axis=0)[None, ...], axis=0)[0]
+        return np.broadcast_to(best, value_shape).copy()
 
     @staticmethod
     def competence(var, has_grad):

@@ -99,6 +99,9 @@ def sample(
         gibbs_plans = [p for p in plans if p.method == "gibbs"]
         steps = [_gibbs_step(fit.model, p) for p in gibbs_plans]
         if fit.model.free_RVs:
+            start = fit.model.initial_point()
+            initvals = {s.latent_name: s.initial_value(start) for s in steps}
+            initvals.update(sample_kwargs.pop("initvals", None) or {})
             with fit.model:
                 idata = pm.sample(
                     draws,
@@ -108,6 +111,7 @@ def sample(
                     random_seed=int(seeds[attempt]),
                     progressbar=progressbar,
                     step=steps or None,
+                    initvals=initvals or None,
                     **sample_kwargs,
                 )
         else:  # nothing continuous left: the counts' posterior is the window weights, i.i.d.
