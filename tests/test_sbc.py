@@ -203,10 +203,10 @@ def test_sbc_beta_binomial_bit_laplace():
 
 def test_sbc_counts_with_a_binomial_child_gibbs_path():
     """Model (c), dp.sample's windowed Gibbs path: lam and the 3 counts pass every coverage
-    band and rank test (20 replications here, the Gibbs sweep is slow; 200 in the validation
+    band and rank test (40 replications here; 200 in the validation
     tier)."""
     model, simulate, naive = sbc_study.poisson_binomial_child()
-    df = run_sbc(model, simulate, 20, np.random.default_rng(303),
+    df = run_sbc(model, simulate, 40, np.random.default_rng(303),
                  alternatives={"naive": naive}, progress_every=10)
     print("\n" + format_table(df))
     assert df[df.method == "dpinfer"]["passed"].all(), format_table(df)

@@ -8,13 +8,18 @@ summed out of its release alone. Each cell is then updated from its full conditi
 enumerated exactly over the window W_i = {c_i - k, ..., c_i + k} (c_i = s_i clipped to the
 counts' support), every candidate scored by the model's own log-probability of x, its
 release and its children, vectorised over the window. The neglected conditional mass is
-bounded as in inference notes §1: all children are discrete, so each of their pmf values is
-at most 1 and
+bounded as in inference notes §1. Write the blanket as
 
-    sum_{x not in W} p(x | theta) p(s | x) prod_c p(c | x) <= sup_{x not in W} p(s | x) = eta_i,
+    B(x) = sum_j [log p(x_j | theta) + log p(s_j | x_j)] + sum_c log p(c | x)
 
-giving a relative error of at most eta_i / Z_i for cell i, Z_i the windowed normaliser. The
-largest sum over cells, sum_i log1p(eta_i / Z_i), is recorded at every step.
+(counts and release are elementwise by construction). All children are discrete, so every
+child term is <= 0, and for x_i outside W_i, p(s_i | x_i) <= eta_i; summing p(x_i | theta)
+over x_i gives at most 1, hence
+
+    sum_{x_i not in W_i} exp B(x) <= eta_i exp(sum_{j != i} [log p(x_j | theta) + log p(s_j | x_j)]) = eta_i A_i,
+
+a relative error of at most eta_i A_i / Z_i for cell i, Z_i = sum_{x_i in W_i} exp B(x). The
+sum over cells of log1p(eta_i A_i / Z_i) is recorded at every step.
 """
 
 from __future__ import annotations
@@ -72,11 +77,13 @@ class WindowedCountGibbs(BlockedStep):
         self.support = (-np.inf if lower is None else lower, np.inf if upper is None else upper)
         self.rng = get_random_generator(rng)
         children = children_of(model, latent, release_rv)
-        logp_terms = model.logp(vars=[latent, release_rv, *children], jacobian=False, sum=False)
-        blanket = pt.sum([pt.sum(t) for t in logp_terms])
+        own_terms = model.logp(vars=[latent, release_rv], jacobian=False, sum=False)
+        child_terms = model.logp(vars=children, jacobian=False, sum=False) if children else []
+        own = pt.add(*own_terms)  # per cell: log p(x_j | theta) + log p(s_j | x_j)
+        blanket = pt.sum(own) + pt.sum([pt.sum(t) for t in child_terms])
         value = self.vars[0]
         batch = pt.tensor("candidates", dtype=value.type.dtype, shape=(None, *value.type.shape))
-        batched = vectorize_graph(blanket, replace={value: batch})
+        batched = vectorize_graph([blanket, own], replace={value: batch})
         others = [v for v in model.value_vars if v is not value]
         self._others = [v.name for v in others]
         # pymc's compile turns parameter checks into -inf (a candidate count can be an
@@ -84,17 +91,20 @@ class WindowedCountGibbs(BlockedStep):
         self._logp_batch = compile([batch, *others], batched, on_unused_input="ignore")
         # Per-cell scores from the terms shaped like the counts (the counts' own, the
         # release's, elementwise children's), for a start point only.
-        aligned = [t for t in logp_terms if t.type.ndim == value.type.ndim]
+        aligned = [own, *[t for t in child_terms if t.type.ndim == value.type.ndim]]
         cell_scores = vectorize_graph(pt.add(*aligned), replace={value: batch})
         self._cell_scores = compile([batch, *others], cell_scores, on_unused_input="ignore")
 
-    def _log_weights(self, candidates: np.ndarray, others) -> np.ndarray:
-        """Blanket log-probability of each candidate vector. PyMC's parameter checks act on a
-        whole batch at once, so a batch that comes out all -inf is scored one by one."""
-        lw = self._logp_batch(candidates, *others)
+    def _evaluate(self, candidates: np.ndarray, others) -> tuple[np.ndarray, np.ndarray]:
+        """Blanket log-probability of each candidate vector and its per-cell own terms. PyMC's
+        parameter checks act on a whole batch at once, so a batch that comes out all -inf is
+        scored one by one."""
+        lw, own = self._logp_batch(candidates, *others)
         if not np.any(np.isfinite(lw)):
-            lw = np.array([self._logp_batch(c[None], *others)[0] for c in candidates])
-        return lw
+            rows = [self._logp_batch(c[None], *others) for c in candidates]
+            lw = np.concatenate([r[0] for r in rows])
+            own = np.concatenate([r[1] for r in rows])
+        return lw, own
 
     def step(self, point):
         x = np.array(point[self.latent_name], dtype=np.int64)
@@ -108,12 +118,14 @@ class WindowedCountGibbs(BlockedStep):
             values = values[(values >= self.support[0]) & (values <= self.support[1])]
             candidates = np.repeat(flat[None, :], values.size, axis=0)
             candidates[:, i] = values
-            lw = self._log_weights(candidates.reshape((values.size, *x.shape)), others)
+            lw, own = self._evaluate(candidates.reshape((values.size, *x.shape)), others)
             log_z = np.logaddexp.reduce(lw)
             if not np.isfinite(log_z):  # the window holds no conditional mass: keep x_i
                 bound = np.inf
                 continue
-            bound += np.log1p(np.exp(min(log_eta[i] - log_z, 700.0)))
+            # log A_i: the other cells' own terms, the same in every row (only x_i varies)
+            log_a = np.sum(np.delete(own[int(np.argmax(lw))].reshape(-1), i))
+            bound += np.log1p(np.exp(min(log_eta[i] + log_a - log_z, 700.0)))
             cdf = np.cumsum(np.exp(lw - log_z))
             flat[i] = values[min(np.searchsorted(cdf, self.rng.random() * cdf[-1]), values.size - 1)]
         new = dict(point)

@@ -87,7 +87,7 @@ def sample(
             seen.add(id(record.latent))
             plans.append(plan_marginalisation(model, record))
     cached = getattr(model, _MARGINAL, None)
-    cached_widths = {p.latent_name: p.window.half_width for p in cached.plans} if cached else {}
+    cached_widths = cached.widths() if cached else {}
     for plan in plans:
         # keep the compiled model if its windows are wide enough
         k = max(_initial_half_width(plan, tol), cached_widths.get(plan.latent_name, 0))
@@ -97,7 +97,7 @@ def sample(
     for attempt in range(MAX_WIDENINGS + 1):
         fit = _marginal_fit(model, [p for p in plans if p.method == "marginal"])
         gibbs_plans = [p for p in plans if p.method == "gibbs"]
-        steps = [_gibbs_step(fit.model, p) for p in gibbs_plans]
+        steps = [fit.gibbs_step(p) for p in gibbs_plans]
         if fit.model.free_RVs:
             start = fit.model.initial_point()
             initvals = {s.latent_name: s.initial_value(start) for s in steps}
@@ -130,14 +130,7 @@ def sample(
             )
         for plan in plans:
             if plan.latent_name in failed:
-                mech, s = plan.record.mechanism, plan.release_value
-                # eta_i <= tol L_i / n for every draw suffices; L_W <= L makes this conservative.
-                k = 2 * plan.window.half_width
-                log_l = failed[plan.latent_name]
-                if log_l is not None:
-                    target = np.log(tol) - np.log(np.size(s)) + log_l
-                    k = max(k, initial_half_width(mech, s, log_target=target, support=plan.support))
-                plan.window = make_window(mech, s, plan.support, k)
+                plan.window = _widened(plan, failed[plan.latent_name], tol)
         if progressbar:
             print(f"dpinfer: widening the windows of {sorted(failed)} and refitting")
 
@@ -171,15 +164,17 @@ def _report_entry(plan, method: str, bound: float, tol: float) -> dict:
     }
 
 
-def _gibbs_step(marginal_model, plan) -> WindowedCountGibbs:
-    latent = marginal_model[plan.latent_name]
-    return WindowedCountGibbs(
-        [latent],
-        model=marginal_model,
-        release_rv=marginal_model[plan.record.name],
-        window=plan.window,
-        support=plan.support,
-    )
+def _widened(plan, bound: float, tol: float):
+    """A window whose bound should come out 10 times below ``tol``: every bound here is
+    proportional to the tail bound eta for small values, so shrink eta by tol / (10 bound);
+    double the width where the bound is infinite (a window that held no mass)."""
+    mech, s, k = plan.record.mechanism, plan.release_value, plan.window.half_width
+    if np.isfinite(bound):
+        target = float(np.max(plan.window.log_eta)) + np.log(tol / (10.0 * bound))
+        k = max(k + 1, initial_half_width(mech, s, log_target=target, support=plan.support))
+    else:
+        k = 2 * k
+    return make_window(mech, s, plan.support, k)
 
 
 def _gibbs_report(idata, plans, tol):
@@ -190,7 +185,7 @@ def _gibbs_report(idata, plans, tol):
         bound = float(np.max(idata.sample_stats["neglected_mass_bound"].values))
         report[plan.latent_name] = _report_entry(plan, _GIBBS_METHOD, bound, tol)
         if not bound <= tol:
-            failed[plan.latent_name] = None  # no likelihood floor known: double the width
+            failed[plan.latent_name] = bound
     return report, failed
 
 
@@ -214,11 +209,34 @@ class _MarginalFit:
         self.half_widths = [p.window.half_width for p in plans]
         self.model = marginalise(model, plans)
         self._log_weights = {}
+        self._gibbs = {}
 
     def log_weights(self, plan):
         if plan.latent_name not in self._log_weights:
             self._log_weights[plan.latent_name] = compile_window_log_weights(self.model, plan)
         return self._log_weights[plan.latent_name]
+
+    def gibbs_step(self, plan) -> WindowedCountGibbs:
+        """The windowed Gibbs step of a latent, kept (its functions compiled once) and given
+        the plan's current window."""
+        step = self._gibbs.get(plan.latent_name)
+        if step is None or step.window.half_width != plan.window.half_width:
+            step = WindowedCountGibbs(
+                [self.model[plan.latent_name]],
+                model=self.model,
+                release_rv=self.model[plan.record.name],
+                window=plan.window,
+                support=plan.support,
+            )
+            self._gibbs[plan.latent_name] = step
+        step.window = plan.window
+        return step
+
+    def widths(self) -> dict:
+        """Window half-widths in use, by latent name (marginalised and Gibbs latents)."""
+        widths = {p.latent_name: p.window.half_width for p in self.plans}
+        widths.update({name: step.window.half_width for name, step in self._gibbs.items()})
+        return widths
 
     def sync_data(self, model, plans) -> None:
         """Copy the current value of every pm.Data variable of ``model`` (new releases,
@@ -243,8 +261,7 @@ def _draw_latents(idata, fit, model, tol, rng, progressbar):
     """Exact draws of each latent given each posterior draw.
 
     Returns (report, failed): ``failed`` maps each latent whose window bound exceeded ``tol``
-    on some draw to the smallest windowed log-likelihood of any cell over all draws (None
-    where unknown: the window is then doubled)."""
+    on some draw to the largest bound reached."""
     posterior = idata.posterior.to_dataset()
     values = [posterior[rv.name].values for rv in fit.model.free_RVs]
     n_chains, n_draws = posterior.sizes["chain"], posterior.sizes["draw"]
@@ -257,7 +274,7 @@ def _draw_latents(idata, fit, model, tol, rng, progressbar):
         cells = grid.shape[1:]
         flat_values = [v.reshape((n_chains * n_draws, *v.shape[2:])) for v in values]
         draws_out = np.empty((n_chains * n_draws,) + cells, dtype=np.int64)
-        worst, min_log_l = -np.inf, np.inf
+        worst = -np.inf
         chunk = max(1, _CHUNK_ELEMENTS // grid.size)
         for start in range(0, n_chains * n_draws, chunk):
             part = slice(start, start + chunk)
@@ -268,7 +285,6 @@ def _draw_latents(idata, fit, model, tol, rng, progressbar):
             )
             log_l = np.logaddexp.reduce(lw, axis=1)
             worst = max(worst, float(np.max(neglected_log_mass(plan.window.log_eta, log_l))))
-            min_log_l = min(min_log_l, float(np.min(log_l)))
             draws_out[part] = _categorical(grid, lw - log_l[:, None], rng)
         draws_out = draws_out.reshape((n_chains, n_draws) + cells)
         dims = model.named_vars_to_dims.get(plan.latent_name) or [
@@ -281,7 +297,7 @@ def _draw_latents(idata, fit, model, tol, rng, progressbar):
         bound = float(np.expm1(worst)) if np.isfinite(worst) else float("inf")
         report[plan.latent_name] = _report_entry(plan, _MARGINAL_METHOD, bound, tol)
         if not bound <= tol:
-            failed[plan.latent_name] = min_log_l
+            failed[plan.latent_name] = bound
     idata["posterior"] = xr.DataTree(posterior)  # attribute assignment would not replace the node
     return report, failed
 
