@@ -381,3 +381,18 @@ def test_gibbs_path_starts_where_the_default_start_is_impossible():
     sd = np.sqrt(np.sum(p * x1**2) - mean**2)
     ess = float(az.ess(draws[..., 0]))
     assert abs(draws[..., 0].mean() - mean) < 4 * sd / np.sqrt(ess)
+
+
+def test_grandchildren_do_not_block_the_count_methods():
+    """y ~ Binomial(x, .) is a child of x, so x takes the Gibbs path; the continuous z depends
+    on x only through y (a grandchild) and does not count against the window bound."""
+    mech = DoubleGeometric(epsilon=1.0)
+    with pm.Model() as model:
+        lam = pm.Gamma("lam", 2.0, 0.1)
+        x = pm.Poisson("x", lam)
+        y = pm.Binomial("y", n=x, p=0.5)
+        pm.Normal("z", mu=y, sigma=1.0, observed=3.2)
+        mech.observe("release", x, observed=7)
+    idata = sample(100, tune=100, chains=1, random_seed=1, progressbar=False, model=model)
+    assert json.loads(idata.posterior.attrs["dpinfer"])["x"]["method"].startswith("windowed exact Gibbs")
+    assert (idata.posterior["x"].values >= idata.posterior["y"].values).all()

@@ -39,20 +39,34 @@ class ContinuousChildError(ValueError):
     """A latent count whose children include a continuous variable or a Potential."""
 
 
-def children_of(model, latent, release_rv) -> list:
-    """Model variables with a log-probability term that depends on ``latent`` (besides its
-    release). Raises if any is continuous or a Potential: the window bound needs pmfs <= 1."""
-    children = [
-        v for v in model.basic_RVs if v is not latent and v is not release_rv and latent in ancestors([v])
+def terms_depending_on(model, latent, exclude=()) -> tuple[list, list]:
+    """(random variables, other named terms) of ``model`` whose log-probability or value
+    depends on the value of ``latent``: its children (not grandchildren, which depend on it
+    only through a child), Deterministics and Potentials computed from it."""
+    value = model.rvs_to_values[latent]
+    rvs = [
+        v
+        for v in model.basic_RVs
+        if v is not latent and v not in exclude
+        and value in ancestors(model.logp(vars=[v], jacobian=False, sum=False))
     ]
+    named = model.deterministics + model.potentials
+    others = [v for v, t in zip(named, model.replace_rvs_by_values(named)) if value in ancestors([t])]
+    return rvs, others
+
+
+def children_of(model, latent, release_rv) -> list:
+    """Model variables whose log-probability term depends on ``latent`` (besides its
+    release). Raises if any is continuous or a Potential: the window bound needs pmfs <= 1."""
+    children, others = terms_depending_on(model, latent, exclude=(release_rv,))
     for v in children:
         if not v.type.dtype.startswith(("int", "uint", "bool")):
             raise ContinuousChildError(
                 f"latent {latent.name!r} has the continuous child {v.name!r}; the windowed Gibbs "
                 "step needs discrete children (pmf values <= 1) to bound the neglected mass"
             )
-    for pot in model.potentials:
-        if latent in ancestors([pot]):
+    for pot in others:
+        if pot in model.potentials:
             raise ContinuousChildError(
                 f"latent {latent.name!r} enters the Potential {pot.name!r}; its neglected mass "
                 "cannot be bounded"

@@ -21,11 +21,12 @@ import pytensor
 import pytensor.tensor as pt
 from pymc.logprob.abstract import _logprob_helper
 from pymc.model.fgraph import fgraph_from_model, model_from_fgraph, model_observed_rv
-from pytensor.graph.traversal import ancestors, graph_inputs
+from pytensor.graph.traversal import graph_inputs
 from pytensor.graph.basic import Constant
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.tensor.random.op import RandomVariable
 
+from dpinfer.inference.gibbs import terms_depending_on
 from dpinfer.inference.records import ReleaseRecord
 from dpinfer.inference.window import Window
 
@@ -89,12 +90,8 @@ def plan_marginalisation(model, record: ReleaseRecord) -> MarginalPlan:
         )
     if not latent.type.dtype.startswith("int"):
         raise NotMarginalisableError(f"latent {name!r} must be integer valued (counts)")
-    others = [
-        v
-        for v in model.free_RVs + model.observed_RVs + model.deterministics + model.potentials
-        if v is not latent and v is not record.release_rv
-    ]
-    sole_child = not any(latent in ancestors([v]) for v in others)
+    children, named = terms_depending_on(model, latent, exclude=(record.release_rv,))
+    sole_child = not children and not named
     release_value = current_value(model.rvs_to_values[record.release_rv])
     return MarginalPlan(
         record=record,
