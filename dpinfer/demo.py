@@ -90,7 +90,9 @@ def run(state: str = "IL", epsilon: float = 0.25, draws: int = 500, seed: int = 
 
     oracle = _fit_observed(population, counties, truth, draws, seed, "oracle: confidential counts")
     naive_counts = np.maximum(release, 0)
-    naive = _fit_observed(population, counties, naive_counts, draws, seed, "naive: release as truth")
+    naive = _fit_observed(
+        population, counties, naive_counts, draws, seed, "naive: release as truth, negatives set to 0"
+    )
 
     stacked = post["count"].values.reshape(-1, len(truth))
     med, lo, hi = _interval(stacked)
