@@ -35,6 +35,20 @@ def exact_beta_binomial_posterior():
     return mean, sd, x, p
 
 
+def exact_poisson_child_posterior(a, b, q, y, s, mech, n_max=400):
+    """x ~ Poisson(lam), lam ~ Gamma(a, b) (so x ~ NegBinomial(a, b/(b+1))), y ~ Binomial(x, q),
+    s = release of x: p(x | y, s) on 0..n_max-1, and its mean and sd."""
+    support = np.arange(n_max)
+    log_w = (
+        stats.nbinom.logpmf(support, a, b / (b + 1))
+        + stats.binom.logpmf(y, support, q)
+        + mech.log_likelihood(np.full(support.shape, s), support)
+    )
+    p = np.exp(log_w - special.logsumexp(log_w))
+    mean = np.sum(p * support)
+    return support, p, mean, np.sqrt(np.sum(p * support**2) - mean**2)
+
+
 @pytest.fixture(scope="module")
 def beta_binomial_fit():
     mech = DoubleGeometric(epsilon=EPS)
@@ -205,15 +219,7 @@ def test_windowed_gibbs_for_counts_with_other_children():
         pm.Binomial("y", n=x, p=q, observed=y)
         mech.observe("release", x, observed=s_obs)
     idata = sample(1500, tune=500, chains=2, random_seed=5, progressbar=False, model=model)
-    support = np.arange(0, 400)
-    log_w = (
-        stats.nbinom.logpmf(support, a, b / (b + 1))
-        + stats.binom.logpmf(y, support, q)
-        + mech.log_likelihood(np.full(support.shape, s_obs), support)
-    )
-    p = np.exp(log_w - special.logsumexp(log_w))
-    x_mean = np.sum(p * support)
-    x_sd = np.sqrt(np.sum(p * support**2) - x_mean**2)
+    support, p, x_mean, x_sd = exact_poisson_child_posterior(a, b, q, y, s_obs, mech)
     lam_mean = np.sum(p * (a + support) / (b + 1))
     draws = idata.posterior["x"].values
     ess = az.ess(idata, var_names=["x", "lam"])
@@ -337,18 +343,10 @@ def test_refit_with_new_data_uses_the_new_values_on_both_paths():
         x = pm.Poisson("x", lam)
         pm.Binomial("y", n=x, p=q, observed=y_data)
         mech.observe("release", x, observed=s_data)
-    support = np.arange(0, 400)
     for seed, (s_obs, y_obs) in enumerate([(23, 9), (60, 35)]):
         pm.set_data({"s_data": s_obs, "y_data": y_obs}, model=model)
         idata = sample(1000, tune=500, chains=2, random_seed=seed, progressbar=False, model=model)
-        log_w = (
-            stats.nbinom.logpmf(support, a, b / (b + 1))
-            + stats.binom.logpmf(y_obs, support, q)
-            + mech.log_likelihood(np.full(support.shape, s_obs), support)
-        )
-        p = np.exp(log_w - special.logsumexp(log_w))
-        mean = np.sum(p * support)
-        sd = np.sqrt(np.sum(p * support**2) - mean**2)
+        _, _, mean, sd = exact_poisson_child_posterior(a, b, q, y_obs, s_obs, mech)
         draws = idata.posterior["x"].values
         ess = float(az.ess(idata, var_names=["x"])["x"])
         assert abs(draws.mean() - mean) < 4 * sd / np.sqrt(ess), (s_obs, draws.mean(), mean)
