@@ -4,11 +4,15 @@ What it does for each release recorded by ``Mechanism.observe`` (inference notes
 
 1. choose a window of true counts around the release whose neglected likelihood mass is
    provably below ``tol`` relative to the windowed likelihood;
-2. rewrite the model so the counts are summed out over the window (the release stays an
-   observed variable) and run NUTS on the continuous parameters only;
-3. check the neglected-mass bound on every posterior draw; if it fails anywhere, widen the
-   window and refit;
-4. draw the counts exactly from their conditional given each posterior draw.
+2. if the release is the counts' only child, rewrite the model so the counts are summed out
+   over the window (the release stays an observed variable) and run NUTS on the continuous
+   parameters only, then draw the counts exactly given each posterior draw (or i.i.d. from
+   their exact posterior when no parameter is left);
+3. otherwise (other discrete children, further releases, Deterministics of the counts) update
+   the counts with the exact windowed Gibbs step of :mod:`dpinfer.inference.gibbs` next to
+   NUTS;
+4. check the neglected-mass bound on every posterior draw (or step); if it fails anywhere,
+   widen the window and refit.
 
 The method, windows and bounds are written into ``idata.posterior.attrs``.
 """
