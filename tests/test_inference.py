@@ -49,13 +49,17 @@ def exact_poisson_child_posterior(a, b, q, y, s, mech, n_max=400):
     return support, p, mean, np.sqrt(np.sum(p * support**2) - mean**2)
 
 
-@pytest.fixture(scope="module")
-def beta_binomial_fit():
-    mech = DoubleGeometric(epsilon=EPS)
+def beta_binomial_model() -> pm.Model:
     with pm.Model() as model:
         theta = pm.Beta("theta", A, B)
         x = pm.Binomial("x", N, theta)
-        mech.observe("release", x, observed=RELEASE)
+        DoubleGeometric(epsilon=EPS).observe("release", x, observed=RELEASE)
+    return model
+
+
+@pytest.fixture(scope="module")
+def beta_binomial_fit():
+    model = beta_binomial_model()
     idata = sample(2000, tune=1000, chains=2, random_seed=11, progressbar=False, model=model)
     return model, idata
 
@@ -194,11 +198,7 @@ def test_window_widens_when_the_check_fails(monkeypatch):
     import dpinfer.inference.sampling as sample_module
 
     monkeypatch.setattr(sample_module, "_initial_half_width", lambda plan, tol: 1)
-    mech = DoubleGeometric(epsilon=EPS)
-    with pm.Model() as model:
-        theta = pm.Beta("theta", A, B)
-        x = pm.Binomial("x", N, theta)
-        mech.observe("release", x, observed=RELEASE)
+    model = beta_binomial_model()
     idata = sample(50, tune=50, chains=1, random_seed=3, progressbar=False, model=model)
     report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
     assert report["widenings"] >= 1
