@@ -10,9 +10,11 @@
 """
 
 from dpinfer.inference import marginal_model, sample
+from dpinfer.invariants import Invariants
 from dpinfer.mechanisms import (
     BITLaplace,
     ClampedGeometric,
+    Conditioned,
     DiscreteGaussian,
     DoubleGeometric,
     Gaussian,
@@ -28,9 +30,11 @@ __version__ = "0.1.0"
 __all__ = [
     "BITLaplace",
     "ClampedGeometric",
+    "Conditioned",
     "DiscreteGaussian",
     "DoubleGeometric",
     "Gaussian",
+    "Invariants",
     "Laplace",
     "Mechanism",
     "PrivacyAudit",

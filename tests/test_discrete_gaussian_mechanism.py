@@ -30,7 +30,7 @@ def mp_normaliser(sigma):
 
 
 def mp_pmf(y, sigma, z):
-    return mpmath.exp(-mpmath.mpf(y) ** 2 / (2 * mpmath.mpf(sigma) ** 2)) / z
+    return mpmath.exp(-mpmath.mpf(int(y)) ** 2 / (2 * mpmath.mpf(sigma) ** 2)) / z
 
 
 def mp_tail(c, sigma, z):

@@ -68,6 +68,15 @@ class MarginalPlan:
     support: tuple  # (lowest, highest) supported count; None where unknown or unbounded
     method: str  # "marginal": summed out of its release; "gibbs": it has other children
     window: Window | None = None
+    # Releases conditioned on group totals (inference notes §2): the cells' noise law and the
+    # group of each cell (flattened); None for releases with independent cells.
+    cell_mechanism: object = None
+    group_codes: np.ndarray | None = None
+
+    @property
+    def mechanism(self):
+        """The per-cell likelihood p(s_i | x_i) of the release."""
+        return self.record.mechanism if self.cell_mechanism is None else self.cell_mechanism
 
 
 def plan_marginalisation(model, record: ReleaseRecord) -> MarginalPlan:
@@ -112,12 +121,8 @@ def current_value(var) -> np.ndarray:
     return np.asarray(var.eval())
 
 
-def _windowed_terms(prior_op, prior_params, mechanism, release, half_width, support):
-    """log p(x | theta) + log p(s | x) for x on each cell's window, shape (W, *cells).
-
-    The window of cell i is c_i - k ... c_i + k with c_i = round(s_i) clipped to the support;
-    ``release`` is symbolic, so a compiled model serves any release of the same shape.
-    """
+def symbolic_centres(release, support):
+    """c_i = round(s_i) clipped to the counts' support, symbolically (as ``window_centres``)."""
     centres = release if release.dtype.startswith("int") else pt.round(release)
     centres = centres.astype("int64")
     lower, upper = support
@@ -125,6 +130,16 @@ def _windowed_terms(prior_op, prior_params, mechanism, release, half_width, supp
         centres = pt.maximum(centres, lower)
     if upper is not None:
         centres = pt.minimum(centres, upper)
+    return centres
+
+
+def _windowed_terms(prior_op, prior_params, mechanism, release, half_width, support):
+    """log p(x | theta) + log p(s | x) for x on each cell's window, shape (W, *cells).
+
+    The window of cell i is c_i - k ... c_i + k with c_i = round(s_i) clipped to the support;
+    ``release`` is symbolic, so a compiled model serves any release of the same shape.
+    """
+    centres = symbolic_centres(release, support)
     offsets = pt.arange(-half_width, half_width + 1, dtype="int64")
     grid = centres[None, ...] + offsets.reshape((-1,) + (1,) * release.ndim)
     # The prior's node only dispatches its logp; its rng is never used.
@@ -147,12 +162,14 @@ def marginalise(model, plans: list[MarginalPlan]):
         prior_params = prior_op.dist_params(prior_rv.owner)
         _, release_data = release_var.owner.inputs
 
-        def logp(value, *params, prior_op=prior_op, mechanism=mechanism,
-                 half_width=plan.window.half_width, support=plan.support):
-            terms = _windowed_terms(prior_op, params, mechanism, value, half_width, support)
-            return pt.logsumexp(terms, axis=0)
+        def logp(value, *params, prior_op=prior_op, plan=plan):
+            k = plan.window.half_width
+            terms = _windowed_terms(prior_op, params, plan.mechanism, value, k, plan.support)
+            if plan.group_codes is None:
+                return pt.logsumexp(terms, axis=0)
+            return convolution_log_likelihood(terms, value, plan)
 
-        def dist(*args, prior_op=prior_op, mechanism=mechanism):
+        def dist(*args, prior_op=prior_op, mechanism=record.mechanism):
             *params, size = args
             rng = pt.random.shared_rng(np.random.default_rng())  # PyMC reseeds it when sampling
             _, counts = prior_op(*params, size=size, rng=rng, return_next_rng=True)
@@ -184,7 +201,7 @@ def compile_window_log_weights(marginal_model, plan: MarginalPlan):
     params = node.op.dist_params(node)
     release = marginal_model.rvs_to_values[release_rv]
     terms = _windowed_terms(
-        prior_op, params, plan.record.mechanism, release, plan.window.half_width, plan.support
+        prior_op, params, plan.mechanism, release, plan.window.half_width, plan.support
     )
     free = marginal_model.free_RVs
     placeholders = [rv.type() for rv in free]
@@ -192,3 +209,21 @@ def compile_window_log_weights(marginal_model, plan: MarginalPlan):
     batched = [pt.tensor(dtype=p.type.dtype, shape=(None, *p.type.shape)) for p in placeholders]
     terms = vectorize_graph(terms, replace=dict(zip(placeholders, batched)))
     return pytensor.function(batched, terms, on_unused_input="ignore")
+
+
+def convolution_log_likelihood(terms, release, plan: MarginalPlan):
+    """log p(s | theta) for a release conditioned on group totals (inference notes §2):
+    sum over groups of log (g_1 * ... * g_n)(t_g) - log P(A e = 0), with g_i the cell's window
+    terms and t_g the group total of s minus the windows' lower ends; spread evenly over the
+    cells (only the sum is meaningful)."""
+    from dpinfer.inference.convolution import ConvolutionLogLikelihood
+
+    codes = plan.group_codes
+    d = codes.size
+    lower = symbolic_centres(release, plan.support).reshape((-1,)) - plan.window.half_width
+    indicator = pt.constant(np.eye(codes.max() + 1, dtype=np.int64)[:, codes])  # (G, d)
+    targets = pt.dot(indicator, release.reshape((-1,)).astype("int64") - lower)
+    log_g = terms.reshape((terms.shape[0], d)).T
+    total = ConvolutionLogLikelihood(tuple(int(c) for c in codes))(log_g, targets)
+    total = total - plan.record.mechanism.log_normaliser()
+    return pt.broadcast_to(total / d, release.shape)

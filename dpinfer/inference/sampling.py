@@ -27,8 +27,24 @@ import pymc as pm
 import xarray as xr
 
 from dpinfer._validation import check_probability
+from dpinfer.mechanisms.conditioned import Conditioned
+from dpinfer.inference.convolution import log_convolution_at, sample_given_sums
+from dpinfer.inference.fibre import (
+    MOVES_PER_CELL,
+    FibreGibbs,
+    entries_from,
+    initial_half_width_for,
+    plan_fibre,
+    widened_half_width,
+)
 from dpinfer.inference.gibbs import WindowedCountGibbs
-from dpinfer.inference.marginal import compile_window_log_weights, marginalise, plan_marginalisation
+from dpinfer.inference.marginal import (
+    MarginalPlan,
+    compile_window_log_weights,
+    marginalise,
+    plan_marginalisation,
+)
+from dpinfer.inference.queries import resolve_query
 from dpinfer.inference.records import releases_of
 from dpinfer.inference.window import (
     initial_half_width,
@@ -53,6 +69,7 @@ def sample(
     progressbar: bool = True,
     model=None,
     log_likelihood: bool = False,
+    counts_sampler: str = "auto",
     **sample_kwargs,
 ):
     """Sample the posterior of a model with privatised releases of latent counts.
@@ -66,6 +83,10 @@ def sample(
         draw: sum_i log1p(eta_i / L_i(theta)) <= tol (inference notes §1).
     log_likelihood
         Also compute the per-cell marginal log-likelihood of each release (for LOO/WAIC).
+    counts_sampler
+        ``"auto"`` (exact convolution for group totals, fibre moves for other invariants and
+        linear queries) or ``"fibre"`` (fibre moves wherever there are invariants or queries,
+        e.g. to compare the two).
     sample_kwargs
         Passed to ``pm.sample``.
 
@@ -76,6 +97,8 @@ def sample(
     window half-width, the largest neglected-mass bound over draws and the widenings made.
     """
     tol = check_probability(tol, "tol")
+    if counts_sampler not in ("auto", "fibre"):
+        raise ValueError(f"counts_sampler must be 'auto' or 'fibre', got {counts_sampler!r}")
     model = pm.modelcontext(model)
     records = releases_of(model)
     if not records:
@@ -83,19 +106,18 @@ def sample(
             "the model has no release registered with Mechanism.observe(...); use pm.sample"
         )
     rng = np.random.default_rng(random_seed)
-    # One plan per latent: its first release sets the window, any further release of the same
-    # counts is one more child in the windowed Gibbs step.
-    plans, seen = [], set()
-    for record in records:
-        if id(record.latent) not in seen:
-            seen.add(id(record.latent))
-            plans.append(plan_marginalisation(model, record))
+    plans, fibre_plans = _plans(model, records, allow_convolution=counts_sampler == "auto")
     cached = getattr(model, _MARGINAL, None)
     cached_widths = cached.widths() if cached else {}
     for plan in plans:
         # keep the compiled model if its windows are wide enough
         k = max(_initial_half_width(plan, tol), cached_widths.get(plan.latent_name, 0))
-        plan.window = make_window(plan.record.mechanism, plan.release_value, plan.support, k)
+        plan.window = make_window(plan.mechanism, plan.release_value, plan.support, k)
+    for plan in fibre_plans:
+        plan.half_width = max(
+            initial_half_width_for(plan, tol, np.log(1e8 * MOVES_PER_CELL)),
+            cached_widths.get(plan.latent_name, 0),
+        )
 
     seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
     for attempt in range(MAX_WIDENINGS + 1):
@@ -105,6 +127,9 @@ def sample(
         if fit.model.free_RVs:
             start = fit.model.initial_point()
             initvals = {s.latent_name: s.initial_value(start) for s in steps}
+            if fibre_plans:
+                steps.append(fit.fibre_step(fibre_plans))
+                initvals.update({p.latent_name: p.start().reshape(p.shape) for p in fibre_plans})
             initvals.update(sample_kwargs.pop("initvals", None) or {})
             with fit.model:
                 idata = pm.sample(
@@ -122,9 +147,9 @@ def sample(
             coords = {"chain": np.arange(chains), "draw": np.arange(draws)}
             idata = xr.DataTree.from_dict({"posterior": xr.Dataset(coords=coords)})
         report, failed = _draw_latents(idata, fit, model, tol, rng, progressbar)
-        gibbs_report, gibbs_failed = _gibbs_report(idata, gibbs_plans, tol)
-        report.update(gibbs_report)
-        failed.update(gibbs_failed)
+        for extra in (_gibbs_report(idata, gibbs_plans, tol), _fibre_report(idata, fibre_plans, tol)):
+            report.update(extra[0])
+            failed.update(extra[1])
         if not failed:
             break
         if attempt == MAX_WIDENINGS:
@@ -135,6 +160,9 @@ def sample(
         for plan in plans:
             if plan.latent_name in failed:
                 plan.window = _widened(plan, failed[plan.latent_name], tol)
+        for plan in fibre_plans:
+            if plan.latent_name in failed:
+                plan.half_width = widened_half_width(plan, failed[plan.latent_name], tol)
         if progressbar:
             print(f"dpinfer: widening the windows of {sorted(failed)} and refitting")
 
@@ -150,6 +178,13 @@ def sample(
 _MARGINAL_METHOD = (
     "exact marginalisation over a proven window (NUTS on parameters) "
     "+ exact conditional draws of the counts"
+)
+_CONVOLUTION_METHOD = (
+    "exact marginalisation over group totals by convolution (NUTS on parameters) "
+    "+ exact joint draws of the counts on the fibre"
+)
+_FIBRE_METHOD = (
+    "exact Gibbs updates along Markov-basis moves of the fibre, NUTS on the continuous parameters"
 )
 _GIBBS_METHOD = (
     "windowed exact Gibbs updates of each count (the counts have other children), "
@@ -172,13 +207,77 @@ def _widened(plan, bound: float, tol: float):
     """A window whose bound should come out 10 times below ``tol``: every bound here is
     proportional to the tail bound eta for small values, so shrink eta by tol / (10 bound);
     double the width where the bound is infinite (a window that held no mass)."""
-    mech, s, k = plan.record.mechanism, plan.release_value, plan.window.half_width
+    mech, s, k = plan.mechanism, plan.release_value, plan.window.half_width
     if np.isfinite(bound):
         target = float(np.max(plan.window.log_eta)) + np.log(tol / (10.0 * bound))
         k = max(k + 1, initial_half_width(mech, s, log_target=target, support=plan.support))
     else:
         k = 2 * k
     return make_window(mech, s, plan.support, k)
+
+
+def _plans(model, records, *, allow_convolution: bool):
+    """One plan per latent. Latents whose releases are all of the counts themselves get the
+    window plans of the foundation (the first release sets the window, further releases are
+    children in the windowed Gibbs step); latents with a conditioned release or a release of a
+    linear query get a fibre plan, or a convolution plan for group totals."""
+    plans, fibre_plans = [], []
+    for latent, entries in entries_from(model, records, resolve_query).items():
+        special = [e for e in entries
+                   if isinstance(e.record.mechanism, Conditioned) or e.query is not None]
+        if not special:
+            plans.append(plan_marginalisation(model, entries[0].record))
+            continue
+        plan = plan_fibre(model, latent, entries, allow_convolution=allow_convolution)
+        if plan.method == "fibre":
+            fibre_plans.append(plan)
+            continue
+        mech = plan.record.mechanism
+        plans.append(MarginalPlan(
+            record=plan.record, latent_name=plan.latent_name,
+            release_value=entries[0].value.reshape(plan.shape), support=plan.support,
+            method="marginal", cell_mechanism=mech.base,
+            group_codes=mech.invariants.group_codes,
+        ))
+    return plans, fibre_plans
+
+
+def _fibre_report(idata, plans, tol):
+    """Report of the fibre latents: the largest per-sweep bound over all steps and the share
+    of line updates that moved the counts (one statistic shared by all fibre latents)."""
+    report, failed = {}, {}
+    if not plans:
+        return report, failed
+    stats = idata.sample_stats
+    bound = float(np.max(stats["fibre_neglected_mass_bound"].values))
+    moved = float(np.mean(stats["fibre_moves_changed"].values))
+    for plan in plans:
+        constraint = plan.constraint
+        report[plan.latent_name] = {
+            "release": [e.record.name for e in plan.entries],
+            "mechanism": [repr(e.record.mechanism) for e in plan.entries],
+            "method": _FIBRE_METHOD,
+            "invariants": constraint.kind if constraint is not None else "none",
+            "markov_moves": len(plan.moves),
+            "connectivity": _connectivity(constraint),
+            "window_half_width": plan.half_width,
+            "share_of_updates_that_moved": moved,
+            "max_relative_error_bound": bound,
+            "tol": tol,
+        }
+        if not bound <= tol:
+            failed[plan.latent_name] = bound
+    return report, failed
+
+
+def _connectivity(constraint) -> str:
+    if constraint is None:
+        return "unit moves: every box is connected"
+    return {
+        "total": "pair moves: a Markov basis for a total",
+        "groups": "pair moves within groups: a Markov basis for group totals",
+        "margins": "Markov basis of the margins (all basic 2x2 moves for two-way margins)",
+    }.get(constraint.kind, "Markov basis computed by 4ti2")
 
 
 def _gibbs_report(idata, plans, tol):
@@ -197,10 +296,13 @@ def _initial_half_width(plan, tol: float) -> int:
     """Start where each cell's tail bound is tol / (n_cells 1e4) of the likelihood at its
     window centre; every posterior draw is checked afterwards against the actual windowed
     likelihood (the prior rarely puts less than 1e-4 of its mass near the release)."""
-    mech, s = plan.record.mechanism, plan.release_value
+    mech, s = plan.mechanism, plan.release_value
     centre = window_centres(s, plan.support)
     log_peak = float(np.min(mech.log_likelihood(s, centre)))
-    target = np.log(tol) - np.log(np.size(s)) - np.log(1e4) + log_peak
+    # with group totals the bound is relative to the convolution, about sqrt(n) sd times
+    # smaller than the product of the cells' likelihoods (inference notes §2)
+    margin = np.log(1e4) + (np.log(1e3) if plan.group_codes is not None else 0.0)
+    target = np.log(tol) - np.log(np.size(s)) - margin + log_peak
     return initial_half_width(mech, s, log_target=target, support=plan.support)
 
 
@@ -214,6 +316,7 @@ class _MarginalFit:
         self.model = marginalise(model, plans)
         self._log_weights = {}
         self._gibbs = {}
+        self._fibre = None
 
     def log_weights(self, plan):
         if plan.latent_name not in self._log_weights:
@@ -236,10 +339,23 @@ class _MarginalFit:
         step.window = plan.window
         return step
 
+    def fibre_step(self, plans) -> FibreGibbs:
+        """The fibre step of the fibre latents: its compiled prior tables are kept while the
+        windows' widths are unchanged; everything that depends on the releases is refreshed."""
+        key = tuple((p.latent_name, p.half_width) for p in plans)
+        if self._fibre is None or self._fibre[0] != key:
+            step = FibreGibbs([self.model[p.latent_name] for p in plans], model=self.model, plans=plans)
+            self._fibre = (key, step)
+        else:
+            self._fibre[1].update(plans)  # new releases (pm.set_data) move the boxes and tables
+        return self._fibre[1]
+
     def widths(self) -> dict:
-        """Window half-widths in use, by latent name (marginalised and Gibbs latents)."""
+        """Window half-widths in use, by latent name (marginalised, Gibbs and fibre latents)."""
         widths = {p.latent_name: p.window.half_width for p in self.plans}
         widths.update({name: step.window.half_width for name, step in self._gibbs.items()})
+        if self._fibre is not None:
+            widths.update(dict(self._fibre[0]))
         return widths
 
     def sync_data(self, model, plans) -> None:
@@ -288,8 +404,13 @@ def _draw_latents(idata, fit, model, tol, rng, progressbar):
                 log_weights(), (n_part, *grid.shape)
             )
             log_l = np.logaddexp.reduce(lw, axis=1)
-            worst = max(worst, float(np.max(neglected_log_mass(plan.window.log_eta, log_l))))
-            draws_out[part] = _categorical(grid, lw - log_l[:, None], rng)
+            if plan.group_codes is None:
+                worst = max(worst, float(np.max(neglected_log_mass(plan.window.log_eta, log_l))))
+                draws_out[part] = _categorical(grid, lw - log_l[:, None], rng)
+            else:
+                log_bound, draws = _draw_on_totals(plan, lw, log_l, rng)
+                worst = max(worst, log_bound)
+                draws_out[part] = draws.reshape((n_part, *cells))
         draws_out = draws_out.reshape((n_chains, n_draws) + cells)
         dims = model.named_vars_to_dims.get(plan.latent_name) or [
             f"{plan.latent_name}_dim_{i}" for i in range(len(cells))
@@ -299,11 +420,43 @@ def _draw_latents(idata, fit, model, tol, rng, progressbar):
             draws_out, dims=("chain", "draw", *dims), coords=coords
         )
         bound = float(np.expm1(worst)) if np.isfinite(worst) else float("inf")
-        report[plan.latent_name] = _report_entry(plan, _MARGINAL_METHOD, bound, tol)
+        method = _MARGINAL_METHOD if plan.group_codes is None else _CONVOLUTION_METHOD
+        report[plan.latent_name] = _report_entry(plan, method, bound, tol)
         if not bound <= tol:
             failed[plan.latent_name] = bound
     idata["posterior"] = xr.DataTree(posterior)  # attribute assignment would not replace the node
     return report, failed
+
+
+def _draw_on_totals(plan, lw, log_l, rng):
+    """Exact joint draws of counts conditioned on group totals, one per posterior draw
+    (backward sampling through the convolution tree, inference notes §2), and the largest
+    log1p bound on the neglected relative mass over the draws.
+
+    For group g with window sums L_i, tail bounds eta_i and in-window convolution V_g, the
+    fibre mass with some cell outside its window is at most sum_i eta_i prod_{j != i}
+    (L_j + eta_j) (drop the total constraint, which only adds mass), so the relative error
+    is at most exp(sum_j log(L_j + eta_j) - log V_g) sum_i eta_i / (L_i + eta_i)."""
+    n, width = lw.shape[0], lw.shape[1]
+    codes = plan.group_codes
+    log_g = lw.reshape(n, width, -1).transpose(0, 2, 1)
+    lower = plan.window.centres.reshape(-1) - plan.window.half_width
+    targets = np.bincount(codes, weights=plan.release_value.reshape(-1) - lower).astype(np.int64)
+    draws = lower + sample_given_sums(log_g, codes, targets, rng)
+    eta = plan.window.log_eta.reshape(-1)
+    log_tot = np.logaddexp(log_l.reshape(n, -1), eta)
+    worst = -np.inf
+    n_groups = codes.max() + 1
+    for b in range(n):
+        log_v, _ = log_convolution_at(log_g[b], codes, targets)
+        total = 0.0
+        for g in range(n_groups):
+            cells = codes == g
+            log_ratio = (np.logaddexp.reduce(eta[cells] - log_tot[b, cells])
+                         + np.sum(log_tot[b, cells]) - log_v[g])
+            total += np.log1p(np.exp(min(log_ratio, 700.0)))
+        worst = max(worst, total)
+    return worst, draws
 
 
 def _categorical(grid: np.ndarray, log_p: np.ndarray, rng) -> np.ndarray:

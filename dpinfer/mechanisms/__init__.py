@@ -2,6 +2,7 @@
 audit, a sampler, its likelihood (numpy and PyMC) and its utility."""
 
 from dpinfer.mechanisms.base import AdditiveMechanism, Mechanism, PrivacyAudit, PrivacyGuarantee
+from dpinfer.mechanisms.conditioned import Conditioned
 from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
 from dpinfer.mechanisms.gaussian import Gaussian
 from dpinfer.mechanisms.geometric import ClampedGeometric, DoubleGeometric
@@ -12,6 +13,7 @@ __all__ = [
     "AdditiveMechanism",
     "BITLaplace",
     "ClampedGeometric",
+    "Conditioned",
     "DiscreteGaussian",
     "DoubleGeometric",
     "Gaussian",

@@ -125,7 +125,8 @@ class Mechanism(abc.ABC):
     def observe(self, name: str, true_values, observed, *, dims=None, model=None):
         """Register the release ``observed`` of ``true_values`` as an observed variable of the
         current PyMC model, and record it so that :func:`dpinfer.sample` can marginalise or
-        Gibbs-sample the latent true values exactly."""
+        Gibbs-sample the latent true values exactly. ``true_values`` is latent counts x or a
+        linear query of them (``Q @ x``, margins, totals)."""
         from dpinfer.inference.records import record_release
 
         model = pm.modelcontext(model)
@@ -141,8 +142,13 @@ class Mechanism(abc.ABC):
                 "each true value needs exactly one released value"
             )
         rv = model.register_rv(rv, name, observed=observed, dims=dims)
-        if hasattr(true_values, "tag"):
-            true_values.tag.dpinfer_release = name
+        if hasattr(true_values, "owner"):  # tag the latent counts (also behind a query Q @ x)
+            from dpinfer.inference.queries import latent_of
+
+            try:
+                latent_of(model, true_values).tag.dpinfer_release = name
+            except ValueError:
+                pass  # not latent counts: dpinfer.sample reports it
         record_release(model, name=name, release_rv=rv, latent=true_values, mechanism=self)
         return rv
 

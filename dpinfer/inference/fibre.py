@@ -1,0 +1,340 @@
+"""Latent counts on a fibre {x integer : A x = a, x >= 0}: planning and the Gibbs step.
+
+A latent count vector x can carry releases of three kinds (recorded by ``observe``):
+- a release of x itself (``mech.observe(name, x, s)``), which pins each cell to a window
+  around s_i (inference notes §1);
+- a release conditioned on invariants (``Conditioned(base, inv).observe(name, x, s)``): the
+  likelihood prod_i f(s_i - x_i) on the fibre A x = A s (inference notes §2);
+- a release of a linear query (``mech.observe(name, Q @ x, s)``), a likelihood term per row.
+
+:func:`plan_fibre` reads them and chooses
+- ``"convolution"`` when the only release is conditioned on one total or disjoint group totals
+  and the counts have no other child: the counts are summed out exactly by convolution
+  (:mod:`dpinfer.inference.totals`), NUTS runs on the parameters, the counts are drawn exactly;
+- ``"fibre"`` otherwise: :class:`FibreGibbs` updates x along the moves of a Markov basis of
+  the combined invariants with exact line conditionals (:mod:`dpinfer.lattice_gibbs`), next to
+  NUTS on the parameters. Per sweep, the prior's log-pmf table over every cell's window is one
+  compiled call; the releases' tables are computed once.
+
+Cells with no release of their own are bounded by their prior's support (a Binomial's n);
+latent counts with unbounded support need a release of each cell (a window needs a noise tail).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytensor.tensor as pt
+from pymc.logprob.abstract import _logprob_helper
+from pymc.pytensorf import compile
+from pymc.step_methods.compound import BlockedStep, Competence
+from pymc.util import get_random_generator
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from dpinfer.inference.gibbs import terms_depending_on
+from dpinfer.inference.marginal import NotMarginalisableError, _support, current_value
+from dpinfer.inference.window import initial_half_width, log_eta
+from dpinfer.invariants import Invariants, MoveSet
+from dpinfer.lattice_gibbs import MovePlan, QueryRows, gibbs_sweeps
+from dpinfer.mechanisms.conditioned import Conditioned
+
+MOVES_PER_CELL = 20  # line updates per sweep: all moves, at most this many per cell
+
+
+def cell_mechanism(mechanism):
+    """The per-cell noise likelihood of a release (the base law of a conditioned release)."""
+    return mechanism.base if isinstance(mechanism, Conditioned) else mechanism
+
+
+@dataclass
+class Entry:
+    """One release of the latent: its record, its query (None: the counts themselves) and the
+    released values (flattened)."""
+
+    record: object
+    query: np.ndarray | None
+    value: np.ndarray
+
+
+@dataclass
+class FibrePlan:
+    latent_name: str
+    shape: tuple
+    support: tuple
+    entries: list
+    method: str  # "convolution" or "fibre"
+    constraint: Invariants | None
+    constraint_values: np.ndarray
+    half_width: int = 0
+    moves: MoveSet | None = field(default=None, repr=False)
+
+    @property
+    def n_cells(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def identity(self) -> list:
+        return [e for e in self.entries if e.query is None]
+
+    @property
+    def queries(self) -> list:
+        return [e for e in self.entries if e.query is not None]
+
+    @property
+    def record(self):
+        return self.entries[0].record
+
+    # --- windows -----------------------------------------------------------------------------
+    def centres(self) -> np.ndarray:
+        """Window centres: the first release of the counts themselves, clipped to the support;
+        cells without one start at the support's lower end."""
+        lower, upper = self.support
+        if self.identity:
+            c = np.rint(self.identity[0].value).astype(np.int64)
+        else:
+            c = np.full(self.n_cells, lower, dtype=np.int64)
+        if lower is not None:
+            c = np.maximum(c, lower)
+        if upper is not None:
+            c = np.minimum(c, upper)
+        return c
+
+    def box(self) -> tuple[np.ndarray, int]:
+        """(lo, width): cell i ranges over lo_i .. lo_i + width - 1."""
+        if self.identity:
+            return self.centres() - self.half_width, 2 * self.half_width + 1
+        lower, upper = self.support
+        return np.full(self.n_cells, lower, np.int64), int(upper - lower + 1)
+
+    def log_eta(self) -> np.ndarray:
+        """Per cell, log of a bound on its cell term summed outside the box: the smallest tail
+        sup over the releases of the cell (prior mass <= 1); -inf when the box covers the
+        support."""
+        if not self.identity:
+            return np.full(self.n_cells, -np.inf)
+        bounds = [
+            log_eta(cell_mechanism(e.record.mechanism), e.value, self.half_width, self.support)
+            for e in self.identity
+        ]
+        return np.min(bounds, axis=0)
+
+    def release_table(self) -> np.ndarray:
+        """sum over releases of the counts themselves of log p(s_i | v), v on the box, (d, W)."""
+        lo, width = self.box()
+        grid = lo[:, None] + np.arange(width)[None, :]
+        total = np.zeros(grid.shape)
+        for e in self.identity:
+            mech = cell_mechanism(e.record.mechanism)
+            total += mech.log_likelihood(np.broadcast_to(e.value[:, None], grid.shape), grid)
+        return total
+
+    def query_rows(self) -> QueryRows:
+        if not self.queries:
+            return QueryRows.empty(self.n_cells)
+        lo, width = self.box()
+        matrix = np.vstack([e.query for e in self.queries])
+        owners = [(e, j) for e in self.queries for j in range(e.query.shape[0])]
+
+        def log_term(row, q):
+            e, j = owners[row]
+            mech = e.record.mechanism
+            if isinstance(mech, Conditioned):
+                return mech.base.noise_logpdf(e.value[j] - q)
+            return mech.log_likelihood(np.full(q.shape, e.value[j]), q)
+
+        return QueryRows.tabulate(matrix, lo, lo + width - 1, log_term)
+
+    def move_plan(self) -> MovePlan:
+        moves = self.moves
+        return MovePlan.build(moves.cells, moves.steps, self.query_rows().matrix)
+
+    def start(self) -> np.ndarray:
+        """A point of the fibre inside the box, closest in l1 to the window centres (a mixed
+        integer program; raises if the box holds no point of the fibre)."""
+        lo, width = self.box()
+        lower, upper = self.support
+        lb = lo if lower is None else np.maximum(lo, lower)
+        ub = lo + width - 1 if upper is None else np.minimum(lo + width - 1, upper)
+        c = self.centres()
+        if self.constraint is None:
+            return np.clip(c, lb, ub)
+        a_mat = self.constraint.constraint_matrix
+        d = self.n_cells
+        # variables (x, u): minimise sum u with u >= |x - c|
+        cost = np.concatenate([np.zeros(d), np.ones(d)])
+        eye = np.eye(d)
+        cons = [
+            LinearConstraint(np.hstack([a_mat, np.zeros_like(a_mat)]), self.constraint_values, self.constraint_values),
+            LinearConstraint(np.hstack([eye, -eye]), -np.inf, c),
+            LinearConstraint(np.hstack([-eye, -eye]), -np.inf, -c),
+        ]
+        res = milp(cost, constraints=cons, integrality=np.r_[np.ones(d), np.zeros(d)],
+                   bounds=Bounds(np.r_[lb, np.zeros(d)], np.r_[ub, np.full(d, np.inf)]))
+        if res.x is None:
+            raise ValueError(
+                f"no counts for {self.latent_name!r} satisfy the release's invariants inside the "
+                f"window of half-width {self.half_width}: the invariants are inconsistent with "
+                "the counts' support"
+            )
+        return np.rint(res.x[:d]).astype(np.int64)
+
+
+def plan_fibre(model, latent, entries: list[Entry], *, allow_convolution: bool = True) -> FibrePlan:
+    """Check the latent and its releases and choose the method (see the module docstring);
+    ``allow_convolution=False`` uses fibre moves even where convolution applies."""
+    name = latent.name
+    node = latent.owner
+    if latent not in model.free_RVs or getattr(node.op, "ndim_supp", 1) != 0:
+        raise NotMarginalisableError(
+            f"latent {name!r} must be an elementwise discrete free variable (Poisson, Binomial, ...)"
+        )
+    shape = tuple(int(s) for s in latent.shape.eval())
+    d = int(np.prod(shape))
+    rows, values, structured = [], [], []
+    for e in entries:
+        if e.query is not None and not e.record.mechanism.discrete:
+            raise NotMarginalisableError(
+                f"release {e.record.name!r} of a query of {name!r} has continuous noise; the "
+                "fibre step bounds query likelihoods by 1, which needs a discrete mechanism"
+            )
+        mech = e.record.mechanism
+        if isinstance(mech, Conditioned):
+            a_mat = mech.invariants.constraint_matrix
+            q = np.eye(d, dtype=np.int64) if e.query is None else e.query
+            if a_mat.shape[1] != q.shape[0]:
+                raise ValueError(
+                    f"release {e.record.name!r}: the invariants cover {a_mat.shape[1]} cells but "
+                    f"the released values have {q.shape[0]}"
+                )
+            rows.append(a_mat @ q)
+            values.append(a_mat @ e.value)
+            if e.query is None:
+                structured.append(mech.invariants)
+    if rows:
+        constraint = structured[0] if len(rows) == 1 and structured else Invariants.from_matrix(np.vstack(rows))
+        constraint_values = np.concatenate(values)
+    else:
+        constraint, constraint_values = None, np.zeros(0, np.int64)
+    others = [e.record.release_rv for e in entries]
+    children, named = terms_depending_on(model, latent, exclude=tuple(others))
+    if children or named:
+        raise NotMarginalisableError(
+            f"latent {name!r} has releases with invariants or queries and further children "
+            f"{[v.name for v in children + named]}; this combination is not supported"
+        )
+    single = entries[0]
+    convolution = allow_convolution and (
+        len(entries) == 1 and single.query is None and isinstance(single.record.mechanism, Conditioned)
+        and single.record.mechanism.invariants.group_codes is not None
+    )
+    support = _support(node)
+    plan = FibrePlan(name, shape, support, entries, "convolution" if convolution else "fibre",
+                     constraint, constraint_values)
+    if not plan.identity and (support[0] is None or support[1] is None):
+        raise NotMarginalisableError(
+            f"latent {name!r} has no release of its own cells and an unbounded prior support: "
+            "dpinfer cannot bound the counts it neglects. Release the cells too, or give them a "
+            "bounded prior (Binomial with fixed n)"
+        )
+    if plan.method == "fibre":
+        plan.moves = constraint.markov_basis() if constraint is not None else MoveSet.unit(d)
+    return plan
+
+
+def entries_from(model, records, resolve) -> dict:
+    """Group release records by their latent counts: {latent: [Entry, ...]} (insertion order)."""
+    groups: dict = {}
+    for record in records:
+        latent, query = resolve(model, record.latent)
+        value = current_value(model.rvs_to_values[record.release_rv]).reshape(-1)
+        groups.setdefault(latent, []).append(Entry(record, query, value))
+    return groups
+
+
+def initial_half_width_for(plan: FibrePlan, tol: float, log_margin: float) -> int:
+    """Smallest half-width whose every cell tail bound is tol e^-log_margin / n_cells of the
+    likelihood at the window centre (then checked on every draw or step)."""
+    if not plan.identity:
+        return 0
+    e = plan.identity[0]
+    mech = cell_mechanism(e.record.mechanism)
+    centre = plan.centres()
+    log_peak = float(np.min(mech.log_likelihood(e.value, centre)))
+    target = np.log(tol) - np.log(plan.n_cells) - log_margin + log_peak
+    return initial_half_width(mech, e.value, log_target=target, support=plan.support)
+
+
+def widened_half_width(plan: FibrePlan, bound: float, tol: float) -> int:
+    """A half-width whose tail bounds are tol / (10 bound) of the current ones (every bound
+    here is proportional to them when small); double it where the bound is infinite."""
+    if not np.isfinite(bound):
+        return 2 * plan.half_width
+    e = plan.identity[0]
+    target = float(np.max(plan.log_eta())) + np.log(tol / (10.0 * bound))
+    k = initial_half_width(cell_mechanism(e.record.mechanism), e.value, log_target=target,
+                           support=plan.support)
+    return max(plan.half_width + 1, k)
+
+
+class FibreGibbs(BlockedStep):
+    """Exact Gibbs sweeps along Markov moves for every fibre latent of a model. Never
+    auto-assigned; :func:`dpinfer.sample` builds it."""
+
+    name = "fibre_gibbs"
+    stats_dtypes_shapes = {
+        "fibre_neglected_mass_bound": (float, []),
+        "fibre_moves_changed": (float, []),
+    }
+
+    def __init__(self, vars, *, model, plans: list[FibrePlan], rng=None):
+        self.model = model
+        self.vars = [model.rvs_to_values[model[p.latent_name]] for p in plans]
+        names = {v.name for v in self.vars}
+        others = [v for v in model.value_vars if v.name not in names]
+        self._others = [v.name for v in others]
+        self.rng = get_random_generator(rng)
+        # log p(x_i = v | theta) on a grid of candidate counts given as an input, so the
+        # compiled function serves any release (the box moves with it)
+        self._prior_tables = []
+        for plan in plans:
+            node = model[plan.latent_name].owner
+            grid = pt.tensor("grid", dtype="int64", shape=(None, *plan.shape))
+            _, prior = node.op(*node.op.dist_params(node), rng=pt.random.rng(), return_next_rng=True)
+            table = pt.broadcast_to(_logprob_helper(prior, grid), grid.shape)
+            [table] = model.replace_rvs_by_values([table])
+            table = table.reshape((grid.shape[0], -1)).T
+            self._prior_tables.append(compile([grid, *others], table, on_unused_input="ignore"))
+        self.update(plans)
+
+    def update(self, plans: list[FibrePlan]) -> None:
+        """Take the plans' current releases: boxes, release tables, query tables and moves
+        are recomputed (numpy), the compiled prior tables are kept."""
+        self.plans = plans
+        self._parts = []
+        for plan in plans:
+            lo, width = plan.box()
+            grid = (lo[None, :] + np.arange(width)[:, None]).reshape((width, *plan.shape))
+            self._parts.append((grid, plan.release_table(), plan.log_eta(), plan.move_plan(),
+                                plan.query_rows(), lo))
+
+    def step(self, point):
+        new = dict(point)
+        others = [point[n] for n in self._others]
+        worst, changed = 0.0, []
+        parts = zip(self.plans, self._prior_tables, self._parts)
+        for plan, prior_table, (grid, release_table, log_eta_cells, moves, queries, lo) in parts:
+            table = prior_table(grid, *others) + release_table
+            x = np.asarray(point[plan.latent_name], dtype=np.int64).reshape(-1)
+            x, bound, frac = gibbs_sweeps(
+                x, lo, table, log_eta_cells, moves, queries, n_sweeps=1,
+                moves_per_sweep=min(len(moves), MOVES_PER_CELL * plan.n_cells), rng=self.rng,
+            )
+            new[plan.latent_name] = x.reshape(plan.shape)
+            worst = max(worst, bound)
+            changed.append(frac)
+        return new, [{"fibre_neglected_mass_bound": worst, "fibre_moves_changed": float(np.mean(changed))}]
+
+    @staticmethod
+    def competence(var, has_grad):
+        return Competence.INCOMPATIBLE
