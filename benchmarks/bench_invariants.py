@@ -315,7 +315,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--draws", type=int, default=1000)
     parser.add_argument("--tune", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=2026)
-    parser.add_argument("--baseline-cap", type=float, default=10.0,
+    parser.add_argument("--baseline-cap", type=float, default=100.0,
                         help="baselines draw at most this many times dpinfer's draws")
     parser.add_argument("--quick", action="store_true", help="smoke run: 100 tune + 100 draws")
     parser.add_argument("--no-midwest", action="store_true", help="skip the 5-state fit")
