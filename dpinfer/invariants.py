@@ -372,7 +372,7 @@ class Invariants:
         """Indices of the rows kept in ``matrix``: row ``r`` is kept iff it is not a rational
         combination of the rows before it (exact rank over Q, via the pivots of ``A^T``)."""
         if "independent_rows" not in self._cache:
-            self._cache["independent_rows"] = _readonly(_greedy_independent_rows(self._A))
+            self._cache["independent_rows"] = _readonly(greedy_independent_rows(self._A))
         return self._cache["independent_rows"]
 
     @property
@@ -770,7 +770,7 @@ def _partition_matrix(group: np.ndarray, n_groups: int):
     return scipy.sparse.csr_array((np.ones(d, dtype=np.int64), (group, np.arange(d))), shape=(n_groups, d))
 
 
-def _greedy_independent_rows(A_csr) -> np.ndarray:
+def greedy_independent_rows(A_csr) -> np.ndarray:
     """Rows kept by a greedy pass in order: the pivot columns of the exact RREF of ``A^T`` over Q."""
     from sympy.polys.domains import QQ
     from sympy.polys.matrices import DomainMatrix

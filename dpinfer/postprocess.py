@@ -55,6 +55,7 @@ import scipy.optimize
 import scipy.sparse
 
 from dpinfer._validation import as_integer_array, as_real_array, check_probability
+from dpinfer.invariants import greedy_independent_rows
 
 __all__ = [
     "KKT_TOLERANCE",
@@ -852,13 +853,19 @@ def round_to_invariants(x_hat, *, invariants_matrix=None, invariant_values=None,
 
 
 def _milp_round(x: np.ndarray, A: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """min sum u s.t. u >= x - x_hat, u >= x_hat - x, A x = a, x >= 0 integer (sparse rows)."""
+    """min sum u s.t. u >= x - x_hat, u >= x_hat - x, A x = a, x >= 0 integer (sparse rows).
+
+    Linearly dependent rows of ``A`` (consistent ones: the callers check) are dropped first:
+    HiGHS can stop with "Solve error" on redundant equalities (seen with both margins of a
+    3 x 3 table, whose 6 rows have rank 5)."""
     d = x.size
-    m = A.shape[0]
+    keep = greedy_independent_rows(scipy.sparse.csr_array(A))
+    m = keep.size
     eye = scipy.sparse.eye_array(d, format="csr")
-    A_sp = scipy.sparse.csr_array(A, dtype=np.float64)
+    A_sp = scipy.sparse.csr_array(A, dtype=np.float64)[keep]
     constraints = [
-        scipy.optimize.LinearConstraint(scipy.sparse.hstack([A_sp, scipy.sparse.csr_array((m, d))]), a, a),
+        scipy.optimize.LinearConstraint(scipy.sparse.hstack([A_sp, scipy.sparse.csr_array((m, d))]),
+                                        a[keep], a[keep]),
         scipy.optimize.LinearConstraint(scipy.sparse.hstack([eye, -eye]), -np.inf, x),  # x - u <= x_hat
         scipy.optimize.LinearConstraint(scipy.sparse.hstack([-eye, -eye]), -np.inf, -x),  # x_hat - x <= u
     ]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import scipy.optimize
 
+import dpinfer as dp
 from dpinfer.mechanisms import DoubleGeometric
 from dpinfer.postprocess import (
     KKT_TOLERANCE,
@@ -364,6 +365,19 @@ def test_group_rounding_off_the_fibre_is_l1_optimal(seed):
     np.testing.assert_array_equal(big_A @ greedy, big_totals)
     milp = _milp_round(big_x, big_A, big_totals)
     assert np.abs(greedy - big_x).sum() == pytest.approx(np.abs(milp - big_x).sum(), abs=1e-6)
+
+
+def test_milp_rounding_with_redundant_margin_rows():
+    # both margins of a 3 x 3 table: 6 rows of rank 5. HiGHS stopped with "Solve error" on this
+    # projection (found by the SBC study); the MILP now runs on independent rows only.
+    A = np.asarray(dp.Invariants.margins((3, 3), [(0,), (1,)]).constraint_matrix)
+    s = np.array([2, 1, 1, 3, 2, -1, 4, 1, 2])
+    x_hat = nonnegative_least_squares(s, invariants_matrix=A, invariant_values=A @ s)
+    np.testing.assert_allclose(x_hat, [2.25, 1.25, 0.5, 2.5, 1.5, 0.0, 4.25, 1.25, 1.5], atol=1e-12)
+    x_int = round_to_invariants(x_hat, invariants_matrix=A, invariant_values=A @ s)
+    np.testing.assert_array_equal(A @ x_int, A @ s)
+    best = np.min(np.abs(fibre(A, A @ s) - x_hat).sum(axis=1))
+    assert np.abs(x_int - x_hat).sum() == pytest.approx(best, abs=1e-9)
 
 
 def test_rounding_examples():

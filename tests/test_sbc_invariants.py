@@ -34,7 +34,8 @@ def _rows(df, method, quantity=None):
     if quantity == "pooled":
         return rows[rows.quantity == "x[pooled]"].iloc[0]
     if quantity == "cells":
-        return rows[rows.quantity.str.startswith("x[") & (rows.quantity != "x[pooled]")]
+        return rows[rows.quantity.str.startswith("x[")
+                    & ~rows.quantity.isin(["x[pooled]", "x[smallest release]"])]
     return rows
 
 
