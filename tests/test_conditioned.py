@@ -103,6 +103,31 @@ def test_conditioned_variance_against_enumeration():
     assert want < f.noise_variance  # conditioning narrows the noise
 
 
+@pytest.mark.parametrize("prob", [0.5, 0.9, 0.99])
+def test_conditioned_release_interval_against_enumeration(prob):
+    # groups of 1, 2 and 3 cells: a cell alone has no noise; otherwise the marginal of e_i
+    # given its group's sum is 0, enumerated over the other cells' noise
+    f = dp.DoubleGeometric(0.4)
+    mech = dp.Conditioned(f, dp.Invariants.groups(["a", "b", "b", "c", "c", "c"]))
+    grid = np.arange(-150, 151)
+    lf = f.noise_logpdf(grid)
+    two = np.exp(2 * lf)  # e1 = -e2
+    pair = np.exp(np.logaddexp.reduce(lf[None, :] + f.noise_logpdf(-grid[:, None] - grid[None, :]), axis=1))
+    three = np.exp(lf) * pair  # P(e1 = k) ∝ f(k) P(e2 + e3 = -k)
+    want = []
+    for p in (np.where(grid == 0, 1.0, 0.0), two, three):
+        p = p / p.sum()
+        central = np.array([p[np.abs(grid) <= q].sum() for q in range(40)])
+        want.append(int(np.argmax(central >= prob)))
+    x = np.array([5, 0, 7, 2, 9, 4])
+    lo, hi = mech.release_interval(x, prob)
+    q = np.array([want[0], want[1], want[1], want[2], want[2], want[2]])
+    np.testing.assert_array_equal(lo, x - q)
+    np.testing.assert_array_equal(hi, x + q)
+    with pytest.raises(ValueError, match="group totals only"):
+        dp.Conditioned(f, dp.Invariants.margins((2, 2), [(0,), (1,)])).release_interval(np.zeros(4, int))
+
+
 @pytest.mark.parametrize("inv", [dp.Invariants.total(3), dp.Invariants.margins((2, 2), [(0,), (1,)])])
 def test_privacy_audit_measures_epsilon_per_unit_distance(inv):
     mech = dp.Conditioned(dp.DoubleGeometric(EPS), inv)

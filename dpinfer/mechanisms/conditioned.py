@@ -24,7 +24,7 @@ import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
 
-from dpinfer._validation import as_integer_array, check_rng
+from dpinfer._validation import as_integer_array, check_probability, check_rng
 from dpinfer.invariants import Invariants
 from dpinfer.lattice_gibbs import MovePlan, QueryRows, gibbs_sweeps
 from dpinfer.mechanisms.base import AdditiveMechanism, Mechanism, PrivacyAudit, PrivacyGuarantee
@@ -255,26 +255,44 @@ class Conditioned(Mechanism):
         """0: the conditioned noise law is symmetric (e and -e satisfy A e = 0 together)."""
         return np.zeros(np.shape(as_integer_array("true_values", true_values)))
 
-    def variance(self, true_values) -> np.ndarray:
-        """Var(e_i | A e = 0), by convolution for totals: for a group of n cells the noise of
-        one cell given the group sum is 0 has variance sum_k k^2 f(k) P(S_{n-1} = -k) / P(S_n = 0)."""
+    def noise_marginals(self) -> tuple[int, np.ndarray]:
+        """(K, P) with P[i, k + K] = P(e_i = k | A e = 0) for k in -K..K, exactly by convolution
+        for a total or group totals: for a group of n cells,
+        P(e_i = k | S_n = 0) = f(k) P(S_{n-1} = -k) / P(S_n = 0) (inference notes §2)."""
         from dpinfer.inference.convolution import log_convolution_at
 
-        x = as_integer_array("true_values", true_values)
         if self.invariants.group_codes is None:
-            raise ValueError("the conditioned noise variance is computed for totals only")
+            raise ValueError(
+                "the conditioned noise marginals are computed for one total or group totals only, "
+                f"not for {self.invariants.kind!r} invariants"
+            )
         k, log_f = self.noise_table()
         codes = self.invariants.group_codes
         log_g = np.broadcast_to(log_f, (codes.size, log_f.size))
         _, marginals = log_convolution_at(log_g, codes, k * np.bincount(codes))
+        return k, marginals
+
+    def variance(self, true_values) -> np.ndarray:
+        """Var(e_i | A e = 0) from :meth:`noise_marginals` (totals and group totals)."""
+        x = as_integer_array("true_values", true_values)
+        k, marginals = self.noise_marginals()
         offsets = np.arange(-k, k + 1)
         return (marginals @ offsets.astype(float) ** 2).reshape(x.shape)
 
     def release_interval(self, true_values, prob: float = 0.9):
-        """The base noise's interval, as a reference (not the conditioned noise's interval)."""
+        """Per cell [x_i - q_i, x_i + q_i] with q_i the smallest q such that
+        P(|e_i| <= q | A e = 0) >= prob, from the exact conditioned marginals (totals and group
+        totals, to 1e-12; cells in groups of different sizes get different q_i)."""
         x = as_integer_array("true_values", true_values)
-        lo, hi = self.base.noise_interval(prob)
-        return x + lo, x + hi
+        prob = check_probability(prob)
+        if x.size != self.invariants.n_cells:
+            raise ValueError(f"true_values has {x.size} cells but the invariants cover {self.invariants.n_cells}")
+        k, marginals = self.noise_marginals()
+        # P(|e_i| <= q) for q = 0..K: the centre plus both sides
+        central = np.cumsum(marginals[:, k:], axis=1) + np.concatenate(
+            [np.zeros((marginals.shape[0], 1)), np.cumsum(marginals[:, k - 1::-1], axis=1)], axis=1)
+        q = np.argmax(central >= prob - 1e-12, axis=1).reshape(x.shape)
+        return x - q, x + q
 
     def __repr__(self) -> str:
         return f"Conditioned({self.base!r}, {self.invariants!r})"
