@@ -7,6 +7,7 @@ from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
 from dpinfer.mechanisms.gaussian import Gaussian
 from dpinfer.mechanisms.geometric import ClampedGeometric, DoubleGeometric
 from dpinfer.mechanisms.laplace import Laplace
+from dpinfer.mechanisms.subspace import GeneralizedLaplace
 from dpinfer.mechanisms.truncated_laplace import BITLaplace, TruncatedLaplace
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "DiscreteGaussian",
     "DoubleGeometric",
     "Gaussian",
+    "GeneralizedLaplace",
     "Laplace",
     "Mechanism",
     "PrivacyAudit",

@@ -1,0 +1,228 @@
+r"""The generalized Laplace mechanism on an integer subspace (seed 001, Definition 9).
+
+Release ``s = x + z`` with ``z`` on the kernel lattice ``Lambda = {z in Z^d : A z = 0}`` of the
+invariants, so ``A s = A x`` exactly, and
+
+    q(z) = exp(-epsilon ||z||) / Z,     Z = sum_{z in Lambda} exp(-epsilon ||z||)       (Eq. 5)
+
+in the l1 or l2 norm. ``Z`` does not depend on ``x``, so ``p(s | x) = q(s - x)`` on
+``{x : A x = A s}`` is an ordinary likelihood of the true counts.
+
+Privacy (Theorem 10, "A-induced integer subspace DP"): for data sets with equal invariants
+(``A x = A x'``) and every release, ``log q(s - x) - log q(s - x') <= epsilon ||x - x'||`` in
+the same norm (triangle inequality; the normalisers are equal because ``x + Lambda = x' +
+Lambda``). This holds for the exact law. A release drawn by MCMC whose law is within ``tau`` of
+it in total variation, for every input, is (epsilon, (1 + e^epsilon) tau)-DP instead.
+
+l1 norm: ``exp(-epsilon ||z||_1) = prod_i a^|z_i|`` with ``a = e^-epsilon``, so the law is i.i.d.
+double geometric noise conditioned on ``A z = 0`` (reference note 001 §5.4), i.e.
+``Conditioned(DoubleGeometric(epsilon), invariants)``: the same likelihood (with the exact
+normaliser for totals and group totals) and, for totals and group totals, exact joint draws.
+l2 norm: not a product; releases by the random-walk Metropolis of seed 001's Algorithm 1
+(:mod:`dpinfer.lattice_mcmc`), whose convergence is estimated by L-lag coupling.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpinfer._validation import as_integer_array, check_epsilon, check_rng
+from dpinfer.invariants import Invariants
+from dpinfer.lattice_mcmc import LatticeWalk, MeetingTimes, laplace_log_target
+from dpinfer.mechanisms.base import Mechanism, PrivacyAudit, PrivacyGuarantee
+from dpinfer.mechanisms.conditioned import Conditioned
+from dpinfer.mechanisms.geometric import DoubleGeometric
+
+NORMS = ("l1", "l2")
+# seed 001's proposal parameters on the 4 x 4 table (reference note 001 §9.2)
+DEFAULT_PROPOSAL_A = {"l1": math.exp(-1.0), "l2": math.exp(-2.0)}
+
+
+class GeneralizedLaplace(Mechanism):
+    """Generalized Laplace noise on the integer kernel lattice of ``invariants``.
+
+    Parameters
+    ----------
+    epsilon
+        Privacy loss per unit of ``||x - x'||`` between data sets with equal invariants.
+    invariants
+        :class:`~dpinfer.invariants.Invariants` of the released cells (flattened in C order).
+    norm
+        ``"l1"`` or ``"l2"``: the norm of the target and of the privacy guarantee.
+    iterations
+        Steps of the random-walk Metropolis per release, for the releases drawn by MCMC (l2, or
+        l1 with invariants other than totals). Choose it with :meth:`coupling`; required there.
+    proposal_a
+        Parameter ``a`` of the double geometric proposal per lattice coordinate (default
+        ``e^-1`` for l1 and ``e^-2`` for l2, seed 001's values on the 4 x 4 table).
+    """
+
+    discrete = True
+    exact_sampler = False  # l1 group draws: noise tabulated to 1e-20; otherwise MCMC
+
+    def __init__(self, epsilon, invariants, norm: str = "l1", *, iterations: int | None = None,
+                 proposal_a: float | None = None):
+        self._epsilon = check_epsilon(epsilon)
+        if not isinstance(invariants, Invariants):
+            raise TypeError(f"invariants must be a dpinfer.Invariants, got {type(invariants).__name__}")
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        if iterations is not None and (isinstance(iterations, bool) or int(iterations) != iterations
+                                       or iterations < 1):
+            raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
+        a = DEFAULT_PROPOSAL_A[norm] if proposal_a is None else float(proposal_a)
+        if not 0.0 < a < 1.0:
+            raise ValueError(f"proposal_a must lie in (0, 1), got {proposal_a!r}")
+        self.invariants = invariants
+        self.norm = norm
+        self.iterations = None if iterations is None else int(iterations)
+        self.proposal_a = a
+        self._log_target = laplace_log_target(self._epsilon, norm)
+        self._product = Conditioned(DoubleGeometric(self._epsilon), invariants) if norm == "l1" else None
+        self._walk = None
+
+    # --- privacy -------------------------------------------------------------------------
+    @property
+    def privacy(self) -> PrivacyGuarantee:
+        return PrivacyGuarantee(
+            self._epsilon, 0.0, 1.0, "equal-invariants", self.norm,
+            note=(f"integer subspace DP (seed 001, Theorem 10): loss <= epsilon ||x - x'||_{self.norm[1]} "
+                  "between data sets with equal invariants, for the exact law; a release drawn by "
+                  "MCMC within TV tau of it is (epsilon, (1 + e^epsilon) tau)-DP"),
+        )
+
+    def mcmc_delta(self, tv: float) -> float:
+        """delta = (1 + e^epsilon) tv of a release drawn within total variation ``tv`` of the
+        exact law for every input (the chain targets the noise alone from a data-free start,
+        so its law does not depend on the data)."""
+        if not 0.0 <= tv <= 1.0:
+            raise ValueError(f"tv must lie in [0, 1], got {tv!r}")
+        return (1.0 + math.exp(self._epsilon)) * tv
+
+    def audit(self, max_true: int = 3, margin: int = 8) -> PrivacyAudit:
+        """Exact check of Theorem 10 by enumeration, on this mechanism's invariants when they
+        have at most 4 cells, else on a total over 3 cells: every pair x != x' in
+        {0..max_true}^d with equal invariants and every release s = x + z, z on the lattice with
+        |z_i| <= margin; the measured epsilon is the largest log q(s - x) - log q(s - x')
+        divided by ||x - x'|| (the normaliser cancels)."""
+        inv = self.invariants if self.invariants.n_cells <= 4 else Invariants.total(3)
+        d = inv.n_cells
+        grid = np.stack(np.meshgrid(*[np.arange(max_true + 1)] * d, indexing="ij"), -1).reshape(-1, d)
+        values = inv.values(grid)
+        box = np.stack(np.meshgrid(*[np.arange(-margin, margin + 1)] * d, indexing="ij"), -1).reshape(-1, d)
+        lattice = box[np.all(inv.values(box) == 0, axis=-1)]
+        order = 1 if self.norm == "l1" else 2
+        worst = 0.0
+        for i, x in enumerate(grid):
+            for x2 in grid[np.all(values == values[i], axis=-1)]:
+                dist = float(np.linalg.norm(x - x2, ord=order))
+                if dist == 0:
+                    continue
+                s = x + lattice
+                ratio = self._log_target(s - x) - self._log_target(s - x2)
+                worst = max(worst, float(np.max(ratio)) / dist)
+        return PrivacyAudit(self._epsilon, 0.0, worst, 0.0,
+                            f"enumeration of {self.norm} losses on {inv.kind} invariants over {d} cells")
+
+    # --- release ---------------------------------------------------------------------------
+    @property
+    def sampler(self) -> str:
+        """``"exact"`` (l1 with a total or group totals: joint draws by convolution) or ``"mcmc"``."""
+        if self._product is not None and self.invariants.group_codes is not None:
+            return "exact"
+        return "mcmc"
+
+    @property
+    def walk(self) -> LatticeWalk:
+        """Seed 001's Algorithm 1 for this target on the invariants' kernel basis."""
+        if self._walk is None:
+            self._walk = LatticeWalk(np.asarray(self.invariants.kernel_basis()), self._log_target,
+                                     self.proposal_a)
+        return self._walk
+
+    def sample_noise(self, rng, size: int | None = None) -> np.ndarray:
+        """Noise vectors on the lattice: exact draws where :attr:`sampler` is "exact", else the
+        state of independent chains after :attr:`iterations` steps from pi_0 (Algorithm 1)."""
+        rng = check_rng(rng)
+        n = 1 if size is None else int(size)
+        if self.sampler == "exact":
+            z = self._product.sample_noise(rng, size=n)
+        else:
+            if self.iterations is None:
+                raise ValueError(
+                    "releases of this mechanism are drawn by MCMC: set iterations=... (choose it "
+                    "with coupling(...).iterations_for(tv))"
+                )
+            z, _ = self.walk.run(n, self.iterations, rng)
+        return z[0] if size is None else z
+
+    def release(self, true_values, rng: np.random.Generator) -> np.ndarray:
+        x = as_integer_array("true_values", true_values)
+        if x.size != self.invariants.n_cells:
+            raise ValueError(f"true_values has {x.size} cells but the invariants cover {self.invariants.n_cells}")
+        return x + self.sample_noise(rng).reshape(x.shape)
+
+    def coupling(self, n_runs: int = 200, lag: int = 1000, *, rng=None,
+                 max_iterations: int = 10**6, progress=None) -> MeetingTimes:
+        """Meeting times of ``n_runs`` L-lag coupled pairs (seed 001, Algorithms 2-3); their
+        ``tv_upper_bound(l)`` bounds the TV distance after l iterations."""
+        return self.walk.meeting_times(lag, n_runs, check_rng(rng), max_iterations=max_iterations,
+                                       progress=progress)
+
+    # --- likelihood --------------------------------------------------------------------------
+    def log_likelihood(self, release, true_values) -> float:
+        """log q(s - x) if A s = A x, else -inf. l1: with the exact normaliser for totals and
+        group totals (``Conditioned``); otherwise up to the constant -log Z, which does not
+        depend on x."""
+        if self._product is not None:
+            return self._product.log_likelihood(release, true_values)
+        s = self.check_release(release).reshape(-1)
+        x = as_integer_array("true_values", true_values).reshape(-1)
+        if x.size != s.size or s.size != self.invariants.n_cells:
+            raise ValueError(f"release and true_values must both have {self.invariants.n_cells} cells")
+        if np.any(self.invariants.values(s) != self.invariants.values(x)):
+            return -np.inf
+        return float(self._log_target(s - x))
+
+    def as_conditioned(self) -> Conditioned:
+        """l1: the same law as ``Conditioned(DoubleGeometric(epsilon), invariants)`` (its
+        normaliser, marginals and exact draws)."""
+        return self._l1_only("the product form")
+
+    def _l1_only(self, what: str) -> Conditioned:
+        if self._product is None:
+            raise NotImplementedError(
+                f"{what} is available for the l1 norm (a product law conditioned on the invariants); "
+                "the l2 target is not separable across cells"
+            )
+        return self._product
+
+    def dist(self, true_values):
+        """l1: the PyMC distribution of ``Conditioned(DoubleGeometric(epsilon), invariants)``."""
+        return self._l1_only("the PyMC likelihood").dist(true_values)
+
+    def observe(self, name: str, true_values, observed, *, dims=None, model=None):
+        """l1: registered as ``Conditioned(DoubleGeometric(epsilon), invariants)`` (the same law),
+        so ``dpinfer.sample`` uses its convolution or fibre samplers."""
+        return self._l1_only("observe").observe(name, true_values, observed, dims=dims, model=model)
+
+    def log_likelihood_bound_outside(self, release, k, *, support=(-np.inf, np.inf)) -> np.ndarray:
+        return self._l1_only("the window bound").log_likelihood_bound_outside(release, k, support=support)
+
+    # --- utility -----------------------------------------------------------------------------
+    def bias(self, true_values) -> np.ndarray:
+        """0: q(z) = q(-z) on the lattice (Theorem 12)."""
+        return np.zeros(np.shape(as_integer_array("true_values", true_values)))
+
+    def variance(self, true_values) -> np.ndarray:
+        """l1 with totals or group totals: exact, by convolution."""
+        return self._l1_only("the exact variance").variance(true_values)
+
+    def release_interval(self, true_values, prob: float = 0.9):
+        """l1 with totals or group totals: exact per-cell intervals, by convolution."""
+        return self._l1_only("the exact release interval").release_interval(true_values, prob)
+
+    def __repr__(self) -> str:
+        return f"GeneralizedLaplace(epsilon={self._epsilon:g}, norm={self.norm!r}, {self.invariants!r})"
