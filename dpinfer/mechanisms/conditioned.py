@@ -35,6 +35,18 @@ _TAIL_MASS = 1e-20
 _MAX_NOISE_HALF_WIDTH = 1_000_000
 
 
+def tabulated_noise(base) -> tuple[int, np.ndarray]:
+    """(K, log f(-K..K)): a discrete additive mechanism's noise on the smallest window (K a power
+    of 2 times 16) whose two-sided tail mass is below 1e-20."""
+    k = 16
+    while True:
+        values = base.noise_logpdf(np.arange(-4 * k, 4 * k + 1))
+        tail = np.logaddexp.reduce(values[: 3 * k]) + np.log(2.0)  # |e| > k, with margin
+        if tail < np.log(_TAIL_MASS) or k > _MAX_NOISE_HALF_WIDTH:
+            return k, base.noise_logpdf(np.arange(-k, k + 1))
+        k *= 2
+
+
 class Conditioned(Mechanism):
     """``base`` noise conditioned on ``invariants``: A e = 0, so A release = A truth exactly.
 
@@ -129,17 +141,9 @@ class Conditioned(Mechanism):
         return x + self.sample_noise(rng).reshape(x.shape)
 
     def noise_table(self) -> tuple[int, np.ndarray]:
-        """(K, log f(-K..K)): the base noise on the smallest window whose two-sided tail mass
-        is below 1e-20."""
+        """(K, log f(-K..K)): the base noise tabulated by :func:`tabulated_noise`."""
         if self._noise_table is None:
-            k = 16
-            while True:
-                values = self.base.noise_logpdf(np.arange(-4 * k, 4 * k + 1))
-                tail = np.logaddexp.reduce(values[: 3 * k]) + np.log(2.0)  # |e| > k, with margin
-                if tail < np.log(_TAIL_MASS) or k > _MAX_NOISE_HALF_WIDTH:
-                    break
-                k *= 2
-            self._noise_table = (k, self.base.noise_logpdf(np.arange(-k, k + 1)))
+            self._noise_table = tabulated_noise(self.base)
         return self._noise_table
 
     def sample_noise(self, rng: np.random.Generator, size=None) -> np.ndarray:
