@@ -226,15 +226,18 @@ class MeetingTimes:
             raise ValueError(f"target_tv must lie in (0, 1), got {target_tv!r}")
         taus = np.where(self.tau < 0, self.max_iterations + 1, self.tau)
         hi = int(taus.max())
-        ls = np.arange(0, hi + 1)
-        bound = self.tv_upper_bound(ls, level=level)
-        ok = np.flatnonzero(bound.upper <= target_tv)
-        if not ok.size:
-            raise ValueError(
-                f"no iteration reaches an upper limit of {target_tv} with {self.tau.size} runs: the "
-                f"Clopper-Pearson floor is {1 - (1 - level) ** (1 / self.tau.size):.3g}; use more runs"
-            )
-        return int(ls[ok[0]])
+        # scan l in chunks: the (len(l), runs) table of terms for every l at once could take
+        # gigabytes when the meeting times reach 10^6
+        chunk = max(1, 2_000_000 // taus.size)
+        for start in range(0, hi + 1, chunk):
+            ls = np.arange(start, min(start + chunk, hi + 1))
+            ok = np.flatnonzero(self.tv_upper_bound(ls, level=level).upper <= target_tv)
+            if ok.size:
+                return int(ls[ok[0]])
+        raise ValueError(
+            f"no iteration reaches an upper limit of {target_tv} with {self.tau.size} runs: the "
+            f"Clopper-Pearson floor is {1 - (1 - level) ** (1 / self.tau.size):.3g}; use more runs"
+        )
 
 
 @dataclass(frozen=True)
