@@ -100,10 +100,9 @@ def unimodular_block(A, *, prefer_solved=None, max_tries: int = 2000, rng=None) 
                     cols = trial
             if len(cols) < k:
                 raise ValueError("A must have full row rank (use Invariants.matrix)")
-        det, inverse = _det_and_inverse(A[:, cols])
+        solved = np.array(sorted(cols), dtype=np.int64)
+        det, inverse = _det_and_inverse(A[:, solved])
         if abs(det) == 1:
-            solved = np.array(sorted(cols), dtype=np.int64)
-            det, inverse = _det_and_inverse(A[:, solved])
             inv = np.array([[int(v) for v in row] for row in inverse], dtype=np.int64)
             free = np.setdiff1d(np.arange(d), solved)
             return SolvedBlock(free=free, solved=solved, inverse=inv)
