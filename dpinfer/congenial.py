@@ -15,9 +15,8 @@ so the conditioned mechanism is (1 + gamma) epsilon-DP with
     gamma* = max over neighbours of log(P_x' / P_x) / (epsilon ||x - x'||_1 / Delta)  in [0, 1].
 
 :func:`congenial_privacy_audit` computes, by enumeration on small cases, the exact worst loss
-per unit distance and gamma*; :func:`log_normaliser` gives log P_x exactly (convolution over
-the groups for totals and group totals, with each cell's noise truncated at -x_i; enumeration
-of the noise lattice otherwise).
+per unit distance and gamma*; :func:`log_normaliser` gives log P_x exactly
+(:meth:`dpinfer.Conditioned.log_normaliser` with ``nonnegative=True``).
 """
 
 from __future__ import annotations
@@ -26,42 +25,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpinfer._validation import as_integer_array
 from dpinfer.invariants import Invariants
-from dpinfer.mechanisms.conditioned import tabulated_noise
+from dpinfer.mechanisms.conditioned import Conditioned
 
 
-def log_normaliser(base, invariants: Invariants, true_values, *, margin: int | None = None) -> float:
-    """log P(A e = 0, x + e >= 0) under i.i.d. ``base`` noise.
-
-    Totals and group totals: per group the convolution of the cells' noise pmfs, each set to 0
-    below -x_i, evaluated at 0 (:func:`dpinfer.inference.convolution.log_convolution_at`; noise
-    tabulated to a tail mass of 1e-20). Other invariants: a sum over the kernel lattice vectors
-    with entries in [-``margin``, ``margin``] (default: the tabulated noise width), for small
-    problems only (the box has (2 margin + 1)^m points)."""
-    from dpinfer.inference.convolution import log_convolution_at
-
-    x = as_integer_array("true_values", true_values).reshape(-1)
-    if x.size != invariants.n_cells:
-        raise ValueError(f"true_values has {x.size} cells but the invariants cover {invariants.n_cells}")
-    if np.any(x < 0):
-        raise ValueError("true_values must be non-negative counts")
-    k, log_f = tabulated_noise(base)
-    offsets = np.arange(-k, k + 1)
-    log_g = np.where(offsets[None, :] >= -x[:, None], log_f[None, :], -np.inf)
-    if invariants.group_codes is not None:
-        codes = invariants.group_codes
-        log_v, _ = log_convolution_at(log_g, codes, k * np.bincount(codes))
-        return float(np.sum(log_v))
-    C = np.asarray(invariants.kernel_basis())
-    m = C.shape[1]
-    half = k if margin is None else int(margin)
-    if (2 * half + 1) ** m > 5_000_000:
-        raise ValueError(f"the lattice box has (2*{half}+1)^{m} points: too many to enumerate; pass a smaller margin")
-    w = np.indices((2 * half + 1,) * m).reshape(m, -1).T - half
-    e = w @ C.T
-    e = e[np.all((e >= -x) & (np.abs(e) <= k), axis=1)]
-    return float(np.logaddexp.reduce(base.noise_logpdf(e).sum(axis=1)))
+def log_normaliser(base, invariants: Invariants, true_values) -> float:
+    """log P(A e = 0, x + e >= 0) under i.i.d. ``base`` noise: per group by convolution for
+    totals and group totals, with each cell's noise set to 0 below -x_i; otherwise a sum over
+    the class-level noise lattice (:mod:`dpinfer.class_convolution`; noise tabulated to a tail
+    mass of 1e-20 per cell)."""
+    return Conditioned(base, invariants, nonnegative=True).log_normaliser(true_values)
 
 
 @dataclass(frozen=True)

@@ -137,13 +137,14 @@ class IndependenceChainResult:
 
 def run_independence_chain(centre, A, log_f, log_f_proposal, sample_proposal, block: SolvedBlock,
                            *, n_iterations: int, burn_in: int, thin: int = 1, rng,
-                           nonnegative: bool = True, batch: int = 100_000) -> IndependenceChainResult:
+                           nonnegative: bool = True, batch: int = 100_000,
+                           start=None) -> IndependenceChainResult:
     """Seed 000's Algorithm 1 around ``centre`` (s*) for invariants A s = A s* (A full row rank).
 
     ``log_f(e)``: the unconstrained noise's log pmf, elementwise; ``log_f_proposal(e)`` and
     ``sample_proposal(shape, rng)``: the proposal noise for the free cells. Keeps every
-    ``thin``-th state after ``burn_in`` iterations (counted from the first feasible proposal,
-    which is the start)."""
+    ``thin``-th state after ``burn_in`` iterations (counted from the start: ``start`` if given,
+    a point of S*, else the first feasible proposal)."""
     rng = check_rng(rng)
     centre = np.asarray(centre, dtype=np.int64).reshape(-1)
     A = np.asarray(A, dtype=np.int64)
@@ -158,9 +159,14 @@ def run_independence_chain(centre, A, log_f, log_f_proposal, sample_proposal, bl
             log_w = np.where(np.all(s >= 0, axis=1), log_w, -np.inf)
         return s, log_w
 
-    # start: the first proposal in S*
     n_feasible = n_total = 0
-    while True:
+    if start is not None:
+        state = np.asarray(start, dtype=np.int64).reshape(-1)
+        if np.any(A @ state != a) or (nonnegative and np.any(state < 0)):
+            raise ValueError("start must satisfy the invariants A s = A s* (and s >= 0)")
+        e = state - centre
+        state_log_w = float(log_f(e).sum() - log_f_proposal(e[free]).sum())
+    while start is None:  # the first proposal in S*
         s, log_w = proposals(min(batch, 10_000))
         n_total += s.shape[0]
         ok = np.flatnonzero(np.isfinite(log_w))

@@ -17,6 +17,14 @@ mass lost is at most sum_{c in supp z} eta_c prod_{c' != c} sup_v g_{c'}(v), whe
 the cell term g_c = exp(T_c) summed over values outside the box (prior mass <= 1 times the
 likelihood's sup beyond the window) and the row terms are pmf values <= 1. Relative to the
 line's mass inside the box this is the error of one update; each sweep sums log1p of it.
+
+A further factor exp(W(x)) that does not factorise over cells (the x-dependent normaliser of a
+release conditioned on non-negativity) is handled by :func:`corrected_gibbs_sweep`: blocks of
+line updates in palindromic order (moves m_1..m_B, then m_B..m_1) form a proposal kernel that
+is reversible with respect to pi, so accepting its result with probability
+min(1, exp(W(x') - W(x))) leaves pi(x) exp(W(x)) invariant (Metropolis-Hastings with a
+pi-reversible proposal: pi(x) K(x, x') = pi(x') K(x', x), so the Hastings ratio reduces to the
+ratio of the extra factors).
 """
 
 from __future__ import annotations
@@ -207,3 +215,41 @@ def gibbs_sweeps(x, lo, table, log_eta, moves: MovePlan, queries: QueryRows, *,
         changed += n_changed
     total = max(1, n_sweeps * min(n_moves, moves_per_sweep))
     return x, worst, changed / total
+
+
+def corrected_gibbs_sweep(x, lo, table, log_eta, moves: MovePlan, queries: QueryRows, *,
+                          moves_per_sweep: int, block_moves: int, tracker, rng: np.random.Generator):
+    """One sweep of ``moves_per_sweep`` line updates towards pi(x) exp(W(x)) with
+    W = -``tracker``.log_z (module docstring): palindromic blocks of ``block_moves`` moves,
+    each accepted or rejected as a whole. ``tracker`` (e.g.
+    :class:`dpinfer.class_convolution.NormaliserTracker`) must hold ``x``.
+
+    Returns (x, largest block bound on the neglected relative mass, fraction of updates that
+    changed x in accepted blocks, fraction of blocks accepted)."""
+    x = np.array(x, dtype=np.int64)
+    table = np.ascontiguousarray(table, dtype=np.float64)
+    log_eta = np.ascontiguousarray(log_eta, dtype=np.float64)
+    log_sup = np.maximum(table.max(axis=1), log_eta)
+    lo = np.asarray(lo, np.int64)
+    qx = queries.matrix @ x
+    n_moves = len(moves)
+    order = rng.permutation(n_moves) if n_moves <= moves_per_sweep else rng.integers(n_moves, size=moves_per_sweep)
+    worst, changed, accepted, n_blocks = 0.0, 0, 0, 0
+    for start in range(0, order.size, block_moves):
+        chunk = order[start:start + block_moves]
+        path = np.concatenate([chunk, chunk[::-1]]).astype(np.int64)
+        x_new, qx_new = x.copy(), qx.copy()
+        log_bound, n_changed = _sweep(
+            x_new, qx_new, lo, table, log_eta, log_sup, moves.cells, moves.steps, moves.row_ptr,
+            moves.rows, moves.coefs, queries.qmin, queries.starts, queries.lengths, queries.tables,
+            path, rng.random(path.size),
+        )
+        worst = max(worst, float(np.expm1(log_bound)))
+        n_blocks += 1
+        log_z, state = tracker.propose(x_new)
+        if np.log(rng.random()) <= tracker.log_z - log_z:
+            tracker.move(x_new, log_z, state)
+            x, qx = x_new, qx_new
+            changed += n_changed
+            accepted += 1
+    return x, worst, changed / max(1, 2 * order.size), accepted / max(1, n_blocks)

@@ -303,9 +303,11 @@ def test_4ti2_markov_basis_for_a_general_matrix():
 
 def test_markov_basis_unavailable_without_4ti2(monkeypatch):
     monkeypatch.setattr(inv_module.shutil, "which", lambda name: None)
-    inv = Invariants.margins((2, 2, 2), [(0, 1), (0, 2), (1, 2)])
+    inv = Invariants.from_matrix([[1, 1, 1, 1], [0, 1, 2, 3]])  # twisted cubic: distinct columns, m = 2
     with pytest.raises(MarkovBasisUnavailable, match="apt install 4ti2") as err:
         inv.markov_basis()
+    # 2x2x2 with all two-way margins has a one-dimensional kernel: its generator, no 4ti2
+    assert len(Invariants.margins((2, 2, 2), [(0, 1), (0, 2), (1, 2)]).markov_basis()) == 1
     assert "connect" in str(err.value)
     assert isinstance(err.value, RuntimeError)
     # structured cases never need 4ti2
@@ -460,3 +462,39 @@ def test_shape_errors_are_not_reported_as_infeasible():
     with pytest.raises(ValueError) as err:
         inv.is_feasible([1, 2])
     assert not isinstance(err.value, InfeasibleInvariantsError)
+
+
+# --- Markov bases by column classes (no 4ti2) --------------------------------------------------
+
+SEX_BY_AGE = np.array([  # 2 x 4 table: total, first-row total, total of the last 3 columns
+    [1, 1, 1, 1, 1, 1, 1, 1],
+    [1, 1, 1, 1, 0, 0, 0, 0],
+    [0, 1, 1, 1, 0, 1, 1, 1],
+])
+
+
+@pytest.mark.parametrize("A", [
+    SEX_BY_AGE,
+    np.array([[1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1], [1, 0, 1, 1, 0, 1]]),  # classes of 2 and 1 cells
+    np.array([[1, 1, 1, 1, 1], [1, 2, 0, 0, 0]]),  # one-dimensional kernel after classes
+])
+def test_class_lifted_markov_basis_connects_fibres_without_4ti2(monkeypatch, A):
+    monkeypatch.setattr(inv_module.shutil, "which", lambda name: None)
+    inv = Invariants.from_matrix(A)
+    moves = inv.markov_basis()
+    assert np.all(inv.matrix @ moves.dense().T == 0)
+    rng = np.random.default_rng(7)
+    for _ in range(6):
+        a = inv.values(rng.integers(0, 3, size=inv.n_cells))
+        assert connected(inv.fibre(a), moves)
+
+
+def test_one_dimensional_kernel_gives_its_generator():
+    inv = Invariants.from_matrix([[1, 1, 0], [0, 1, 1]])
+    np.testing.assert_array_equal(np.abs(inv.markov_basis().dense()), [[1, 1, 1]])
+
+
+def test_column_classes():
+    codes, distinct = inv_module.column_classes(SEX_BY_AGE)
+    np.testing.assert_array_equal(codes, [0, 1, 1, 1, 2, 3, 3, 3])
+    np.testing.assert_array_equal(distinct[:, codes], SEX_BY_AGE)

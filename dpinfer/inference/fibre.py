@@ -36,15 +36,26 @@ from dpinfer.inference.gibbs import terms_depending_on
 from dpinfer.inference.marginal import NotMarginalisableError, _support, current_value
 from dpinfer.inference.window import initial_half_width, log_eta
 from dpinfer.invariants import Invariants, MoveSet
-from dpinfer.lattice_gibbs import MovePlan, QueryRows, gibbs_sweeps
+from dpinfer.class_convolution import NormaliserTracker
+from dpinfer.lattice_gibbs import MovePlan, QueryRows, corrected_gibbs_sweep, gibbs_sweeps
 from dpinfer.mechanisms.conditioned import Conditioned
 
 MOVES_PER_CELL = 20  # line updates per sweep: all moves, at most this many per cell
+NORMALISER_BLOCK_MOVES = 10  # moves per palindromic block when correcting for Z(x)
 
 
 def cell_mechanism(mechanism):
     """The per-cell noise likelihood of a release (the base law of a conditioned release)."""
     return mechanism.base if isinstance(mechanism, Conditioned) else mechanism
+
+
+def tail_mechanism(mechanism):
+    """The mechanism whose ``log_likelihood_bound_outside`` bounds a cell's term outside the
+    window: the release's own for a release conditioned on non-negativity (its bound includes
+    the range of the x-dependent normaliser), else the per-cell law."""
+    if isinstance(mechanism, Conditioned) and mechanism.nonnegative:
+        return mechanism
+    return cell_mechanism(mechanism)
 
 
 @dataclass
@@ -68,6 +79,15 @@ class FibrePlan:
     constraint_values: np.ndarray
     half_width: int = 0
     moves: MoveSet | None = field(default=None, repr=False)
+    # a release conditioned on non-negativity: its normaliser Z(x) is corrected for by
+    # Metropolis-Hastings when it varies by more than tol over the box
+    normaliser: Conditioned | None = None
+    normaliser_range: float = 0.0
+    tol: float = 0.0  # the normaliser is treated as constant when it varies by at most this
+
+    @property
+    def normaliser_corrected(self) -> bool:
+        return self.normaliser is not None and self.normaliser_range > self.tol
 
     @property
     def n_cells(self) -> int:
@@ -114,7 +134,7 @@ class FibrePlan:
         if not self.identity:
             return np.full(self.n_cells, -np.inf)
         bounds = [
-            log_eta(cell_mechanism(e.record.mechanism), e.value, self.half_width, self.support)
+            log_eta(tail_mechanism(e.record.mechanism), e.value, self.half_width, self.support)
             for e in self.identity
         ]
         return np.min(bounds, axis=0)
@@ -223,14 +243,22 @@ def plan_fibre(model, latent, entries: list[Entry], *, allow_convolution: bool =
             f"latent {name!r} has releases with invariants or queries and further children "
             f"{[v.name for v in children + named]}; this combination is not supported"
         )
+    nonnegative = [e for e in entries
+                   if isinstance(e.record.mechanism, Conditioned) and e.record.mechanism.nonnegative]
+    if any(e.query is not None for e in nonnegative) or len(nonnegative) > 1:
+        raise NotMarginalisableError(
+            f"latent {name!r}: a release conditioned on non-negativity must be a release of the "
+            "counts themselves, and only one such release per latent is supported"
+        )
     single = entries[0]
-    convolution = allow_convolution and (
+    convolution = allow_convolution and not nonnegative and (
         len(entries) == 1 and single.query is None and isinstance(single.record.mechanism, Conditioned)
         and single.record.mechanism.invariants.group_codes is not None
     )
     support = _support(node)
     plan = FibrePlan(name, shape, support, entries, "convolution" if convolution else "fibre",
-                     constraint, constraint_values)
+                     constraint, constraint_values,
+                     normaliser=nonnegative[0].record.mechanism if nonnegative else None)
     if not plan.identity and (support[0] is None or support[1] is None):
         raise NotMarginalisableError(
             f"latent {name!r} has no release of its own cells and an unbounded prior support: "
@@ -262,7 +290,8 @@ def initial_half_width_for(plan: FibrePlan, tol: float, log_margin: float) -> in
     centre = plan.centres()
     log_peak = float(np.min(mech.log_likelihood(e.value, centre)))
     target = np.log(tol) - np.log(plan.n_cells) - log_margin + log_peak
-    return initial_half_width(mech, e.value, log_target=target, support=plan.support)
+    return initial_half_width(tail_mechanism(e.record.mechanism), e.value, log_target=target,
+                              support=plan.support)
 
 
 def widened_half_width(plan: FibrePlan, bound: float, tol: float) -> int:
@@ -272,7 +301,7 @@ def widened_half_width(plan: FibrePlan, bound: float, tol: float) -> int:
         return 2 * plan.half_width
     e = plan.identity[0]
     target = float(np.max(plan.log_eta())) + np.log(tol / (10.0 * bound))
-    k = initial_half_width(cell_mechanism(e.record.mechanism), e.value, log_target=target,
+    k = initial_half_width(tail_mechanism(e.record.mechanism), e.value, log_target=target,
                            support=plan.support)
     return max(plan.half_width + 1, k)
 
@@ -285,6 +314,7 @@ class FibreGibbs(BlockedStep):
     stats_dtypes_shapes = {
         "fibre_neglected_mass_bound": (float, []),
         "fibre_moves_changed": (float, []),
+        "fibre_block_acceptance": (float, []),
     }
 
     def __init__(self, vars, *, model, plans: list[FibrePlan], rng=None):
@@ -312,8 +342,11 @@ class FibreGibbs(BlockedStep):
         are recomputed (numpy), the compiled prior tables are kept."""
         self.plans = plans
         self._parts = []
+        self._trackers = [None] * len(plans)
         for plan in plans:
             lo, width = plan.box()
+            if plan.normaliser is not None:  # how much Z(x) can vary over the box
+                plan.normaliser_range = plan.normaliser.normaliser_range(lo)
             grid = (lo[None, :] + np.arange(width)[:, None]).reshape((width, *plan.shape))
             self._parts.append((grid, plan.release_table(), plan.log_eta(), plan.move_plan(),
                                 plan.query_rows(), lo))
@@ -321,19 +354,38 @@ class FibreGibbs(BlockedStep):
     def step(self, point):
         new = dict(point)
         others = [point[n] for n in self._others]
-        worst, changed = 0.0, []
+        worst, changed, accepted = 0.0, [], []
         parts = zip(self.plans, self._prior_tables, self._parts)
-        for plan, prior_table, (grid, release_table, log_eta_cells, moves, queries, lo) in parts:
+        for j, (plan, prior_table, part) in enumerate(parts):
+            grid, release_table, log_eta_cells, moves, queries, lo = part
             table = prior_table(grid, *others) + release_table
             x = np.asarray(point[plan.latent_name], dtype=np.int64).reshape(-1)
-            x, bound, frac = gibbs_sweeps(
-                x, lo, table, log_eta_cells, moves, queries, n_sweeps=1,
-                moves_per_sweep=min(len(moves), MOVES_PER_CELL * plan.n_cells), rng=self.rng,
-            )
+            n_moves = min(len(moves), MOVES_PER_CELL * plan.n_cells)
+            if plan.normaliser_corrected:
+                x, bound, frac, acc = corrected_gibbs_sweep(
+                    x, lo, table, log_eta_cells, moves, queries, moves_per_sweep=n_moves,
+                    block_moves=NORMALISER_BLOCK_MOVES, tracker=self._tracker(j, x), rng=self.rng,
+                )
+                accepted.append(acc)
+            else:
+                x, bound, frac = gibbs_sweeps(
+                    x, lo, table, log_eta_cells, moves, queries, n_sweeps=1,
+                    moves_per_sweep=n_moves, rng=self.rng,
+                )
             new[plan.latent_name] = x.reshape(plan.shape)
             worst = max(worst, bound)
             changed.append(frac)
-        return new, [{"fibre_neglected_mass_bound": worst, "fibre_moves_changed": float(np.mean(changed))}]
+        return new, [{"fibre_neglected_mass_bound": worst, "fibre_moves_changed": float(np.mean(changed)),
+                      "fibre_block_acceptance": float(np.mean(accepted)) if accepted else 1.0}]
+
+    def _tracker(self, j: int, x: np.ndarray) -> NormaliserTracker:
+        """The normaliser tracker of plan j, rebuilt when the chain's state is not its own (a
+        new chain in this process)."""
+        tracker = self._trackers[j]
+        if tracker is None or not np.array_equal(tracker.x, x):
+            tracker = NormaliserTracker(self.plans[j].normaliser.class_lattice(), x)
+            self._trackers[j] = tracker
+        return tracker
 
     @staticmethod
     def competence(var, has_grad):

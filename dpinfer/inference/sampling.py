@@ -114,6 +114,7 @@ def sample(
         k = max(_initial_half_width(plan, tol), cached_widths.get(plan.latent_name, 0))
         plan.window = make_window(plan.mechanism, plan.release_value, plan.support, k)
     for plan in fibre_plans:
+        plan.tol = tol
         plan.half_width = max(
             initial_half_width_for(plan, tol, np.log(1e8 * MOVES_PER_CELL)),
             cached_widths.get(plan.latent_name, 0),
@@ -265,6 +266,19 @@ def _fibre_report(idata, plans, tol):
             "max_relative_error_bound": bound,
             "tol": tol,
         }
+        if plan.normaliser is not None:
+            report[plan.latent_name]["nonnegativity"] = {
+                "normaliser_log_range_on_window": plan.normaliser_range,
+                "metropolis_corrected": plan.normaliser_corrected,
+                "block_acceptance": float(np.mean(stats["fibre_block_acceptance"].values)),
+                "note": (
+                    "log P(A e = 0, x + e >= 0) varies by the stated range over the window; "
+                    + ("above tol, so palindromic blocks of line updates are accepted by "
+                       "Metropolis-Hastings on the normaliser ratio" if plan.normaliser_corrected
+                       else "within tol: non-negativity cannot bind there and the normaliser "
+                       "is treated as constant")
+                ),
+            }
         if not bound <= tol:
             failed[plan.latent_name] = bound
     return report, failed

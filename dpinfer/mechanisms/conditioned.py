@@ -11,6 +11,12 @@ true counts on their fibre {x : A x = A s, x >= 0} (inference notes §2-§3). Wi
 geometric f (a = exp(-epsilon)) this is seed 001's generalized l1 Laplace mechanism on the
 kernel lattice, and seed 000's congenial mechanism restricted to equality invariants.
 
+With ``nonnegative=True`` the noise is also conditioned on x + e >= 0 (seed 000's congenial
+mechanism with non-negativity): p(s | x) = prod_i f(s_i - x_i) / P(A e = 0, x + e >= 0) on
+{A s = A x, s >= 0}; the normaliser now depends on x and the privacy loss is at most
+(1 + gamma) epsilon ||x - x'||_1 / Delta, gamma <= 1 (seed 000 Theorem 2.1,
+:mod:`dpinfer.congenial`).
+
 Privacy: for data sets with equal invariants the log-ratio is
 log f(s - x) - log f(s - x') and the normaliser cancels; for a pure-DP base with noise
 exp(-epsilon |e| / Delta) the loss is at most epsilon ||x - x'||_1 / Delta (a person moving
@@ -23,6 +29,8 @@ from __future__ import annotations
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
+from pytensor.graph.basic import Apply
+from pytensor.graph.op import Op
 
 from dpinfer._validation import as_integer_array, check_probability, check_rng
 from dpinfer.invariants import Invariants
@@ -48,7 +56,8 @@ def tabulated_noise(base) -> tuple[int, np.ndarray]:
 
 
 class Conditioned(Mechanism):
-    """``base`` noise conditioned on ``invariants``: A e = 0, so A release = A truth exactly.
+    """``base`` noise conditioned on ``invariants``: A e = 0, so A release = A truth exactly;
+    with ``nonnegative=True`` also on release >= 0 (seed 000's congenial mechanism).
 
     Parameters
     ----------
@@ -56,15 +65,32 @@ class Conditioned(Mechanism):
         A discrete additive mechanism (``DoubleGeometric``, ``DiscreteGaussian``).
     invariants
         An :class:`~dpinfer.invariants.Invariants` on the released cells (flattened in C order).
+    nonnegative
+        Condition on a non-negative release too. The normaliser P(A e = 0, x + e >= 0) then
+        depends on the true counts x (reference note 000 §2.6) and the privacy loss grows to
+        (1 + gamma) epsilon, gamma <= 1 (Theorem 2.1); see :meth:`congenial`.
     burn_in_sweeps
-        Sweeps of the noise chain used by :meth:`release` when the invariants are not one
-        total or disjoint group totals (see :meth:`sample_noise`).
+        Sweeps of the simulation-grade noise chain used when the invariants' class lattice is
+        too large to enumerate (see :meth:`sample_noise`).
+
+    Samplers, by grade
+    ------------------
+    * ``release(x, rng)`` is **curator-grade**: i.i.d. proposals from the base's exact
+      integer-arithmetic sampler, accepted when A e = 0 (and x + e >= 0); group by group for
+      totals and group totals, the whole vector otherwise. Rejection sampling draws exactly
+      from the conditional law; the expected number of proposals, 1 / P(accept), is computed
+      first and a release that would need more than ``max_proposals`` is refused.
+    * ``release(x, rng, grade="simulation")`` and :meth:`sample_noise` are
+      **simulation-grade**: exact joint draws from the noise tabulated to a tail mass of 1e-20
+      per cell (:mod:`dpinfer.class_convolution`) where the class lattice can be enumerated;
+      otherwise MCMC (Gibbs along Markov moves from e = 0 for equality invariants, seed 000's
+      Algorithm 1 from a data-free start for non-negativity). Use it for studies.
     """
 
     discrete = True
-    exact_sampler = False  # noise tabulated on [-K, K]; general invariants use MCMC (issue 4)
+    exact_sampler = True  # release() is curator-grade (rejection from the exact base sampler)
 
-    def __init__(self, base, invariants, *, burn_in_sweeps: int = 200):
+    def __init__(self, base, invariants, *, nonnegative: bool = False, burn_in_sweeps: int = 200):
         if not isinstance(base, AdditiveMechanism) or not base.discrete:
             raise TypeError(
                 "base must be a discrete additive mechanism (DoubleGeometric, DiscreteGaussian); "
@@ -72,13 +98,31 @@ class Conditioned(Mechanism):
             )
         if not isinstance(invariants, Invariants):
             raise TypeError(f"invariants must be a dpinfer.Invariants, got {type(invariants).__name__}")
+        if not isinstance(nonnegative, (bool, np.bool_)):
+            raise TypeError(f"nonnegative must be True or False, got {nonnegative!r}")
         if int(burn_in_sweeps) != burn_in_sweeps or burn_in_sweeps < 1:
             raise ValueError(f"burn_in_sweeps must be a positive integer, got {burn_in_sweeps!r}")
         self.base = base
         self.invariants = invariants
+        self.nonnegative = bool(nonnegative)
         self.burn_in_sweeps = int(burn_in_sweeps)
         self._noise_table = None
         self._log_normaliser = None
+        self._lattice = None
+        self._range_from_zero = None
+
+    @classmethod
+    def congenial(cls, epsilon, invariants, *, sensitivity=1, neighbour: str = "add-remove"):
+        """Seed 000's recipe for a target epsilon: ``DoubleGeometric(epsilon / 2)`` conditioned
+        on the invariants and non-negativity, which is (1 + gamma) epsilon / 2 <= epsilon-DP
+        (Theorem 2.1, gamma <= 1) between data sets with equal invariants."""
+        from dpinfer.mechanisms.geometric import DoubleGeometric
+
+        epsilon = float(epsilon)
+        if not np.isfinite(epsilon) or epsilon <= 0:
+            raise ValueError(f"epsilon must be a positive number, got {epsilon!r}")
+        return cls(DoubleGeometric(epsilon / 2, sensitivity=sensitivity, neighbour=neighbour),
+                   invariants, nonnegative=True)
 
     # --- privacy -------------------------------------------------------------------------
     @property
@@ -88,6 +132,15 @@ class Conditioned(Mechanism):
             raise ValueError(
                 "the privacy of an approximate-DP base conditioned on invariants is not derived "
                 "here (conditioning changes delta); use a pure-DP base such as DoubleGeometric"
+            )
+        if self.nonnegative:
+            return PrivacyGuarantee(
+                2 * base.epsilon, 0.0, base.sensitivity, "equal-invariants", "l1",
+                note=(
+                    f"seed 000 Theorem 2.1: loss <= (1 + gamma) {base.epsilon:g} ||x - x'||_1 / "
+                    f"{base.sensitivity:g} with gamma <= 1 (the normaliser P(A e = 0, x + e >= 0) "
+                    "depends on x); gamma* on small cases: dpinfer.congenial.congenial_privacy_audit"
+                ),
             )
         return PrivacyGuarantee(
             base.epsilon, 0.0, base.sensitivity, "equal-invariants", "l1",
@@ -100,10 +153,18 @@ class Conditioned(Mechanism):
     def audit(self, max_true: int = 3, margin: int = 12) -> PrivacyAudit:
         """Exact check on this mechanism's invariants when they have at most 4 cells, else on
         a total over 3 cells: every pair of true vectors x, x' in {0..max_true}^d with equal
-        invariants, every release s with |s_i - x_i| <= margin on the fibre; the measured
-        epsilon is the largest log p(s|x)/p(s|x') divided by ||x - x'||_1 / sensitivity."""
+        invariants, every release s with |s_i - x_i| <= margin on the fibre (and s >= 0 with
+        ``nonnegative``, both normalisers included); the measured epsilon is the largest
+        log p(s|x)/p(s|x') divided by ||x - x'||_1 / sensitivity."""
+        from dpinfer.congenial import congenial_privacy_audit
+
         inv = self.invariants if self.invariants.n_cells <= 4 else Invariants.total(3)
         claim = self.privacy
+        if self.nonnegative:
+            result = congenial_privacy_audit(self.base, inv, max_true=max_true, margin=margin)
+            return PrivacyAudit(claim.epsilon, 0.0, result.measured_epsilon, 0.0,
+                                f"enumeration on {inv.kind} invariants over {inv.n_cells} cells "
+                                f"with non-negativity (gamma* = {result.gamma:.4g})")
         d = inv.n_cells
         grid = np.stack(np.meshgrid(*[np.arange(max_true + 1)] * d, indexing="ij"), -1).reshape(-1, d)
         values = inv.values(grid)
@@ -132,13 +193,72 @@ class Conditioned(Mechanism):
             )
         return release
 
-    def release(self, true_values, rng: np.random.Generator) -> np.ndarray:
+    def _check_truth(self, true_values) -> np.ndarray:
         x = as_integer_array("true_values", true_values)
         if x.size != self.invariants.n_cells:
             raise ValueError(
                 f"true_values has {x.size} cells but the invariants cover {self.invariants.n_cells}"
             )
-        return x + self.sample_noise(rng).reshape(x.shape)
+        if self.nonnegative and np.any(x < 0):
+            raise ValueError("true_values must be non-negative counts for a release conditioned "
+                             "on non-negativity")
+        return x
+
+    def release(self, true_values, rng: np.random.Generator, *, grade: str = "curator",
+                max_proposals: float = 1e8) -> np.ndarray:
+        """A release x + e. ``grade="curator"`` (default): exact rejection sampling from the
+        base's integer-arithmetic sampler (class docstring), refused if the expected number of
+        noise draws exceeds ``max_proposals``; ``grade="simulation"``: :meth:`sample_noise`."""
+        x = self._check_truth(true_values)
+        rng = check_rng(rng)
+        if grade == "simulation":
+            return x + self.sample_noise(rng, true_values=x).reshape(x.shape)
+        if grade != "curator":
+            raise ValueError(f"grade must be 'curator' or 'simulation', got {grade!r}")
+        return x + self._rejection_noise(x.reshape(-1), rng, float(max_proposals)).reshape(x.shape)
+
+    def _rejection_noise(self, x: np.ndarray, rng, max_proposals: float) -> np.ndarray:
+        """Exact draw of e given A e = 0 (and x + e >= 0): i.i.d. exact base draws, the first
+        accepted one kept; per group when the invariants are group totals."""
+        codes = self.invariants.group_codes
+        blocks = ([np.flatnonzero(codes == g) for g in range(codes.max() + 1)] if codes is not None
+                  else [np.arange(x.size)])
+        log_accept = self._log_acceptance(x, blocks)
+        expected = float(np.sum([b.size * np.exp(-la) for b, la in zip(blocks, log_accept)]))
+        if not expected <= max_proposals:
+            raise RuntimeError(
+                f"curator-grade rejection sampling would need about {expected:.3g} noise draws "
+                f"(max_proposals = {max_proposals:.3g}); raise max_proposals, or use "
+                "grade='simulation' for studies"
+            )
+        out = np.empty(x.size, np.int64)
+        for cells, la in zip(blocks, log_accept):
+            if cells.size == 1 and not self.nonnegative:
+                out[cells] = 0
+                continue
+            batch = int(min(max(64, 2 * np.exp(-la)), max(64, 2_000_000 // cells.size)))
+            while True:
+                e = self.base.sample_noise((batch, cells.size), rng).astype(np.int64)
+                ok = np.all(self.invariants.constraint_matrix[:, cells] @ e.T == 0, axis=0)
+                if self.nonnegative:
+                    ok &= np.all(e >= -x[cells], axis=1)
+                hit = np.flatnonzero(ok)
+                if hit.size:
+                    out[cells] = e[hit[0]]
+                    break
+        return out
+
+    def _log_acceptance(self, x: np.ndarray, blocks: list) -> list:
+        """log P(accept) of each rejection block (its share of the normaliser); 0 when it cannot
+        be computed (then no refusal is made on cost)."""
+        codes = self.invariants.group_codes
+        lower = -x if self.nonnegative else None
+        if codes is not None:
+            return list(self._group_log_masses(lower))
+        try:
+            return [self._log_mass(lower)]
+        except ValueError:
+            return [0.0]
 
     def noise_table(self) -> tuple[int, np.ndarray]:
         """(K, log f(-K..K)): the base noise tabulated by :func:`tabulated_noise`."""
@@ -146,22 +266,52 @@ class Conditioned(Mechanism):
             self._noise_table = tabulated_noise(self.base)
         return self._noise_table
 
-    def sample_noise(self, rng: np.random.Generator, size=None) -> np.ndarray:
-        """Noise e with A e = 0: exact joint draws by convolution for a total or group totals
-        (inference notes §2, backward sampling); otherwise ``burn_in_sweeps`` sweeps of exact
-        Gibbs updates along the invariants' Markov moves, started at e = 0 (a start that
-        depends on no data), which is MCMC and simulation-grade."""
+    def class_lattice(self):
+        """The :class:`~dpinfer.class_convolution.ClassLattice` of the invariants and the
+        tabulated base noise (cached)."""
+        from dpinfer.class_convolution import ClassLattice
+
+        if self._lattice is None:
+            k, log_f = self.noise_table()
+            self._lattice = ClassLattice(self.invariants, k, log_f)
+        return self._lattice
+
+    def sample_noise(self, rng: np.random.Generator, size=None, *, true_values=None) -> np.ndarray:
+        """Simulation-grade noise e with A e = 0 (and x + e >= 0 for ``true_values`` x when
+        ``nonnegative``): exact joint draws from the tabulated noise where the class lattice can
+        be enumerated (:mod:`dpinfer.class_convolution`); otherwise MCMC: ``burn_in_sweeps``
+        sweeps of exact Gibbs updates along the invariants' Markov moves from e = 0, or, with
+        non-negativity, seed 000's Algorithm 1 (:meth:`independence_chain_noise`)."""
+        rng = check_rng(rng)
+        n = 1 if size is None else int(size)
+        lower = None
+        if self.nonnegative:
+            if true_values is None:
+                raise ValueError("true_values is needed: the noise conditioned on x + e >= 0 depends on x")
+            lower = -self._check_truth(true_values).reshape(-1)
+        try:
+            out = self._exact_noise(rng, n, lower)
+        except ValueError as err:
+            if "too many to enumerate" not in str(err):
+                raise
+            out = (self.independence_chain_noise(-lower, rng, n) if self.nonnegative
+                   else self._gibbs_noise(rng, n))
+        return out[0] if size is None else out
+
+    def _exact_noise(self, rng, n: int, lower) -> np.ndarray:
         from dpinfer.inference.convolution import sample_given_sums
 
-        rng = check_rng(rng)
+        codes = self.invariants.group_codes
+        if codes is not None:  # one class per group: each group's cells given a zero sum
+            k, _ = self.noise_table()
+            table = np.ascontiguousarray(self.class_lattice().cell_log_pmfs(lower))
+            return sample_given_sums(table, codes, k * np.bincount(codes), rng, size=n) - k
+        return self.class_lattice().sample(rng, n, lower=lower)
+
+    def _gibbs_noise(self, rng, n: int) -> np.ndarray:
         k, log_f = self.noise_table()
         d = self.invariants.n_cells
         log_g = np.broadcast_to(log_f, (d, log_f.size))
-        if self.invariants.group_codes is not None:
-            codes = self.invariants.group_codes
-            targets = k * np.bincount(codes)
-            return sample_given_sums(log_g, codes, targets, rng, size=size) - k
-        n = 1 if size is None else int(size)
         moves = self.invariants.markov_basis()
         plan = MovePlan.build(moves.cells, moves.steps, np.zeros((0, d), np.int64))
         out = np.empty((n, d), dtype=np.int64)
@@ -171,55 +321,144 @@ class Conditioned(Mechanism):
                 QueryRows.empty(d), n_sweeps=self.burn_in_sweeps, moves_per_sweep=len(plan), rng=rng,
             )
             out[r] = e
-        return out[0] if size is None else out
+        return out
+
+    def independence_chain_noise(self, true_values, rng, n: int, *, proposal_epsilon=None,
+                                 iterations_per_draw: int = 20_000) -> np.ndarray:
+        """Seed 000's Algorithm 1 (:mod:`dpinfer.independence_sampler`), one chain per draw,
+        for a double geometric base: proposal epsilon~ = ``proposal_epsilon`` (default the
+        base's, rescaled by 1.2 as in seed 000 §3.2). Safe start: the chain starts at
+        ``Invariants.feasible_point(A x)``, a function of the public invariants only, so the
+        confidential x enters through the proposals' weights alone; all
+        ``iterations_per_draw`` iterations are burn-in and the last state is kept. No TV bound
+        is computed: simulation-grade."""
+        from dpinfer.independence_sampler import run_independence_chain, unimodular_block
+        from dpinfer.mechanisms.geometric import DoubleGeometric
+
+        if not isinstance(self.base, DoubleGeometric):
+            raise TypeError("Algorithm 1 is implemented for a DoubleGeometric base")
+        x = self._check_truth(true_values).reshape(-1)
+        A = self.invariants.matrix
+        start = self.invariants.feasible_point(A @ x)
+        eps = self.base.epsilon * 1.2 if proposal_epsilon is None else float(proposal_epsilon)
+        proposal = DoubleGeometric(eps, sensitivity=self.base.sensitivity)
+        block = unimodular_block(A)
+        out = np.empty((n, x.size), np.int64)
+        for r in range(n):
+            chain = run_independence_chain(
+                x, A, self.base.noise_logpdf, proposal.noise_logpdf,
+                lambda shape, g: proposal.sample_noise(shape, g), block,
+                n_iterations=iterations_per_draw, burn_in=iterations_per_draw - 1, rng=rng,
+                nonnegative=True, start=start,
+            )
+            out[r] = chain.draws[-1] - x
+        return out
 
     # --- likelihood --------------------------------------------------------------------------
-    def log_normaliser(self) -> float:
-        """log P(A e = 0) under the base noise: a convolution per group (inference notes §2)
-        for a total or group totals; not computed for other invariants."""
+    def _group_log_masses(self, lower) -> np.ndarray:
+        """Per group, log P(sum of the group's noise = 0, e >= lower) by convolution."""
         from dpinfer.inference.convolution import log_convolution_at
 
-        if self.invariants.group_codes is None:
-            raise ValueError(
-                "log P(A e = 0) is computed for one total or group totals only; for "
-                f"{self.invariants.kind!r} invariants the likelihood is given up to this "
-                "constant (it does not depend on the true counts)"
-            )
+        k, _ = self.noise_table()
+        codes = self.invariants.group_codes
+        table = self.class_lattice().cell_log_pmfs(lower)
+        log_v, _ = log_convolution_at(table, codes, k * np.bincount(codes))
+        return log_v
+
+    def _log_mass(self, lower) -> float:
+        """log P(A e = 0, e >= lower): by group for totals and group totals, else by the class
+        lattice (raises ValueError when it is too large to enumerate)."""
+        if self.invariants.group_codes is not None:
+            return float(np.sum(self._group_log_masses(lower)))
+        lattice = self.class_lattice()
+        return lattice.log_mass(lattice.class_sums(lower))
+
+    def log_normaliser(self, true_values=None) -> float:
+        """log P(A e = 0) under the base noise, or with ``nonnegative`` log P(A e = 0, x + e >= 0)
+        for the true counts x = ``true_values``: a convolution per group for totals and group
+        totals, else a sum over the class-level noise lattice (:mod:`dpinfer.class_convolution`);
+        raises ValueError when that lattice is too large to enumerate."""
+        if self.nonnegative:
+            if true_values is None:
+                raise ValueError("true_values is needed: with non-negativity the normaliser "
+                                 "P(A e = 0, x + e >= 0) depends on the true counts x")
+            return self._log_mass(-self._check_truth(true_values).reshape(-1))
         if self._log_normaliser is None:
-            k, log_f = self.noise_table()
-            codes = self.invariants.group_codes
-            log_g = np.broadcast_to(log_f, (codes.size, log_f.size))
-            log_v, _ = log_convolution_at(log_g, codes, k * np.bincount(codes))
-            self._log_normaliser = float(np.sum(log_v))
+            try:
+                self._log_normaliser = self._log_mass(None)
+            except ValueError as err:
+                self._log_normaliser = err
+        if isinstance(self._log_normaliser, ValueError):
+            raise ValueError(
+                f"log P(A e = 0) is not computed for these {self.invariants.kind!r} invariants "
+                f"({self._log_normaliser}); the likelihood is given up to this constant, which "
+                "does not depend on the true counts"
+            )
         return self._log_normaliser
 
+    def normaliser_is_exact(self) -> bool:
+        """Whether :meth:`log_likelihood` includes the normaliser (it is left out, as an
+        x-independent constant, only for equality invariants too large to enumerate)."""
+        try:
+            return self.nonnegative or isinstance(self.log_normaliser(), float)
+        except ValueError:
+            return False
+
     def _constant(self) -> float:
-        """log P(A e = 0) where it is computed, else 0 (the likelihood is then given up to
-        an x-independent constant)."""
-        return self.log_normaliser() if self.invariants.group_codes is not None else 0.0
+        """log P(A e = 0) where it is computed, else 0 (equality invariants only)."""
+        return self.log_normaliser() if self.normaliser_is_exact() else 0.0
 
     def log_likelihood(self, release, true_values) -> float:
-        """log p(s | x) = sum_i log f(s_i - x_i) - log P(A e = 0) if A s = A x, else -inf
-        (one number for the whole vector; the constant is omitted for invariants other than
-        totals, see :meth:`log_normaliser`)."""
+        """log p(s | x) = sum_i log f(s_i - x_i) - log P(A e = 0) if A s = A x, else -inf;
+        with ``nonnegative``, the normaliser is log P(A e = 0, x + e >= 0) and s must be >= 0
+        (one number for the whole vector; see :meth:`normaliser_is_exact`)."""
         s = self.check_release(release).reshape(-1)
         x = as_integer_array("true_values", true_values).reshape(-1)
         if x.size != s.size:
             raise ValueError(f"true_values has {x.size} cells but release has {s.size}")
         if np.any(self.invariants.values(s) != self.invariants.values(x)):
             return -np.inf
+        if self.nonnegative:
+            if np.any(s < 0) or np.any(x < 0):
+                return -np.inf
+            return float(np.sum(self.base.noise_logpdf(s - x)) - self.log_normaliser(x))
         return float(np.sum(self.base.noise_logpdf(s - x)) - self._constant())
+
+    def normaliser_range(self, lower_counts) -> float:
+        """With ``nonnegative``: max - min of log P(A e = 0, x + e >= 0) over all counts
+        x >= ``lower_counts`` (elementwise), i.e. log P(A e = 0) - log P(A e = 0, e >= -lower)
+        (the normaliser increases in every x_i). 0 without non-negativity. Over
+        x >= 0 this bounds how much the x-dependent normaliser can reweight any two count
+        vectors; over a window's lower ends it says whether non-negativity can bind there."""
+        if not self.nonnegative:
+            return 0.0
+        lower = np.maximum(as_integer_array("lower_counts", lower_counts).reshape(-1), 0)
+        if lower.size != self.invariants.n_cells:
+            raise ValueError(f"lower_counts has {lower.size} cells but the invariants cover "
+                             f"{self.invariants.n_cells}")
+        return max(0.0, self._log_mass(None) - self._log_mass(-lower))
 
     def log_likelihood_bound_outside(self, release, k, *, support=(-np.inf, np.inf)) -> np.ndarray:
         """Per cell, the base noise's bound: the likelihood's factor for cell i is
         f(s_i - x_i) <= sup_{|e| > k} f(e) outside the window (the constant normaliser is
-        accounted for by the convolution bound, see ``dpinfer.inference.sampling``)."""
-        return self.base.log_likelihood_bound_outside(self.check_release(release), k, support=support)
+        accounted for by the convolution bound, see ``dpinfer.inference.sampling``). With
+        ``nonnegative`` the bound is multiplied by P(A e = 0) / P(A e = 0, e >= 0), the
+        largest ratio of the x-dependent normaliser between two count vectors
+        (:meth:`normaliser_range` over x >= 0)."""
+        s = self.check_release(release)
+        bound = self.base.log_likelihood_bound_outside(s, k, support=support)
+        if self.nonnegative and self._range_from_zero is None:
+            self._range_from_zero = self.normaliser_range(np.zeros(s.size, np.int64))
+        return bound + (self._range_from_zero if self.nonnegative else 0.0)
 
     def check_invariants(self, release) -> np.ndarray:
         """The release, after checking that its invariants are a feasible target for
-        non-negative counts (else the release cannot come from this mechanism)."""
+        non-negative counts (else the release cannot come from this mechanism), and with
+        ``nonnegative`` that it is non-negative."""
         release = self.check_release(release)
+        if self.nonnegative and np.any(release < 0):
+            raise ValueError("the release has negative cells; it cannot come from a mechanism "
+                             "conditioned on non-negativity (nonnegative=True)")
         a = self.invariants.values(release.reshape(-1))
         if not self.invariants.is_feasible(a):
             raise ValueError(
@@ -235,19 +474,27 @@ class Conditioned(Mechanism):
         return super().observe(name, true_values, observed, dims=dims, model=model)
 
     def dist(self, true_values):
-        """Release given symbolic true values: per cell log f(s_i - x_i) - log P(A e = 0)/d,
-        -inf everywhere when A s != A x; draws use :meth:`release`. Only the sum over cells is
-        meaningful (the normaliser is spread evenly)."""
+        """Release given symbolic true values: per cell log f(s_i - x_i) - log Z(x)/d, with
+        Z(x) = P(A e = 0) (or P(A e = 0, x + e >= 0) with ``nonnegative``, an Op without
+        gradient: the counts are discrete); -inf everywhere when A s != A x (or s < 0 with
+        ``nonnegative``). Draws are simulation-grade. Only the sum over cells is meaningful
+        (the normaliser is spread evenly)."""
         base, matrix = self.base, self.invariants.constraint_matrix
-        constant = self._constant() / self.invariants.n_cells
+        d = self.invariants.n_cells
+        constant = None if self.nonnegative else self._constant() / d
+        normaliser = _LogNormaliserOp(self) if self.nonnegative else None
 
         def logp(value, mu):
             terms = pm.logp(base.dist(mu), value)
             gap = pt.dot(pt.constant(matrix), (value - mu).reshape((-1,)))
-            return pt.switch(pt.all(pt.eq(gap, 0)), terms - constant, -np.inf)
+            ok = pt.all(pt.eq(gap, 0))
+            if normaliser is None:
+                return pt.switch(ok, terms - constant, -np.inf)
+            ok = ok & pt.all(pt.ge(value, 0))
+            return pt.switch(ok, terms - normaliser(mu.reshape((-1,))) / d, -np.inf)
 
         def random(mu, rng=None, size=None):
-            return self.release(np.asarray(mu, dtype=np.int64), rng)
+            return self.release(np.asarray(mu, dtype=np.int64), rng, grade="simulation")
 
         return pm.CustomDist.dist(
             true_values, logp=logp, random=random, dtype="int64",
@@ -256,13 +503,20 @@ class Conditioned(Mechanism):
 
     # --- utility -----------------------------------------------------------------------------
     def bias(self, true_values) -> np.ndarray:
-        """0: the conditioned noise law is symmetric (e and -e satisfy A e = 0 together)."""
-        return np.zeros(np.shape(as_integer_array("true_values", true_values)))
+        """E(e_i): 0 for equality invariants (e and -e satisfy A e = 0 together); with
+        ``nonnegative``, from the exact marginals (totals and group totals; conditioning on
+        x + e >= 0 pushes small cells up)."""
+        x = as_integer_array("true_values", true_values)
+        if not self.nonnegative:
+            return np.zeros(x.shape)
+        k, marginals = self.noise_marginals(x)
+        return (marginals @ np.arange(-k, k + 1).astype(float)).reshape(x.shape)
 
-    def noise_marginals(self) -> tuple[int, np.ndarray]:
-        """(K, P) with P[i, k + K] = P(e_i = k | A e = 0) for k in -K..K, exactly by convolution
-        for a total or group totals: for a group of n cells,
-        P(e_i = k | S_n = 0) = f(k) P(S_{n-1} = -k) / P(S_n = 0) (inference notes §2)."""
+    def noise_marginals(self, true_values=None) -> tuple[int, np.ndarray]:
+        """(K, P) with P[i, k + K] = P(e_i = k | A e = 0) (and x + e >= 0 for ``true_values``
+        x with ``nonnegative``) for k in -K..K, exactly by convolution for a total or group
+        totals: for a group of n cells, P(e_i = k | S_n = 0) = g_i(k) P(S_{-i} = -k) / P(S_n = 0)
+        with g_i the (truncated) cell pmf (inference notes §2)."""
         from dpinfer.inference.convolution import log_convolution_at
 
         if self.invariants.group_codes is None:
@@ -270,28 +524,36 @@ class Conditioned(Mechanism):
                 "the conditioned noise marginals are computed for one total or group totals only, "
                 f"not for {self.invariants.kind!r} invariants"
             )
-        k, log_f = self.noise_table()
+        lower = None
+        if self.nonnegative:
+            if true_values is None:
+                raise ValueError("true_values is needed: with non-negativity the noise law depends on x")
+            lower = -self._check_truth(true_values).reshape(-1)
+        k, _ = self.noise_table()
         codes = self.invariants.group_codes
-        log_g = np.broadcast_to(log_f, (codes.size, log_f.size))
-        _, marginals = log_convolution_at(log_g, codes, k * np.bincount(codes))
+        _, marginals = log_convolution_at(self.class_lattice().cell_log_pmfs(lower), codes,
+                                          k * np.bincount(codes))
         return k, marginals
 
     def variance(self, true_values) -> np.ndarray:
-        """Var(e_i | A e = 0) from :meth:`noise_marginals` (totals and group totals)."""
+        """Var(e_i | A e = 0 [, x + e >= 0]) from :meth:`noise_marginals` (totals and group
+        totals)."""
         x = as_integer_array("true_values", true_values)
-        k, marginals = self.noise_marginals()
-        offsets = np.arange(-k, k + 1)
-        return (marginals @ offsets.astype(float) ** 2).reshape(x.shape)
+        k, marginals = self.noise_marginals(x if self.nonnegative else None)
+        offsets = np.arange(-k, k + 1).astype(float)
+        mean = marginals @ offsets
+        return (marginals @ offsets ** 2 - mean ** 2).reshape(x.shape)
 
     def release_interval(self, true_values, prob: float = 0.9):
         """Per cell [x_i - q_i, x_i + q_i] with q_i the smallest q such that
-        P(|e_i| <= q | A e = 0) >= prob, from the exact conditioned marginals (totals and group
-        totals, to 1e-12; cells in groups of different sizes get different q_i)."""
+        P(|e_i| <= q | A e = 0 [, x + e >= 0]) >= prob, from the exact conditioned marginals
+        (totals and group totals, to 1e-12; cells in groups of different sizes get different
+        q_i)."""
         x = as_integer_array("true_values", true_values)
         prob = check_probability(prob)
         if x.size != self.invariants.n_cells:
             raise ValueError(f"true_values has {x.size} cells but the invariants cover {self.invariants.n_cells}")
-        k, marginals = self.noise_marginals()
+        k, marginals = self.noise_marginals(x if self.nonnegative else None)
         # P(|e_i| <= q) for q = 0..K: the centre plus both sides
         central = np.cumsum(marginals[:, k:], axis=1) + np.concatenate(
             [np.zeros((marginals.shape[0], 1)), np.cumsum(marginals[:, k - 1::-1], axis=1)], axis=1)
@@ -299,4 +561,24 @@ class Conditioned(Mechanism):
         return x - q, x + q
 
     def __repr__(self) -> str:
-        return f"Conditioned({self.base!r}, {self.invariants!r})"
+        extra = ", nonnegative=True" if self.nonnegative else ""
+        return f"Conditioned({self.base!r}, {self.invariants!r}{extra})"
+
+
+class _LogNormaliserOp(Op):
+    """log P(A e = 0, x + e >= 0) of a non-negativity-conditioned mechanism at integer x
+    (no gradient: x is a vector of counts)."""
+
+    __props__ = ("mechanism",)
+
+    def __init__(self, mechanism: Conditioned):
+        self.mechanism = mechanism
+
+    def make_node(self, x):
+        x = pt.as_tensor_variable(x)
+        return Apply(self, [x], [pt.dscalar()])
+
+    def perform(self, node, inputs, output_storage):
+        x = np.asarray(inputs[0])
+        value = self.mechanism.log_normaliser(x) if np.all(x >= 0) else np.inf
+        output_storage[0][0] = np.asarray(value, dtype=np.float64)
