@@ -294,7 +294,7 @@ class Conditioned(Mechanism):
         except ValueError as err:
             if "too many to enumerate" not in str(err):
                 raise
-            out = (self.independence_chain_noise(-lower, rng, n) if self.nonnegative
+            out = (self.independence_chain_noise(-lower, rng, n, thin=1000) if self.nonnegative
                    else self._gibbs_noise(rng, n))
         return out[0] if size is None else out
 
@@ -324,14 +324,13 @@ class Conditioned(Mechanism):
         return out
 
     def independence_chain_noise(self, true_values, rng, n: int, *, proposal_epsilon=None,
-                                 iterations_per_draw: int = 20_000) -> np.ndarray:
-        """Seed 000's Algorithm 1 (:mod:`dpinfer.independence_sampler`), one chain per draw,
-        for a double geometric base: proposal epsilon~ = ``proposal_epsilon`` (default the
-        base's, rescaled by 1.2 as in seed 000 §3.2). Safe start: the chain starts at
-        ``Invariants.feasible_point(A x)``, a function of the public invariants only, so the
-        confidential x enters through the proposals' weights alone; all
-        ``iterations_per_draw`` iterations are burn-in and the last state is kept. No TV bound
-        is computed: simulation-grade."""
+                                 burn_in: int = 20_000, thin: int = 50) -> np.ndarray:
+        """``n`` states of seed 000's Algorithm 1 (:mod:`dpinfer.independence_sampler`) for a
+        double geometric base, every ``thin``-th after ``burn_in`` iterations of one chain;
+        proposal epsilon~ = ``proposal_epsilon`` (default 1.2 x the base's, the ratio of seed
+        000 §3.2). Safe start: ``Invariants.feasible_point(A x)``, a function of the public
+        invariants only, so the confidential x enters through the proposals' weights alone. No
+        TV bound is computed: simulation-grade."""
         from dpinfer.independence_sampler import run_independence_chain, unimodular_block
         from dpinfer.mechanisms.geometric import DoubleGeometric
 
@@ -339,20 +338,15 @@ class Conditioned(Mechanism):
             raise TypeError("Algorithm 1 is implemented for a DoubleGeometric base")
         x = self._check_truth(true_values).reshape(-1)
         A = self.invariants.matrix
-        start = self.invariants.feasible_point(A @ x)
         eps = self.base.epsilon * 1.2 if proposal_epsilon is None else float(proposal_epsilon)
         proposal = DoubleGeometric(eps, sensitivity=self.base.sensitivity)
-        block = unimodular_block(A)
-        out = np.empty((n, x.size), np.int64)
-        for r in range(n):
-            chain = run_independence_chain(
-                x, A, self.base.noise_logpdf, proposal.noise_logpdf,
-                lambda shape, g: proposal.sample_noise(shape, g), block,
-                n_iterations=iterations_per_draw, burn_in=iterations_per_draw - 1, rng=rng,
-                nonnegative=True, start=start,
-            )
-            out[r] = chain.draws[-1] - x
-        return out
+        chain = run_independence_chain(
+            x, A, self.base.noise_logpdf, proposal.noise_logpdf,
+            lambda shape, g: proposal.sample_noise(shape, g), unimodular_block(A),
+            n_iterations=burn_in + n * thin, burn_in=burn_in + thin - 1, thin=thin, rng=rng,
+            nonnegative=True, start=self.invariants.feasible_point(A @ x),
+        )
+        return chain.draws[:n] - x
 
     # --- likelihood --------------------------------------------------------------------------
     def _group_log_masses(self, lower) -> np.ndarray:
