@@ -32,15 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import linprog
 
-from dpinfer.invariants import Invariants, column_classes
+from dpinfer.invariants import Invariants, column_classes, kernel_points_in_box
 
 MAX_LATTICE_POINTS = 5_000_000
-
-
-def _ceil_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return -(-a // b)
 
 
 def log_sum_pmf(log_rows: np.ndarray, lows: np.ndarray) -> tuple[int, np.ndarray]:
@@ -133,43 +128,9 @@ class ClassLattice:
 
     # --- the class-level lattice ----------------------------------------------------------------
     def lattice_points(self, sums: ClassSums) -> np.ndarray:
-        """Every w (n, m) with lows <= K w <= highs (LP bounding box, then a filter)."""
-        m = self.dimension
-        if m == 0:
-            return np.zeros((1, 0), np.int64)
-        if m == 1:  # an interval of t: lows_c <= v_c t <= highs_c for every class
-            v = self.kernel[:, 0]
-            pos, neg = v > 0, v < 0
-            a = max(_ceil_div(sums.lows[pos], v[pos]).max(initial=-(1 << 62)),
-                    _ceil_div(-sums.highs()[neg], -v[neg]).max(initial=-(1 << 62)))
-            b = min((sums.highs()[pos] // v[pos]).min(initial=1 << 62),
-                    (-sums.lows[neg] // -v[neg]).min(initial=1 << 62))
-            return np.arange(a, b + 1, dtype=np.int64)[:, None]
-        lo, hi = sums.lows.astype(float), sums.highs().astype(float)
-        K = self.kernel.astype(float)
-        a_ub = np.vstack([K, -K])
-        b_ub = np.concatenate([hi, -lo])
-        box = []
-        for j in range(m):
-            c = np.zeros(m)
-            c[j] = 1.0
-            bounds = []
-            for sign in (1.0, -1.0):
-                res = linprog(sign * c, A_ub=a_ub, b_ub=b_ub, bounds=[(None, None)] * m, method="highs")
-                if res.status != 0:
-                    return np.zeros((0, m), np.int64)
-                bounds.append(sign * res.fun)
-            box.append((int(np.ceil(bounds[0] - 1e-9)), int(np.floor(bounds[1] + 1e-9))))
-        sizes = [b - a + 1 for a, b in box]
-        if np.prod([float(s) for s in sizes]) > MAX_LATTICE_POINTS:
-            raise ValueError(
-                f"the class-level noise lattice has a bounding box of {sizes} points (dimension "
-                f"{m}): too many to enumerate (limit {MAX_LATTICE_POINTS:,})"
-            )
-        grids = np.meshgrid(*[np.arange(a, b + 1) for a, b in box], indexing="ij")
-        w = np.stack([g.reshape(-1) for g in grids], axis=1).astype(np.int64)
-        E = w @ self.kernel.T
-        return w[np.all((E >= sums.lows) & (E <= sums.highs()), axis=1)]
+        """Every w (n, m) with lows <= K w <= highs (:func:`dpinfer.invariants.kernel_points_in_box`)."""
+        return kernel_points_in_box(self.kernel, sums.lows, sums.highs(), limit=MAX_LATTICE_POINTS,
+                                    what="the class-level noise lattice")
 
     def lattice_log_weights(self, sums: ClassSums) -> tuple[np.ndarray, np.ndarray]:
         """(E (n, c), log prod_c G_c(E_c)) over the class-level lattice points."""

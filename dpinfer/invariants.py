@@ -952,6 +952,52 @@ def _two_way_moves(cell_at: np.ndarray, d: int) -> MoveSet:
     return MoveSet(cells, steps, d)
 
 
+def _ceil_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return -(-a // b)
+
+
+def kernel_points_in_box(kernel, lows, highs, *, limit: int = 5_000_000,
+                         what: str = "the lattice") -> np.ndarray:
+    """Every integer w (n, m) with lows <= K w <= highs, K = ``kernel`` (r, m) of full column
+    rank: the interval of t for m = 1; otherwise a bounding box of w by linear programming,
+    enumerated and filtered. Raises ValueError when the box has more than ``limit`` points."""
+    K = np.asarray(kernel, dtype=np.int64)
+    lows, highs = np.asarray(lows, dtype=np.int64), np.asarray(highs, dtype=np.int64)
+    m = K.shape[1]
+    if m == 0:
+        return np.zeros((1 if np.all(lows <= 0) and np.all(highs >= 0) else 0, 0), np.int64)
+    if m == 1:
+        v = K[:, 0]
+        pos, neg = v > 0, v < 0
+        if np.any((v == 0) & ((lows > 0) | (highs < 0))):
+            return np.zeros((0, 1), np.int64)
+        a = max(_ceil_div(lows[pos], v[pos]).max(initial=-(1 << 62)),
+                _ceil_div(-highs[neg], -v[neg]).max(initial=-(1 << 62)))
+        b = min((highs[pos] // v[pos]).min(initial=1 << 62), (-lows[neg] // -v[neg]).min(initial=1 << 62))
+        return np.arange(a, b + 1, dtype=np.int64)[:, None]
+    Kf = K.astype(float)
+    a_ub, b_ub = np.vstack([Kf, -Kf]), np.concatenate([highs, -lows]).astype(float)
+    box = []
+    for j in range(m):
+        c = np.zeros(m)
+        c[j] = 1.0
+        ends = []
+        for sign in (1.0, -1.0):
+            res = linprog(sign * c, A_ub=a_ub, b_ub=b_ub, bounds=[(None, None)] * m, method="highs")
+            if res.status != 0:
+                return np.zeros((0, m), np.int64)
+            ends.append(sign * res.fun)
+        box.append((int(np.ceil(ends[0] - 1e-9)), int(np.floor(ends[1] + 1e-9))))
+    sizes = [b - a + 1 for a, b in box]
+    if np.prod([float(n) for n in sizes]) > limit:
+        raise ValueError(f"{what} has a bounding box of {sizes} points (dimension {m}): too many to "
+                         f"enumerate (limit {limit:,})")
+    grids = np.meshgrid(*[np.arange(a, b + 1) for a, b in box], indexing="ij")
+    w = np.stack([g.reshape(-1) for g in grids], axis=1).astype(np.int64)
+    z = w @ K.T
+    return w[np.all((z >= lows) & (z <= highs), axis=1)]
+
+
 def column_classes(matrix) -> tuple[np.ndarray, np.ndarray]:
     """(codes, distinct columns): ``codes[i]`` is the class of cell i (classes numbered in order
     of first appearance) and ``matrix[:, i] == distinct[:, codes[i]]``."""

@@ -41,7 +41,7 @@ from dpinfer.lattice_gibbs import MovePlan, QueryRows, corrected_gibbs_sweep, gi
 from dpinfer.mechanisms.conditioned import Conditioned
 
 MOVES_PER_CELL = 20  # line updates per sweep: all moves, at most this many per cell
-NORMALISER_BLOCK_MOVES = 10  # moves per palindromic block when correcting for Z(x)
+NORMALISER_BLOCK_MOVES = 40  # moves per palindromic block when correcting for Z(x)
 
 
 def cell_mechanism(mechanism):
