@@ -36,6 +36,7 @@ import numpy as np
 from dpinfer.invariants import Invariants, column_classes, kernel_points_in_box
 
 MAX_LATTICE_POINTS = 5_000_000
+MAX_DIMENSION = 6  # a box of side >= 13 per coordinate exceeds MAX_LATTICE_POINTS beyond this
 
 
 def log_sum_pmf(log_rows: np.ndarray, lows: np.ndarray) -> tuple[int, np.ndarray]:
@@ -128,7 +129,11 @@ class ClassLattice:
 
     # --- the class-level lattice ----------------------------------------------------------------
     def lattice_points(self, sums: ClassSums) -> np.ndarray:
-        """Every w (n, m) with lows <= K w <= highs (:func:`dpinfer.invariants.kernel_points_in_box`)."""
+        """Every w (n, m) with lows <= K w <= highs (:func:`dpinfer.invariants.kernel_points_in_box`).
+        Lattices of dimension above ``MAX_DIMENSION`` are refused without solving the LPs."""
+        if self.dimension > MAX_DIMENSION:
+            raise ValueError(f"the class-level noise lattice has dimension {self.dimension}: too many "
+                             f"to enumerate (at most {MAX_DIMENSION})")
         return kernel_points_in_box(self.kernel, sums.lows, sums.highs(), limit=MAX_LATTICE_POINTS,
                                     what="the class-level noise lattice")
 

@@ -14,9 +14,12 @@ importance weights log w(s) = log p(s) - log f~(s_I - s*_I) (-inf outside S*) th
 s -> s~ is accepted with probability min(1, w(s~) / w(s)). Proposals are drawn and weighted in
 vectorised batches; only the accept loop is sequential (numba).
 
-The chain starts at the first proposal with a positive weight (a point of S* drawn by the
-mechanism's own proposal, not the confidential s* itself, which would be released unchanged
-until the first acceptance at a 1-2% acceptance rate) and discards ``burn_in`` iterations.
+Start. Never the confidential s* itself, which would be released unchanged until the first
+acceptance at a 1-2% acceptance rate. ``start=`` takes a point of S*; ``Conditioned`` passes
+``Invariants.feasible_point(A s*)``, a function of the public invariants only, so the data
+enter the chain only through the proposals' weights. Without it the chain starts at the first
+feasible proposal. ``burn_in`` iterations are discarded; :func:`independence_meeting_times`
+estimates how many are needed for a TV bound (L-lag coupling with shared proposals).
 """
 
 from __future__ import annotations

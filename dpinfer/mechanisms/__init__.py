@@ -7,6 +7,7 @@ from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
 from dpinfer.mechanisms.gaussian import Gaussian
 from dpinfer.mechanisms.geometric import ClampedGeometric, DoubleGeometric
 from dpinfer.mechanisms.laplace import Laplace
+from dpinfer.mechanisms.generalized_gaussian import GeneralizedGaussian, PrivacyUnverifiedError
 from dpinfer.mechanisms.subspace import GeneralizedLaplace
 from dpinfer.mechanisms.truncated_laplace import BITLaplace, TruncatedLaplace
 
@@ -18,7 +19,9 @@ __all__ = [
     "DiscreteGaussian",
     "DoubleGeometric",
     "Gaussian",
+    "GeneralizedGaussian",
     "GeneralizedLaplace",
+    "PrivacyUnverifiedError",
     "Laplace",
     "Mechanism",
     "PrivacyAudit",

@@ -26,6 +26,8 @@ approximate-DP base (discrete Gaussian) changes its delta; that accounting is no
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
@@ -273,7 +275,11 @@ class Conditioned(Mechanism):
 
         if self._lattice is None:
             k, log_f = self.noise_table()
-            self._lattice = ClassLattice(self.invariants, k, log_f)
+            # the table's K is rounded up to 16 * 2^j; the class sums need only the 1e-20 tails
+            # (their direct convolutions cost K^2)
+            tails = np.logaddexp.accumulate(log_f[:k]) + np.log(2.0)  # P(|e| >= K - i), i = 0..K-1
+            k_small = k - int(np.sum(tails < np.log(_TAIL_MASS)))
+            self._lattice = ClassLattice(self.invariants, k_small, log_f[k - k_small: k + k_small + 1])
         return self._lattice
 
     def sample_noise(self, rng: np.random.Generator, size=None, *, true_values=None) -> np.ndarray:
@@ -557,6 +563,11 @@ class Conditioned(Mechanism):
     def __repr__(self) -> str:
         extra = ", nonnegative=True" if self.nonnegative else ""
         return f"Conditioned({self.base!r}, {self.invariants!r}{extra})"
+
+
+# the normaliser Op runs Python (convolutions over classes) by design; PyTensor's numba backend
+# warns once per compile that it falls back to object mode for it
+warnings.filterwarnings("ignore", message="Numba will use object mode to run _LogNormaliserOp")
 
 
 class _LogNormaliserOp(Op):
