@@ -41,7 +41,7 @@ import pandas as pd
 import dpinfer as dp
 from dpinfer.independence_sampler import (independence_meeting_times, run_independence_chain,
                                           unimodular_block)
-from dpinfer.lattice_mcmc import LatticeWalk, laplace_log_target
+from dpinfer.lattice_mcmc import LatticeWalk, double_geometric_draws, laplace_log_target
 
 TABLE1 = Path(__file__).resolve().parents[1] / "models" / "sex_by_age_congenial" / "release.csv"
 
@@ -143,7 +143,8 @@ def table1_case(runs, rng, rows):
     progress(f"{name}: coupling, {runs} runs")
     start = time.perf_counter()
     meetings = independence_meeting_times(
-        x, A, base.noise_logpdf, proposal.noise_logpdf, lambda shape, g: proposal.sample_noise(shape, g),
+        x, A, base.noise_logpdf, proposal.noise_logpdf,
+        lambda shape, g: double_geometric_draws(proposal.alpha, shape, g),
         block, start=start_state, lag=2000, n_runs=runs, rng=rng, batch=2000)
     T = meetings.iterations_for(0.01)
     t_note = f"coupling ({runs} runs, lag 2000, {time.perf_counter() - start:.0f} s)"
@@ -155,7 +156,7 @@ def table1_case(runs, rng, rows):
     n_iter = 200_000
     start = time.perf_counter()
     run_independence_chain(x, A, base.noise_logpdf, proposal.noise_logpdf,
-                           lambda shape, g: proposal.sample_noise(shape, g), block,
+                           lambda shape, g: double_geometric_draws(proposal.alpha, shape, g), block,
                            n_iterations=n_iter, burn_in=n_iter - 1, rng=rng, start=start_state)
     per_iter_vec = (time.perf_counter() - start) / n_iter
     rate = 1.0 / (T * per_iter_vec)

@@ -268,7 +268,7 @@ def counties() -> Setup:
         sigma = abs(rng.normal(0.0, SIGMA_SD))
         log_rate = rng.normal(mu, sigma, size=d)
         x = rng.poisson(np.exp(log_rate))
-        s = mech.release(x, rng)
+        s = mech.release(x, rng, grade="simulation")
         release_only.record(x, s, rng)
         return {"mu": mu, "sigma": sigma, "x": x}, {"s_data": s}
 
@@ -309,7 +309,7 @@ def table() -> Setup:
         c = rng.normal(0.0, RC_SD, size=SHAPE[1])
         b = rng.normal(0.0, B_SD)
         x = rng.poisson(np.exp(a + r[:, None] + c[None, :] + b * np.outer(SCORES, SCORES)))
-        s = mech.release(x, rng)
+        s = mech.release(x, rng, grade="simulation")
         release_only.record(x, s, rng)
         return {"a": a, "r": r, "c": c, "b": b, "x": x}, {"s_data": s}
 

@@ -309,7 +309,7 @@ class Conditioned(Mechanism):
 
         codes = self.invariants.group_codes
         if codes is not None:  # one class per group: each group's cells given a zero sum
-            k, _ = self.noise_table()
+            k = self.class_lattice().k  # the class lattice's (trimmed) table
             table = np.ascontiguousarray(self.class_lattice().cell_log_pmfs(lower))
             return sample_given_sums(table, codes, k * np.bincount(codes), rng, size=n) - k
         return self.class_lattice().sample(rng, n, lower=lower)
@@ -338,6 +338,7 @@ class Conditioned(Mechanism):
         invariants only, so the confidential x enters through the proposals' weights alone. No
         TV bound is computed: simulation-grade."""
         from dpinfer.independence_sampler import run_independence_chain, unimodular_block
+        from dpinfer.lattice_mcmc import double_geometric_draws
         from dpinfer.mechanisms.geometric import DoubleGeometric
 
         if not isinstance(self.base, DoubleGeometric):
@@ -348,7 +349,7 @@ class Conditioned(Mechanism):
         proposal = DoubleGeometric(eps, sensitivity=self.base.sensitivity)
         chain = run_independence_chain(
             x, A, self.base.noise_logpdf, proposal.noise_logpdf,
-            lambda shape, g: proposal.sample_noise(shape, g), unimodular_block(A),
+            lambda shape, g: double_geometric_draws(proposal.alpha, shape, g), unimodular_block(A),
             n_iterations=burn_in + n * thin, burn_in=burn_in + thin - 1, thin=thin, rng=rng,
             nonnegative=True, start=self.invariants.feasible_point(A @ x),
         )
@@ -359,7 +360,7 @@ class Conditioned(Mechanism):
         """Per group, log P(sum of the group's noise = 0, e >= lower) by convolution."""
         from dpinfer.inference.convolution import log_convolution_at
 
-        k, _ = self.noise_table()
+        k = self.class_lattice().k  # the class lattice's (trimmed) table
         codes = self.invariants.group_codes
         table = self.class_lattice().cell_log_pmfs(lower)
         log_v, _ = log_convolution_at(table, codes, k * np.bincount(codes))
@@ -529,7 +530,7 @@ class Conditioned(Mechanism):
             if true_values is None:
                 raise ValueError("true_values is needed: with non-negativity the noise law depends on x")
             lower = -self._check_truth(true_values).reshape(-1)
-        k, _ = self.noise_table()
+        k = self.class_lattice().k  # the class lattice's (trimmed) table
         codes = self.invariants.group_codes
         _, marginals = log_convolution_at(self.class_lattice().cell_log_pmfs(lower), codes,
                                           k * np.bincount(codes))
