@@ -18,6 +18,7 @@ bench:
 	@tools/ensure-venv
 	.venv/bin/python benchmarks/bench_beta_binomial.py
 	.venv/bin/python benchmarks/bench_invariants.py
+	.venv/bin/python benchmarks/bench_subspace.py
 
 clean:
 	rm -rf .venv build *.egg-info

@@ -1,0 +1,96 @@
+"""Simulation-based calibration of ``dpinfer.sample`` on releases conditioned on invariants and
+non-negativity (seed 000's congenial mechanism), against the likelihood that ignores
+non-negativity, on the same replicates.
+
+Model: a 2 x 3 sex-by-age table with small counts,
+    mu ~ Normal(log 3, 0.5);  sigma ~ HalfNormal(0.5);  z_ij ~ Normal(0, 1);
+    x_ij ~ Poisson(exp(mu + sigma z_ij));
+    s = Conditioned(DoubleGeometric(0.5), total + first-row total + last-two-columns total,
+                    nonnegative=True).release(x)    (exact joint draws, simulation-grade)
+With counts of about 3 and noise sd 2.8 per cell, x + e >= 0 binds in most replicates.
+
+Methods:
+* dpinfer: the exact likelihood prod_i f(s_i - x_i) / P(A e = 0, x + e >= 0), fitted by
+  ``dp.sample`` (fibre moves with Metropolis-corrected palindromic blocks);
+* equality-only: ``Conditioned(..., nonnegative=False)``, i.e. the normaliser taken as constant,
+  fitted the same way on the same releases.
+
+Ranks of every true parameter and count among L = 99 thinned draws; exact binomial bands with
+Bonferroni within each method (``dpinfer.inference.sbc``).
+
+Run:  .venv/bin/python validation/sbc_nonnegative.py [n_reps]     (about 12 s per replicate)
+Writes validation/results/sbc_nonnegative.md.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pymc as pm
+
+import dpinfer as dp
+from dpinfer.inference.sbc import dpinfer_fit, format_table, run_sbc
+
+SEED = 20261122
+EPS = 0.5
+A = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [0, 1, 1, 0, 1, 1]])
+RESULTS = Path(__file__).parent / "results" / "sbc_nonnegative.md"
+FIT = dict(draws=250, tune=300, chains=2)
+
+
+def build(nonnegative: bool) -> pm.Model:
+    mech = dp.Conditioned(dp.DoubleGeometric(EPS), dp.Invariants.from_matrix(A), nonnegative=nonnegative)
+    with pm.Model() as model:
+        s_data = pm.Data("s_data", np.array([3, 3, 3, 3, 3, 3], dtype="int64"))
+        mu = pm.Normal("mu", math.log(3.0), 0.5)
+        sigma = pm.HalfNormal("sigma", 0.5)
+        z = pm.Normal("z", 0.0, 1.0, shape=6)
+        x = pm.Poisson("x", pm.math.exp(mu + sigma * z), shape=6)
+        mech.observe("s", x, s_data)
+    return model
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    n_reps = int(argv[0]) if argv else 100
+    release = dp.Conditioned(dp.DoubleGeometric(EPS), dp.Invariants.from_matrix(A), nonnegative=True)
+    binding = []
+
+    def simulate(rng):
+        mu = rng.normal(math.log(3.0), 0.5)
+        sigma = abs(rng.normal(0.0, 0.5))
+        z = rng.normal(size=6)
+        x = rng.poisson(np.exp(mu + sigma * z))
+        s = release.release(x, rng, grade="simulation")
+        binding.append(release.normaliser_range(x))
+        return {"mu": mu, "sigma": sigma, "x": x}, {"s_data": s}
+
+    rng = np.random.default_rng(SEED)
+    start = time.perf_counter()
+    df = run_sbc(build(True), simulate, n_reps, rng, n_ranks=99, progress_every=10,
+                 alternatives={"equality-only": dpinfer_fit(build(False), **FIT)}, **FIT)
+    minutes = (time.perf_counter() - start) / 60
+    binding = np.array(binding)
+    lines = [
+        "# SBC: releases conditioned on invariants and non-negativity",
+        "",
+        f"`validation/sbc_nonnegative.py {n_reps}` (seed {SEED}), {minutes:.0f} min. "
+        f"log P(A e = 0) - log P(A e = 0, x + e >= 0) at the true counts: median "
+        f"{np.median(binding):.2f}, 90% quantile {np.quantile(binding, 0.9):.2f} nats "
+        "(how much the normaliser the equality-only likelihood ignores varies).",
+        "",
+        format_table(df),
+        "",
+    ]
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
