@@ -54,9 +54,8 @@ def build(nonnegative: bool) -> pm.Model:
     return model
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    n_reps = int(argv[0]) if argv else 100
+def run(n_reps: int):
+    """(table, report text) of the study with ``n_reps`` replicates."""
     release = dp.Conditioned(dp.DoubleGeometric(EPS), dp.Invariants.from_matrix(A), nonnegative=True)
     binding = []
 
@@ -86,9 +85,15 @@ def main(argv=None) -> int:
         format_table(df),
         "",
     ]
+    return df, "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    df, text = run(int(argv[0]) if argv else 100)
     RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text("\n".join(lines))
-    print("\n".join(lines))
+    RESULTS.write_text(text)
+    print(text)
     return 0
 
 

@@ -14,7 +14,11 @@ A latent count vector x can carry releases of three kinds (recorded by ``observe
 - ``"fibre"`` otherwise: :class:`FibreGibbs` updates x along the moves of a Markov basis of
   the combined invariants with exact line conditionals (:mod:`dpinfer.lattice_gibbs`), next to
   NUTS on the parameters. Per sweep, the prior's log-pmf table over every cell's window is one
-  compiled call; the releases' tables are computed once.
+  compiled call; the releases' tables are computed once. A release conditioned on
+  non-negativity (``Conditioned(..., nonnegative=True)``) always takes this path: its
+  normaliser Z(x) is not a product over cells, so when it varies by more than ``tol`` over the
+  window the line updates come in palindromic blocks accepted by Metropolis-Hastings on
+  Z(x) / Z(x') (:func:`dpinfer.lattice_gibbs.corrected_gibbs_sweep`).
 
 Cells with no release of their own are bounded by their prior's support (a Binomial's n);
 latent counts with unbounded support need a release of each cell (a window needs a noise tail).
@@ -366,7 +370,8 @@ class FibreGibbs(BlockedStep):
             if plan.normaliser_corrected:
                 x, bound, frac, acc = corrected_gibbs_sweep(
                     x, lo, table, log_eta_cells, moves, queries, moves_per_sweep=n_moves,
-                    block_moves=max(10, NORMALISER_BLOCK_MOVES_PER_CELL * plan.n_cells), tracker=self._tracker(j, x), rng=self.rng,
+                    block_moves=max(10, NORMALISER_BLOCK_MOVES_PER_CELL * plan.n_cells),
+                    tracker=self._tracker(j, x), rng=self.rng,
                 )
                 accepted.append(acc)
             else:
