@@ -400,10 +400,13 @@ class Conditioned(Mechanism):
     def normaliser_is_exact(self) -> bool:
         """Whether :meth:`log_likelihood` includes the normaliser (it is left out, as an
         x-independent constant, only for equality invariants too large to enumerate)."""
+        if self.nonnegative:
+            return True
         try:
-            return self.nonnegative or isinstance(self.log_normaliser(), float)
+            self.log_normaliser()
         except ValueError:
             return False
+        return True
 
     def _constant(self) -> float:
         """log P(A e = 0) where it is computed, else 0 (equality invariants only)."""
