@@ -148,6 +148,25 @@ class ClassLattice:
             log_w += np.where(inside, pmf[np.clip(idx, 0, pmf.size - 1)], -np.inf)
         return E, log_w
 
+    def zero_sum_log_masses(self, lower=None) -> np.ndarray:
+        """Dimension 0 only (A e = 0 iff every class sum is 0, e.g. group totals): per class,
+        log P(E_c = 0, e >= lower), by the tilted FFT convolution of
+        :func:`dpinfer.inference.convolution.log_convolution_at` (cost ~ n log n per class, where
+        :meth:`class_sums` costs n^2)."""
+        from dpinfer.inference.convolution import log_convolution_at
+
+        if self.dimension:
+            raise ValueError("zero_sum_log_masses needs a class lattice of dimension 0")
+        targets = self.k * np.array([c.size for c in self.members])
+        log_v, _ = log_convolution_at(self.cell_log_pmfs(lower), self.codes, targets)
+        return log_v
+
+    def log_normaliser(self, lower=None) -> float:
+        """log P(A e = 0, e >= lower) (``lower`` None: no bound)."""
+        if self.dimension == 0:
+            return float(np.sum(self.zero_sum_log_masses(lower)))
+        return self.log_mass(self.class_sums(lower))
+
     def log_mass(self, sums: ClassSums) -> float:
         """log P(A e = 0, e >= lower) for the bounds that produced ``sums``."""
         _, log_w = self.lattice_log_weights(sums)
@@ -157,17 +176,20 @@ class ClassLattice:
         """``size`` exact joint draws (size, d) of e given A e = 0 and e >= lower."""
         from dpinfer.inference.convolution import sample_given_sums
 
+        table = np.ascontiguousarray(self.cell_log_pmfs(lower))
+        counts = np.array([c.size for c in self.members])
+        if self.dimension == 0:  # every class sum is 0
+            return sample_given_sums(table, self.codes, self.k * counts, rng, size=size) - self.k
         sums = self.class_sums(lower)
         E, log_w = self.lattice_log_weights(sums)
         if not np.any(np.isfinite(log_w)):
             raise ValueError("no noise vector satisfies the invariants and the lower bounds")
         p = np.exp(log_w - np.logaddexp.reduce(log_w))
         picks = rng.choice(E.shape[0], size=size, p=p / p.sum())
-        table = np.ascontiguousarray(self.cell_log_pmfs(lower))
         out = np.empty((size, self.invariants.n_cells), np.int64)
         for j in np.unique(picks):
             rows = np.flatnonzero(picks == j)
-            targets = E[j] + self.k * np.bincount(self.codes, minlength=self.n_classes)
+            targets = E[j] + self.k * counts
             out[rows] = sample_given_sums(table, self.codes, targets, rng, size=rows.size) - self.k
         return out
 

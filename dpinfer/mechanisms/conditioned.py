@@ -221,11 +221,19 @@ class Conditioned(Mechanism):
 
     def _rejection_noise(self, x: np.ndarray, rng, max_proposals: float) -> np.ndarray:
         """Exact draw of e given A e = 0 (and x + e >= 0): i.i.d. exact base draws, the first
-        accepted one kept; per group when the invariants are group totals."""
-        codes = self.invariants.group_codes
-        blocks = ([np.flatnonzero(codes == g) for g in range(codes.max() + 1)] if codes is not None
-                  else [np.arange(x.size)])
-        log_accept = self._log_acceptance(x, blocks)
+        accepted one kept; class by class when A e = 0 means a zero sum in every class (group
+        totals), else on the whole vector. P(accept) of each block is its share of the
+        normaliser; where that cannot be computed no refusal is made on cost."""
+        lattice = self.class_lattice()
+        lower = -x if self.nonnegative else None
+        if lattice.dimension == 0:
+            blocks, log_accept = lattice.members, list(lattice.zero_sum_log_masses(lower))
+        else:
+            blocks = [np.arange(x.size)]
+            try:
+                log_accept = [lattice.log_normaliser(lower)]
+            except ValueError:
+                log_accept = [0.0]
         expected = float(np.sum([b.size * np.exp(-la) for b, la in zip(blocks, log_accept)]))
         if not expected <= max_proposals:
             raise RuntimeError(
@@ -249,18 +257,6 @@ class Conditioned(Mechanism):
                     out[cells] = e[hit[0]]
                     break
         return out
-
-    def _log_acceptance(self, x: np.ndarray, blocks: list) -> list:
-        """log P(accept) of each rejection block (its share of the normaliser); 0 when it cannot
-        be computed (then no refusal is made on cost)."""
-        codes = self.invariants.group_codes
-        lower = -x if self.nonnegative else None
-        if codes is not None:
-            return list(self._group_log_masses(lower))
-        try:
-            return [self._log_mass(lower)]
-        except ValueError:
-            return [0.0]
 
     def noise_table(self) -> tuple[int, np.ndarray]:
         """(K, log f(-K..K)): the base noise tabulated by :func:`tabulated_noise`."""
@@ -296,23 +292,13 @@ class Conditioned(Mechanism):
                 raise ValueError("true_values is needed: the noise conditioned on x + e >= 0 depends on x")
             lower = -self._check_truth(true_values).reshape(-1)
         try:
-            out = self._exact_noise(rng, n, lower)
+            out = self.class_lattice().sample(rng, n, lower=lower)
         except ValueError as err:
             if "too many to enumerate" not in str(err):
                 raise
             out = (self.independence_chain_noise(-lower, rng, n, thin=1000) if self.nonnegative
                    else self._gibbs_noise(rng, n))
         return out[0] if size is None else out
-
-    def _exact_noise(self, rng, n: int, lower) -> np.ndarray:
-        from dpinfer.inference.convolution import sample_given_sums
-
-        codes = self.invariants.group_codes
-        if codes is not None:  # one class per group: each group's cells given a zero sum
-            k = self.class_lattice().k  # the class lattice's (trimmed) table
-            table = np.ascontiguousarray(self.class_lattice().cell_log_pmfs(lower))
-            return sample_given_sums(table, codes, k * np.bincount(codes), rng, size=n) - k
-        return self.class_lattice().sample(rng, n, lower=lower)
 
     def _gibbs_noise(self, rng, n: int) -> np.ndarray:
         k, log_f = self.noise_table()
@@ -356,24 +342,6 @@ class Conditioned(Mechanism):
         return chain.draws[:n] - x
 
     # --- likelihood --------------------------------------------------------------------------
-    def _group_log_masses(self, lower) -> np.ndarray:
-        """Per group, log P(sum of the group's noise = 0, e >= lower) by convolution."""
-        from dpinfer.inference.convolution import log_convolution_at
-
-        k = self.class_lattice().k  # the class lattice's (trimmed) table
-        codes = self.invariants.group_codes
-        table = self.class_lattice().cell_log_pmfs(lower)
-        log_v, _ = log_convolution_at(table, codes, k * np.bincount(codes))
-        return log_v
-
-    def _log_mass(self, lower) -> float:
-        """log P(A e = 0, e >= lower): by group for totals and group totals, else by the class
-        lattice (raises ValueError when it is too large to enumerate)."""
-        if self.invariants.group_codes is not None:
-            return float(np.sum(self._group_log_masses(lower)))
-        lattice = self.class_lattice()
-        return lattice.log_mass(lattice.class_sums(lower))
-
     def log_normaliser(self, true_values=None) -> float:
         """log P(A e = 0) under the base noise, or with ``nonnegative`` log P(A e = 0, x + e >= 0)
         for the true counts x = ``true_values``: a convolution per group for totals and group
@@ -383,10 +351,10 @@ class Conditioned(Mechanism):
             if true_values is None:
                 raise ValueError("true_values is needed: with non-negativity the normaliser "
                                  "P(A e = 0, x + e >= 0) depends on the true counts x")
-            return self._log_mass(-self._check_truth(true_values).reshape(-1))
+            return self.class_lattice().log_normaliser(-self._check_truth(true_values).reshape(-1))
         if self._log_normaliser is None:
             try:
-                self._log_normaliser = self._log_mass(None)
+                self._log_normaliser = self.class_lattice().log_normaliser(None)
             except ValueError as err:
                 self._log_normaliser = err
         if isinstance(self._log_normaliser, ValueError):
@@ -440,7 +408,7 @@ class Conditioned(Mechanism):
         if lower.size != self.invariants.n_cells:
             raise ValueError(f"lower_counts has {lower.size} cells but the invariants cover "
                              f"{self.invariants.n_cells}")
-        return max(0.0, self._log_mass(None) - self._log_mass(-lower))
+        return max(0.0, self.class_lattice().log_normaliser(None) - self.class_lattice().log_normaliser(-lower))
 
     def log_likelihood_bound_outside(self, release, k, *, support=(-np.inf, np.inf)) -> np.ndarray:
         """Per cell, the base noise's bound: the likelihood's factor for cell i is
