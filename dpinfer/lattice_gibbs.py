@@ -18,6 +18,13 @@ the cell term g_c = exp(T_c) summed over values outside the box (prior mass <= 1
 likelihood's sup beyond the window) and the row terms are pmf values <= 1. Relative to the
 line's mass inside the box this is the error of one update; each sweep sums log1p of it.
 
+A factor exp(-epsilon ||s - x||_2) (the likelihood of a generalized Laplace release in the l2
+norm, seed 001) does not factorise either, but along a line it is exact and cheap: with
+r = s - x, ||r - t z||^2 = ||r||^2 - 2 t r.z + t^2 ||z||^2 (integers), so it enters the line
+conditional directly (:class:`NormFactor`) and the update stays an exact Gibbs step. It is
+<= 1 everywhere and <= exp(-epsilon (k + 1)) when any cell is more than k from s, so a
+cell's tail bound eta may come from it (the bound above holds with this factor bounded by 1).
+
 A further factor exp(W(x)) that does not factorise over cells (the x-dependent normaliser of a
 release conditioned on non-negativity) is handled by :func:`corrected_gibbs_sweep`: blocks of
 line updates in palindromic order (moves m_1..m_B, then m_B..m_1) form a proposal kernel that
@@ -67,6 +74,19 @@ class QueryRows:
 
 
 @dataclass(frozen=True)
+class NormFactor:
+    """The factor exp(-epsilon ||release - x||_2) of the target (module docstring);
+    ``epsilon = 0`` means no such factor."""
+
+    epsilon: float
+    release: np.ndarray  # int64, one per cell
+
+    @classmethod
+    def absent(cls, n_cells: int) -> "NormFactor":
+        return cls(0.0, np.zeros(n_cells, np.int64))
+
+
+@dataclass(frozen=True)
 class MovePlan:
     """Moves in padded sparse form plus their effect on the query rows (CSR)."""
 
@@ -98,15 +118,29 @@ class MovePlan:
 
 @numba.njit(cache=True)
 def _sweep(x, qx, lo, table, log_eta, log_sup, cells, steps, row_ptr, rows, coefs,
-           qmin, starts, lengths, tables, order, uniforms):
+           qmin, starts, lengths, tables, order, uniforms, norm_eps, norm_s):
     """Update ``x`` (and ``qx`` = Q x) in place along moves ``order``; returns
-    (sum of log1p(line bounds), number of moves that changed x)."""
+    (sum of log1p(line bounds), number of moves that changed x). ``norm_eps`` > 0 adds the
+    factor exp(-norm_eps ||norm_s - x||_2)."""
     width = table.shape[1]
     log_bound = 0.0
     changed = 0
     buffer = np.empty(width + 1, dtype=np.float64)
+    with_norm = norm_eps > 0.0
+    rr = 0  # ||norm_s - x||^2, exact in integers
+    if with_norm:
+        for c in range(x.shape[0]):
+            rr += (norm_s[c] - x[c]) ** 2
     for k in range(order.shape[0]):
         m = order[k]
+        rz = 0  # r.z and ||z||^2 of this move, r = norm_s - x
+        zz = 0
+        if with_norm:
+            for s in range(cells.shape[1]):
+                st = steps[m, s]
+                if st != 0:
+                    rz += st * (norm_s[cells[m, s]] - x[cells[m, s]])
+                    zz += st * st
         tlo = -(1 << 62)
         thi = 1 << 62
         for s in range(cells.shape[1]):
@@ -143,6 +177,8 @@ def _sweep(x, qx, lo, table, log_eta, log_sup, cells, steps, row_ptr, rows, coef
                     w = -np.inf
                 else:
                     w += tables[starts[j] + pos]
+            if with_norm:
+                w -= norm_eps * np.sqrt(float(rr - 2 * t * rz + t * t * zz))
             buffer[i] = w
             if w > top:
                 top = w
@@ -175,6 +211,7 @@ def _sweep(x, qx, lo, table, log_eta, log_sup, cells, steps, row_ptr, rows, coef
         log_bound += np.log1p(np.exp(min(num - (top + np.log(total)), 700.0)))
         if t != 0:
             changed += 1
+            rr += t * t * zz - 2 * t * rz
             for s in range(cells.shape[1]):
                 st = steps[m, s]
                 if st != 0:
@@ -185,15 +222,17 @@ def _sweep(x, qx, lo, table, log_eta, log_sup, cells, steps, row_ptr, rows, coef
 
 
 def gibbs_sweeps(x, lo, table, log_eta, moves: MovePlan, queries: QueryRows, *,
-                 n_sweeps: int, moves_per_sweep: int, rng: np.random.Generator):
+                 n_sweeps: int, moves_per_sweep: int, rng: np.random.Generator,
+                 norm: NormFactor | None = None):
     """Run ``n_sweeps`` sweeps of ``moves_per_sweep`` exact line updates (a random permutation
     of all moves when there are at most that many, else moves drawn uniformly), starting from
     ``x`` inside the box ``lo <= x < lo + table.shape[1]``.
 
     Returns (x, largest per-sweep bound on the neglected relative mass, fraction of updates
     that changed x). ``table[i, v - lo[i]]`` is T_i(v); ``log_eta[i]`` bounds log of the cell's
-    term summed outside its box."""
+    term summed outside its box; ``norm`` is an optional l2 factor."""
     x = np.array(x, dtype=np.int64)
+    norm = NormFactor.absent(x.size) if norm is None else norm
     table = np.ascontiguousarray(table, dtype=np.float64)
     log_eta = np.ascontiguousarray(log_eta, dtype=np.float64)
     log_sup = np.maximum(table.max(axis=1), log_eta)
@@ -210,6 +249,7 @@ def gibbs_sweeps(x, lo, table, log_eta, moves: MovePlan, queries: QueryRows, *,
             x, qx, np.asarray(lo, np.int64), table, log_eta, log_sup, moves.cells, moves.steps,
             moves.row_ptr, moves.rows, moves.coefs, queries.qmin, queries.starts,
             queries.lengths, queries.tables, order.astype(np.int64), uniforms,
+            float(norm.epsilon), np.asarray(norm.release, np.int64),
         )
         worst = max(worst, float(np.expm1(log_bound)))
         changed += n_changed
@@ -218,7 +258,8 @@ def gibbs_sweeps(x, lo, table, log_eta, moves: MovePlan, queries: QueryRows, *,
 
 
 def corrected_gibbs_sweep(x, lo, table, log_eta, moves: MovePlan, queries: QueryRows, *,
-                          moves_per_sweep: int, block_moves: int, tracker, rng: np.random.Generator):
+                          moves_per_sweep: int, block_moves: int, tracker, rng: np.random.Generator,
+                          norm: NormFactor | None = None):
     """One sweep of ``moves_per_sweep`` line updates towards pi(x) exp(W(x)) with
     W = -``tracker``.log_z (module docstring): palindromic blocks of ``block_moves`` moves,
     each accepted or rejected as a whole. ``tracker`` (e.g.
@@ -227,6 +268,7 @@ def corrected_gibbs_sweep(x, lo, table, log_eta, moves: MovePlan, queries: Query
     Returns (x, largest block bound on the neglected relative mass, fraction of updates that
     changed x in accepted blocks, fraction of blocks accepted)."""
     x = np.array(x, dtype=np.int64)
+    norm = NormFactor.absent(x.size) if norm is None else norm
     table = np.ascontiguousarray(table, dtype=np.float64)
     log_eta = np.ascontiguousarray(log_eta, dtype=np.float64)
     log_sup = np.maximum(table.max(axis=1), log_eta)
@@ -242,7 +284,7 @@ def corrected_gibbs_sweep(x, lo, table, log_eta, moves: MovePlan, queries: Query
         log_bound, n_changed = _sweep(
             x_new, qx_new, lo, table, log_eta, log_sup, moves.cells, moves.steps, moves.row_ptr,
             moves.rows, moves.coefs, queries.qmin, queries.starts, queries.lengths, queries.tables,
-            path, rng.random(path.size),
+            path, rng.random(path.size), float(norm.epsilon), np.asarray(norm.release, np.int64),
         )
         worst = max(worst, float(np.expm1(log_bound)))
         n_blocks += 1

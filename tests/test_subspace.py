@@ -4,8 +4,13 @@ release laws against exact ones, the Illinois-size magnitudes, likelihoods."""
 import itertools
 import math
 
+import json
+
+import arviz as az
 import numpy as np
+import pymc as pm
 import pytest
+from scipy.special import gammaln
 
 import dpinfer as dp
 from dpinfer.mechanisms.subspace import GeneralizedLaplace
@@ -75,12 +80,14 @@ def exact_lattice_law(mech, radius):
     return z, p / p.sum()
 
 
+@pytest.mark.parametrize("chain, iterations", [("gibbs", 30), ("walk", 200)])
 @pytest.mark.parametrize("inv", [dp.Invariants.total(3), dp.Invariants.margins((2, 2), [(0,), (1,)])])
-def test_mcmc_release_law_l2(inv):
-    # the chain after `iterations` steps from pi_0 against the enumerated l2 law: every release
-    # keeps the invariants; the law of z matches in total variation within Monte Carlo error
-    mech = GeneralizedLaplace(0.8, inv, "l2", iterations=200)
-    assert mech.sampler == "mcmc"
+def test_mcmc_release_law_l2(inv, chain, iterations):
+    # the chain after `iterations` sweeps (Gibbs) or steps (walk, from pi_0) against the
+    # enumerated l2 law: every release keeps the invariants; the law of z matches in total
+    # variation within Monte Carlo error
+    mech = GeneralizedLaplace(0.8, inv, "l2", iterations=iterations, chain=chain)
+    assert mech.sampler == chain
     rng = np.random.default_rng(8)
     x = np.arange(inv.n_cells) + 3
     s = np.array([mech.release(x, rng) for _ in range(200)])
@@ -112,7 +119,13 @@ def test_errors():
     with pytest.raises(ValueError, match="set iterations"):
         GeneralizedLaplace(EPS, inv, "l2").release([1, 2, 3], np.random.default_rng(0))
     with pytest.raises(NotImplementedError, match="l1 norm"):
-        GeneralizedLaplace(EPS, inv, "l2").dist(np.zeros(3))
+        GeneralizedLaplace(EPS, inv, "l2").variance(np.zeros(3))
+    with pm.Model():
+        x = pm.Poisson("x", 3.0, shape=3)
+        with pytest.raises(ValueError, match="observe"):  # negative total: no counts fit
+            GeneralizedLaplace(EPS, inv, "l2").observe("s", x, [-5, 1, 1])
+        with pytest.raises(ValueError, match="whole numbers|integer"):
+            GeneralizedLaplace(EPS, inv, "l2").observe("s", x, [1.5, 1, 1])
     with pytest.raises(ValueError, match="proposal_a"):
         GeneralizedLaplace(EPS, inv, proposal_a=1.5)
     with pytest.raises(TypeError, match="Invariants"):
@@ -121,7 +134,7 @@ def test_errors():
 
 def _coupling_4x4(norm, lag, n_runs, cap):
     inv = dp.Invariants.margins((4, 4), [(0,), (1,)])
-    mech = GeneralizedLaplace(0.25, inv, norm)  # seed 001's proposals: a = e^-1 (l1), e^-2 (l2)
+    mech = GeneralizedLaplace(0.25, inv, norm, chain="walk")  # seed 001's a = e^-1 (l1), e^-2 (l2)
     times = mech.coupling(n_runs=n_runs, lag=lag, rng=np.random.default_rng(1), max_iterations=cap)
     assert times.n_censored == 0
     return times.tv_upper_bound([0, 3_000, 10_000, 30_000, 100_000]).estimate
@@ -141,3 +154,62 @@ def test_coupling_reproduces_seed_001_l2_on_the_4x4_table():
     # Measured with this seed: 2.34, 1.90, 1.34, 0.47, 0 (100 pairs, L = 10^4; ~25 s).
     tv = _coupling_4x4("l2", 10_000, 100, 400_000)
     assert tv[2] > 0.5 and tv[3] > 0.1 and tv[4] < 0.05
+
+
+# --- the l2 likelihood in dp.sample ------------------------------------------------------------
+
+
+def _fibre_posterior(inv, s, eps, norm):
+    """Posterior of counts x ~ Poisson(lam) i.i.d. (any Gamma prior on lam: the fibre fixes the
+    total, so lam factors out) given a release s with likelihood exp(-eps ||s - x||), by
+    enumerating the fibre {x >= 0 : A x = A s}."""
+    a_mat = inv.constraint_matrix
+    box = np.array(list(itertools.product(range(13), repeat=inv.n_cells)))
+    fibre = box[np.all(box @ a_mat.T == a_mat @ s, axis=1)]
+    r = s - fibre
+    dist = np.sqrt((r ** 2).sum(1)) if norm == "l2" else np.abs(r).sum(1)
+    log_w = -eps * dist - gammaln(fibre + 1).sum(1)
+    p = np.exp(log_w - log_w.max())
+    return fibre, p / p.sum()
+
+
+def test_l2_posterior_matches_enumeration():
+    """dp.sample with an l2 release (exact line conditionals of the joint factor) against the
+    enumerated posterior on a 2 x 3 table with both margins; the posterior under the l1 norm
+    at the same epsilon differs detectably, so the test can fail."""
+    inv = dp.Invariants.margins((2, 3), [(0,), (1,)])
+    s = np.array([3, 0, 5, 1, 4, 0])
+    mech = GeneralizedLaplace(0.7, inv, "l2")
+    fibre, p = _fibre_posterior(inv, s, 0.7, "l2")
+    _, p_l1 = _fibre_posterior(inv, s, 0.7, "l1")
+    with pm.Model():
+        lam = pm.Gamma("lam", 2.0, 0.5)
+        x = pm.Poisson("x", lam, shape=6)
+        mech.observe("s", x, s)
+        idata = dp.sample(2000, tune=500, chains=2, cores=1, random_seed=3, progressbar=False)
+    report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
+    assert report["max_relative_error_bound"] <= report["tol"]
+    draws = idata.posterior["x"].values.reshape(-1, 6)
+    assert np.all(inv.values(draws) == inv.values(s))
+    mean = p @ fibre
+    se = np.sqrt(p @ fibre ** 2 - mean ** 2) / np.sqrt(az.ess(idata, var_names=["x"])["x"].values)
+    assert np.all(np.abs(draws.mean(0) - mean) < 4 * se), (draws.mean(0) - mean) / se
+    assert np.max(np.abs(draws.mean(0) - p_l1 @ fibre) / se) > 4
+
+
+def test_l2_dist_logp_and_window_bound():
+    inv = dp.Invariants.total(3)
+    mech = GeneralizedLaplace(0.6, inv, "l2")
+    s, x = np.array([4, 0, 2]), np.array([1, 2, 3])
+    logp = pm.logp(mech.dist(x), s).eval()
+    assert logp.sum() == pytest.approx(-0.6 * np.sqrt(14))
+    assert np.all(np.isinf(pm.logp(mech.dist(x), np.array([4, 0, 3])).eval()))
+    assert mech.log_likelihood(s, x) == pytest.approx(-0.6 * np.sqrt(14))
+    # the tail bound: exp(-eps ||s - x||_2) for every x on the fibre with a cell beyond k
+    k = 3
+    bound = mech.log_likelihood_bound_outside(s, k)
+    fibre = np.array([v for v in itertools.product(range(-10, 17), repeat=3) if sum(v) == 6])
+    far = np.abs(fibre - s) > k
+    for i in range(3):
+        worst = max(mech.log_likelihood(s, v) for v in fibre[far[:, i]])
+        assert worst <= bound[i] + 1e-12

@@ -5,6 +5,9 @@ A latent count vector x can carry releases of three kinds (recorded by ``observe
   around s_i (inference notes §1);
 - a release conditioned on invariants (``Conditioned(base, inv).observe(name, x, s)``): the
   likelihood prod_i f(s_i - x_i) on the fibre A x = A s (inference notes §2);
+- a generalized Laplace release in the l2 norm (``GeneralizedLaplace(eps, inv, "l2")``): the
+  likelihood exp(-eps ||s - x||_2) on the same fibre, a factor that is not a product over
+  cells but is exact along every move line (:class:`dpinfer.lattice_gibbs.NormFactor`);
 - a release of a linear query (``mech.observe(name, Q @ x, s)``), a likelihood term per row.
 
 :func:`plan_fibre` reads them and chooses
@@ -41,8 +44,9 @@ from dpinfer.inference.marginal import NotMarginalisableError, _support, current
 from dpinfer.inference.window import initial_half_width, log_eta
 from dpinfer.invariants import Invariants, MoveSet
 from dpinfer.class_convolution import NormaliserTracker
-from dpinfer.lattice_gibbs import MovePlan, QueryRows, corrected_gibbs_sweep, gibbs_sweeps
+from dpinfer.lattice_gibbs import MovePlan, NormFactor, QueryRows, corrected_gibbs_sweep, gibbs_sweeps
 from dpinfer.mechanisms.conditioned import Conditioned
+from dpinfer.mechanisms.subspace import GeneralizedLaplace
 
 MOVES_PER_CELL = 20  # line updates per sweep: all moves, at most this many per cell
 # moves per palindromic block when correcting for Z(x): 2 per cell (each block costs one
@@ -50,16 +54,29 @@ MOVES_PER_CELL = 20  # line updates per sweep: all moves, at most this many per 
 NORMALISER_BLOCK_MOVES_PER_CELL = 2
 
 
+def is_l2_release(mechanism) -> bool:
+    """A generalized Laplace mechanism in the l2 norm (its likelihood is a joint factor)."""
+    return isinstance(mechanism, GeneralizedLaplace) and mechanism.norm == "l2"
+
+
+def respects_invariants(mechanism) -> bool:
+    """Whether releases of the mechanism keep invariants A s = A x exactly (a fibre plan)."""
+    return isinstance(mechanism, Conditioned) or is_l2_release(mechanism)
+
+
 def cell_mechanism(mechanism):
-    """The per-cell noise likelihood of a release (the base law of a conditioned release)."""
+    """The per-cell noise likelihood of a release (the base law of a conditioned release);
+    None for an l2 release, which has no per-cell factor."""
+    if is_l2_release(mechanism):
+        return None
     return mechanism.base if isinstance(mechanism, Conditioned) else mechanism
 
 
 def tail_mechanism(mechanism):
     """The mechanism whose ``log_likelihood_bound_outside`` bounds a cell's term outside the
     window: the release's own for a release conditioned on non-negativity (its bound includes
-    the range of the x-dependent normaliser), else the per-cell law."""
-    if isinstance(mechanism, Conditioned) and mechanism.nonnegative:
+    the range of the x-dependent normaliser) or in the l2 norm, else the per-cell law."""
+    if is_l2_release(mechanism) or (isinstance(mechanism, Conditioned) and mechanism.nonnegative):
         return mechanism
     return cell_mechanism(mechanism)
 
@@ -90,6 +107,8 @@ class FibrePlan:
     normaliser: Conditioned | None = None
     normaliser_range: float = 0.0
     tol: float = 0.0  # the normaliser is treated as constant when it varies by at most this
+    # a generalized Laplace release in the l2 norm: its factor exp(-eps ||s - x||_2)
+    norm_factor: NormFactor | None = None
 
     @property
     def normaliser_corrected(self) -> bool:
@@ -152,6 +171,8 @@ class FibrePlan:
         total = np.zeros(grid.shape)
         for e in self.identity:
             mech = cell_mechanism(e.record.mechanism)
+            if mech is None:  # the l2 factor enters the line updates instead
+                continue
             total += mech.log_likelihood(np.broadcast_to(e.value[:, None], grid.shape), grid)
         return total
 
@@ -225,7 +246,7 @@ def plan_fibre(model, latent, entries: list[Entry], *, allow_convolution: bool =
                 "fibre step bounds query likelihoods by 1, which needs a discrete mechanism"
             )
         mech = e.record.mechanism
-        if isinstance(mech, Conditioned):
+        if respects_invariants(mech):
             a_mat = mech.invariants.constraint_matrix
             q = np.eye(d, dtype=np.int64) if e.query is None else e.query
             if a_mat.shape[1] != q.shape[0]:
@@ -256,6 +277,12 @@ def plan_fibre(model, latent, entries: list[Entry], *, allow_convolution: bool =
             f"latent {name!r}: a release conditioned on non-negativity must be a release of the "
             "counts themselves, and only one such release per latent is supported"
         )
+    l2 = [e for e in entries if is_l2_release(e.record.mechanism)]
+    if any(e.query is not None for e in l2) or len(l2) > 1:
+        raise NotMarginalisableError(
+            f"latent {name!r}: a generalized Laplace release in the l2 norm must be a release of "
+            "the counts themselves, and only one such release per latent is supported"
+        )
     single = entries[0]
     convolution = allow_convolution and not nonnegative and (
         len(entries) == 1 and single.query is None and isinstance(single.record.mechanism, Conditioned)
@@ -264,7 +291,8 @@ def plan_fibre(model, latent, entries: list[Entry], *, allow_convolution: bool =
     support = _support(node)
     plan = FibrePlan(name, shape, support, entries, "convolution" if convolution else "fibre",
                      constraint, constraint_values,
-                     normaliser=nonnegative[0].record.mechanism if nonnegative else None)
+                     normaliser=nonnegative[0].record.mechanism if nonnegative else None,
+                     norm_factor=NormFactor(l2[0].record.mechanism.epsilon, l2[0].value) if l2 else None)
     if not plan.identity and (support[0] is None or support[1] is None):
         raise NotMarginalisableError(
             f"latent {name!r} has no release of its own cells and an unbounded prior support: "
@@ -294,7 +322,10 @@ def initial_half_width_for(plan: FibrePlan, tol: float, log_margin: float) -> in
     e = plan.identity[0]
     mech = cell_mechanism(e.record.mechanism)
     centre = plan.centres()
-    log_peak = float(np.min(mech.log_likelihood(e.value, centre)))
+    if mech is None:  # l2: the factor at a typical count vector, exp(-eps ||s - x||_2)
+        log_peak = -e.record.mechanism.epsilon * e.record.mechanism.typical_noise_norm()
+    else:
+        log_peak = float(np.min(mech.log_likelihood(e.value, centre)))
     target = np.log(tol) - np.log(plan.n_cells) - log_margin + log_peak
     return initial_half_width(tail_mechanism(e.record.mechanism), e.value, log_target=target,
                               support=plan.support)
@@ -371,13 +402,13 @@ class FibreGibbs(BlockedStep):
                 x, bound, frac, acc = corrected_gibbs_sweep(
                     x, lo, table, log_eta_cells, moves, queries, moves_per_sweep=n_moves,
                     block_moves=max(10, NORMALISER_BLOCK_MOVES_PER_CELL * plan.n_cells),
-                    tracker=self._tracker(j, x), rng=self.rng,
+                    tracker=self._tracker(j, x), rng=self.rng, norm=plan.norm_factor,
                 )
                 accepted.append(acc)
             else:
                 x, bound, frac = gibbs_sweeps(
                     x, lo, table, log_eta_cells, moves, queries, n_sweeps=1,
-                    moves_per_sweep=n_moves, rng=self.rng,
+                    moves_per_sweep=n_moves, rng=self.rng, norm=plan.norm_factor,
                 )
             new[plan.latent_name] = x.reshape(plan.shape)
             worst = max(worst, bound)

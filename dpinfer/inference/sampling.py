@@ -27,7 +27,6 @@ import pymc as pm
 import xarray as xr
 
 from dpinfer._validation import check_probability
-from dpinfer.mechanisms.conditioned import Conditioned
 from dpinfer.inference.convolution import log_convolution_at, sample_given_sums
 from dpinfer.inference.fibre import (
     MOVES_PER_CELL,
@@ -35,6 +34,7 @@ from dpinfer.inference.fibre import (
     entries_from,
     initial_half_width_for,
     plan_fibre,
+    respects_invariants,
     widened_half_width,
 )
 from dpinfer.inference.gibbs import WindowedCountGibbs
@@ -224,8 +224,7 @@ def _plans(model, records, *, allow_convolution: bool):
     linear query get a fibre plan, or a convolution plan for group totals."""
     plans, fibre_plans = [], []
     for latent, entries in entries_from(model, records, resolve_query).items():
-        special = [e for e in entries
-                   if isinstance(e.record.mechanism, Conditioned) or e.query is not None]
+        special = [e for e in entries if respects_invariants(e.record.mechanism) or e.query is not None]
         if not special:
             plans.append(plan_marginalisation(model, entries[0].record))
             continue
