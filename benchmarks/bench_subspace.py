@@ -13,6 +13,9 @@ one independent draw. Every method is timed in this one run, on the same machine
 * **dpinfer MCMC**: the same algorithm in dpinfer, vectorised over many independent chains
   (``LatticeWalk.run``) or over batches of proposals (``run_independence_chain``). Draws/s =
   chains / time of T iterations (one chain per draw).
+* **dpinfer Gibbs**: exact Gibbs sweeps along the Markov moves of the invariants
+  (``NoiseGibbs``, the default chain of ``GeneralizedLaplace``; l1 lines in closed form), its own
+  T in sweeps from its common-random-number coupling; draws/s = chains / time of T sweeps.
 * **dpinfer exact**: where dpinfer has an exact sampler of the same law (the l1 target on a
   total, which is i.i.d. double geometric noise conditioned on A z = 0; non-negativity on the
   2 x 23 table), i.i.d. draws per second; TV is only the tabulation error (tail mass 1e-20 per
@@ -42,6 +45,7 @@ import dpinfer as dp
 from dpinfer.independence_sampler import (independence_meeting_times, run_independence_chain,
                                           unimodular_block)
 from dpinfer.lattice_mcmc import LatticeWalk, double_geometric_draws, laplace_log_target
+from dpinfer.noise_gibbs import NoiseGibbs
 
 TABLE1 = Path(__file__).resolve().parents[1] / "models" / "sex_by_age_congenial" / "release.csv"
 
@@ -92,22 +96,43 @@ def single_chain_independence(x, A, block, eps, eps_proposal, start_state, n_ite
 # --- cases ----------------------------------------------------------------------------------------
 
 
-def lattice_case(name, inv, eps, norm, a, lag, runs, cap, chains, exact, rng, rows):
+def iterations_at_tv(meetings, runs: int, cap: int) -> tuple[int, str]:
+    """T at a 95% limit of TV 0.01, or the cap (with the reason) when the runs cannot certify it."""
+    try:
+        return meetings.iterations_for(0.01), "certified"
+    except ValueError:
+        why = (f"{meetings.n_censored} of {runs} runs censored at {cap}" if meetings.n_censored
+               else f"the 95% limit cannot reach 0.01 with {runs} runs")
+        return cap, f"not certified ({why}); T = cap"
+
+
+def gibbs_rows(name, inv, target, runs, chains, base_rate, rng, rows, cap=1000):
+    """Rows for the exact Gibbs sampler: T (sweeps) from its coupling, then chains x T sweeps."""
+    gibbs = NoiseGibbs(inv.markov_basis(), target)
+    start = time.perf_counter()
+    meetings = gibbs.meeting_times(10, runs, rng, max_sweeps=cap)
+    T, status = iterations_at_tv(meetings, runs, cap)
+    note = (f"T in sweeps of {gibbs.updates_per_sweep} line updates; coupling ({runs} runs, lag 10, "
+            f"{time.perf_counter() - start:.0f} s), {status}")
+    progress(f"{name}: Gibbs T = {T} sweeps")
+    gibbs.run(2, T, rng)  # compile
+    start = time.perf_counter()
+    gibbs.run(chains, T, rng)
+    rate = chains / (time.perf_counter() - start)
+    rows.append(dict(case=name, method=f"dpinfer Gibbs along Markov moves, {chains} chains", T=T,
+                     draws_per_s=rate, ratio=rate / base_rate, note=note))
+
+
+def lattice_case(name, inv, eps, norm, a, lag, runs, cap, chains, exact, rng, rows, *,
+                 gibbs_cap: int | None = None):
     C = np.asarray(inv.kernel_basis())
     target = laplace_log_target(eps, norm)
     walk = LatticeWalk(C, target, a)
     progress(f"{name}: coupling, {runs} runs, lag {lag}")
     start = time.perf_counter()
     meetings = walk.meeting_times(lag, runs, rng, max_iterations=cap, progress=progress)
-    coupling_s = time.perf_counter() - start
-    try:
-        T = meetings.iterations_for(0.01)
-        t_note = f"coupling ({runs} runs, {coupling_s:.0f} s)"
-    except ValueError:
-        T = cap
-        why = (f"{meetings.n_censored} of {runs} runs censored at {cap}" if meetings.n_censored
-               else f"the 95% limit cannot reach 0.01 with {runs} runs")
-        t_note = f"not certified ({why}); T = cap"
+    T, status = iterations_at_tv(meetings, runs, cap)
+    t_note = f"coupling ({runs} runs, {time.perf_counter() - start:.0f} s), {status}"
     progress(f"{name}: T = {T} ({t_note})")
     per_iter = single_chain_lattice_walk(C, target, a, min(20_000, max(2000, T)), rng)
     base_rate = 1.0 / (T * per_iter)
@@ -119,6 +144,8 @@ def lattice_case(name, inv, eps, norm, a, lag, runs, cap, chains, exact, rng, ro
     rate = chains / elapsed
     rows.append(dict(case=name, method=f"dpinfer LatticeWalk, {chains} chains", T=T, draws_per_s=rate,
                      ratio=rate / base_rate, note=f"{elapsed:.1f} s for {chains} chains"))
+    if gibbs_cap is not None:
+        gibbs_rows(name, inv, target, runs, 20 * chains, base_rate, rng, rows, gibbs_cap)
     if exact is not None:
         exact.sample_noise(rng, size=10)  # compile / tabulate
         n = 20_000
@@ -185,9 +212,10 @@ def main(argv=None) -> None:
     margins = dp.Invariants.margins((4, 4), [(0,), (1,)])
     # no exact sampler for two-way margins: the class lattice is the 9-dimensional noise lattice
     lattice_case("4x4 margins, l1, eps 0.25", margins, 0.25, "l1", math.exp(-1), 1000, runs, 10**5,
-                 2000, None, rng, rows)
+                 2000, None, rng, rows, gibbs_cap=30 if args.quick else 1000)
     lattice_case("4x4 margins, l2, eps 0.25", margins, 0.25, "l2", math.exp(-2), 10_000, runs,
-                 10**5 if args.quick else 10**6, 400, None, rng, rows)
+                 10**5 if args.quick else 10**6, 400, None, rng, rows,
+                 gibbs_cap=30 if args.quick else 1000)
     table1_case(runs, rng, rows)
     total = dp.Invariants.total(102)
     lattice_case("Illinois-size total, l1, eps 0.192", total, 0.192, "l1", math.exp(-2.5), 10**4,
