@@ -103,6 +103,22 @@ def test_mcmc_release_law_l2(inv, chain, iterations):
     assert tv <= np.quantile(sims, 0.999) * 1.2
 
 
+def test_l1_exact_sampler_wherever_the_class_lattice_enumerates():
+    # 2 x 3 margins: every cell its own class, a 2-dimensional lattice -> exact joint draws
+    inv = dp.Invariants.margins((2, 3), [(0,), (1,)])
+    mech = GeneralizedLaplace(0.8, inv, "l1")
+    assert mech.sampler == "exact" and mech.certify() is mech
+    assert GeneralizedLaplace(0.8, dp.Invariants.margins((4, 4), [(0,), (1,)]), "l1").sampler == "gibbs"
+    rng = np.random.default_rng(11)
+    z = mech.sample_noise(rng, size=20_000)
+    z_all, p = exact_lattice_law(mech, 25)
+    index = {tuple(r): i for i, r in enumerate(z_all)}
+    q = np.bincount([index[tuple(r)] for r in z], minlength=p.size) / z.shape[0]
+    sims = [0.5 * np.abs(np.bincount(rng.choice(p.size, z.shape[0], p=p), minlength=p.size) / z.shape[0] - p).sum()
+            for _ in range(200)]
+    assert 0.5 * np.abs(q - p).sum() <= np.quantile(sims, 0.999)
+
+
 def test_coupling_diagnostic_and_mcmc_delta():
     mech = GeneralizedLaplace(0.8, dp.Invariants.total(3), "l2")
     times = mech.coupling(n_runs=100, lag=50, rng=np.random.default_rng(2), max_iterations=20_000)

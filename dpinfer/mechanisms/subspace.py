@@ -16,8 +16,9 @@ it in total variation, for every input, is (epsilon, (1 + e^epsilon) tau)-DP ins
 
 l1 norm: ``exp(-epsilon ||z||_1) = prod_i a^|z_i|`` with ``a = e^-epsilon``, so the law is i.i.d.
 double geometric noise conditioned on ``A z = 0`` (reference note 001 §5.4), i.e.
-``Conditioned(DoubleGeometric(epsilon), invariants)``: the same likelihood (with the exact
-normaliser for totals and group totals) and, for totals and group totals, exact joint draws.
+``Conditioned(DoubleGeometric(epsilon), invariants)``: the same likelihood and, wherever the
+class lattice can be enumerated (totals, group totals, small tables), the exact normaliser and
+exact joint draws (noise tabulated to a tail of 1e-20 per cell).
 Otherwise releases are drawn by MCMC from z = 0 (a data-free start): by default exact Gibbs
 sweeps along the invariants' Markov moves (:mod:`dpinfer.noise_gibbs`; l1 lines sampled in
 closed form), or seed 001's random-walk Metropolis (Algorithm 1, :mod:`dpinfer.lattice_mcmc`,
@@ -164,9 +165,10 @@ class GeneralizedLaplace(Mechanism):
     # --- release ---------------------------------------------------------------------------
     @property
     def sampler(self) -> str:
-        """``"exact"`` (l1 with a total or group totals: joint draws by convolution), else the
-        chain: ``"gibbs"`` or ``"walk"``."""
-        if self._product is not None and self.invariants.group_codes is not None:
+        """``"exact"`` for l1 where the invariants' class lattice can be enumerated (totals,
+        group totals, small tables: joint draws by convolution, :mod:`dpinfer.class_convolution`),
+        else the chain: ``"gibbs"`` or ``"walk"``."""
+        if self._product is not None and self._product.normaliser_is_exact():
             return "exact"
         return self.chain
 
