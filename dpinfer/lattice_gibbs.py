@@ -251,7 +251,7 @@ def gibbs_sweeps(x, lo, table, log_eta, moves: MovePlan, queries: QueryRows, *,
             queries.lengths, queries.tables, order.astype(np.int64), uniforms,
             float(norm.epsilon), np.asarray(norm.release, np.int64),
         )
-        worst = max(worst, float(np.expm1(log_bound)))
+        worst = max(worst, float(np.expm1(min(log_bound, 700.0))))  # e^700: no bound
         changed += n_changed
     total = max(1, n_sweeps * min(n_moves, moves_per_sweep))
     return x, worst, changed / total
@@ -286,7 +286,7 @@ def corrected_gibbs_sweep(x, lo, table, log_eta, moves: MovePlan, queries: Query
             moves.rows, moves.coefs, queries.qmin, queries.starts, queries.lengths, queries.tables,
             path, rng.random(path.size), float(norm.epsilon), np.asarray(norm.release, np.int64),
         )
-        worst = max(worst, float(np.expm1(log_bound)))
+        worst = max(worst, float(np.expm1(min(log_bound, 700.0))))  # e^700: no bound
         n_blocks += 1
         log_z, state = tracker.propose(x_new)
         if np.log(rng.random()) <= tracker.log_z - log_z:
