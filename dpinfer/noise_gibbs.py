@@ -224,6 +224,19 @@ def _sweep_order(n_moves, per_sweep):
 
 
 @numba.njit(cache=True)
+def _sweep(z, zz_state, cells, steps, kind, scale, per_sweep, right, left):
+    """One sweep of one chain (z in place). Returns (||z||^2, sum of relative neglected
+    masses, right, left)."""
+    order = _sweep_order(cells.shape[0], per_sweep)
+    lost = 0.0
+    for k in range(order.shape[0]):
+        zz_state, rel, right, left = _update(z, cells, steps, order[k], kind, scale, zz_state,
+                                             np.random.random(), right, left)
+        lost += rel
+    return zz_state, lost, right, left
+
+
+@numba.njit(cache=True)
 def _run_kernel(z, cells, steps, kind, scale, n_sweeps, per_sweep, seed):
     """``n_sweeps`` sweeps of every chain (rows of z, in place), each with its own move order
     and uniforms. Returns the largest per-chain sum of relative neglected masses."""
@@ -231,16 +244,13 @@ def _run_kernel(z, cells, steps, kind, scale, n_sweeps, per_sweep, seed):
     right = np.empty(256, dtype=np.float64)
     left = np.empty(256, dtype=np.float64)
     worst = 0.0
-    n_moves = cells.shape[0]
     for c in range(z.shape[0]):
         zz_state = _squared_norm(z[c])
         lost = 0.0
         for _ in range(n_sweeps):
-            order = _sweep_order(n_moves, per_sweep)
-            for k in range(order.shape[0]):
-                zz_state, rel, right, left = _update(z[c], cells, steps, order[k], kind, scale,
-                                                     zz_state, np.random.random(), right, left)
-                lost += rel
+            zz_state, rel, right, left = _sweep(z[c], zz_state, cells, steps, kind, scale,
+                                                per_sweep, right, left)
+            lost += rel
         worst = max(worst, lost)
     return worst
 
@@ -260,10 +270,7 @@ def _meeting_kernel(n_runs, d, cells, steps, kind, scale, lag, max_sweeps, per_s
         xx = 0
         yy = 0
         for _ in range(lag):
-            order = _sweep_order(n_moves, per_sweep)
-            for k in range(order.shape[0]):
-                xx, _, right, left = _update(x, cells, steps, order[k], kind, scale, xx,
-                                             np.random.random(), right, left)
+            xx, _, right, left = _sweep(x, xx, cells, steps, kind, scale, per_sweep, right, left)
         for sweep in range(lag + 1, max_sweeps + 1):
             order = _sweep_order(n_moves, per_sweep)
             for k in range(order.shape[0]):

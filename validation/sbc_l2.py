@@ -25,7 +25,6 @@ Writes validation/results/sbc_l2.md.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -33,7 +32,7 @@ import numpy as np
 import pymc as pm
 
 import dpinfer as dp
-from dpinfer.inference.sbc import dpinfer_fit, format_table, run_sbc
+from dpinfer.inference.sbc import dpinfer_fit, run_sbc, study_main, study_report
 
 SEED = 20261123
 EPS = 0.5
@@ -74,25 +73,13 @@ def run(n_reps: int):
                  alternatives={"l1 likelihood": dpinfer_fit(build(l1), **FIT)}, **FIT)
     minutes = (time.perf_counter() - start) / 60
     negative = np.array(negative)
-    lines = [
-        "# SBC: generalized Laplace releases in the l2 norm",
-        "",
-        f"`validation/sbc_l2.py {n_reps}` (seed {SEED}), {minutes:.0f} min. Replicates with a "
-        f"negative released cell: {np.mean(negative > 0):.0%} ({int(negative.sum())} cells).",
-        "",
-        format_table(df),
-        "",
-    ]
-    return df, "\n".join(lines)
+    header = (f"`validation/sbc_l2.py {n_reps}` (seed {SEED}), {minutes:.0f} min. Replicates with a "
+              f"negative released cell: {np.mean(negative > 0):.0%} ({int(negative.sum())} cells).")
+    return df, study_report("SBC: generalized Laplace releases in the l2 norm", header, df)
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    df, text = run(int(argv[0]) if argv else 100)
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(text)
-    print(text)
-    return 0
+    return study_main(run, RESULTS, argv)
 
 
 if __name__ == "__main__":

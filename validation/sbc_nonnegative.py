@@ -25,7 +25,6 @@ Writes validation/results/sbc_nonnegative.md.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -33,7 +32,7 @@ import numpy as np
 import pymc as pm
 
 import dpinfer as dp
-from dpinfer.inference.sbc import dpinfer_fit, format_table, run_sbc
+from dpinfer.inference.sbc import dpinfer_fit, run_sbc, study_main, study_report
 
 SEED = 20261122
 EPS = 0.5
@@ -74,27 +73,15 @@ def run(n_reps: int):
                  alternatives={"equality-only": dpinfer_fit(build(False), **FIT)}, **FIT)
     minutes = (time.perf_counter() - start) / 60
     binding = np.array(binding)
-    lines = [
-        "# SBC: releases conditioned on invariants and non-negativity",
-        "",
-        f"`validation/sbc_nonnegative.py {n_reps}` (seed {SEED}), {minutes:.0f} min. "
-        f"log P(A e = 0) - log P(A e = 0, x + e >= 0) at the true counts: median "
-        f"{np.median(binding):.2f}, 90% quantile {np.quantile(binding, 0.9):.2f} nats "
-        "(how much the normaliser the equality-only likelihood ignores varies).",
-        "",
-        format_table(df),
-        "",
-    ]
-    return df, "\n".join(lines)
+    header = (f"`validation/sbc_nonnegative.py {n_reps}` (seed {SEED}), {minutes:.0f} min. "
+              f"log P(A e = 0) - log P(A e = 0, x + e >= 0) at the true counts: median "
+              f"{np.median(binding):.2f}, 90% quantile {np.quantile(binding, 0.9):.2f} nats "
+              "(how much the normaliser the equality-only likelihood ignores varies).")
+    return df, study_report("SBC: releases conditioned on invariants and non-negativity", header, df)
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    df, text = run(int(argv[0]) if argv else 100)
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(text)
-    print(text)
-    return 0
+    return study_main(run, RESULTS, argv)
 
 
 if __name__ == "__main__":

@@ -373,3 +373,22 @@ def format_table(df: pd.DataFrame) -> str:
             f"{'yes' if r.passed else 'NO'} |"
         )
     return "\n".join(lines)
+
+
+def study_report(title: str, header: str, df: pd.DataFrame) -> str:
+    """A validation study's markdown report: title, a header paragraph, the summary table."""
+    return "\n".join([f"# {title}", "", header, "", format_table(df), ""])
+
+
+def study_main(run: Callable, results, argv=None, *, default_reps: int = 100) -> int:
+    """Command line of a validation study: ``run(n_reps)`` returns (table, report text), with
+    ``n_reps`` the first argument (default ``default_reps``); the report is printed and written
+    to ``results`` (a pathlib.Path)."""
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    _, text = run(int(argv[0]) if argv else default_reps)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(text)
+    print(text)
+    return 0
