@@ -68,7 +68,7 @@ class GeneralizedLaplace(Mechanism):
         ``"l1"`` or ``"l2"``: the norm of the target and of the privacy guarantee.
     iterations
         Sweeps (``chain="gibbs"``) or steps (``"walk"``) of the chain per release, for the
-        releases drawn by MCMC (l2, or l1 with invariants other than totals). Set it with
+        releases drawn by MCMC (l2, or l1 whose class lattice is too large to enumerate). Set it with
         :meth:`certify` (which also states the release's delta) or from :meth:`coupling`.
     proposal_a
         ``chain="walk"``: parameter ``a`` of the double geometric proposal per lattice
@@ -104,6 +104,7 @@ class GeneralizedLaplace(Mechanism):
         self.chain = chain
         self.certified_tv: float | None = None  # set by certify(), with its coupling result
         self.coupling_result: MeetingTimes | None = None
+        self.certified_level: float | None = None
         self._log_target = laplace_log_target(self._epsilon, norm)
         self._product = Conditioned(DoubleGeometric(self._epsilon), invariants) if norm == "l1" else None
         self._walk = None
@@ -124,9 +125,11 @@ class GeneralizedLaplace(Mechanism):
                          "certificate: call certify(tv) to obtain (epsilon, (1 + e^epsilon) tv)")
             else:
                 delta = self.mcmc_delta(self.certified_tv)
-                note += (f"; releases by {self.iterations} {self.chain} iterations from a data-free "
-                         f"start, within TV {self.certified_tv:.3g} of the exact law for every input "
-                         "(95% upper limit of an L-lag coupling estimate)")
+                unit = "Gibbs sweeps" if self.chain == "gibbs" else "random-walk steps"
+                note += (f"; releases by {self.iterations} {unit} from a data-free start, within TV "
+                         f"{self.certified_tv:.3g} of the exact law for every input (upper "
+                         f"{self.certified_level:.0%} confidence limit of an L-lag coupling estimate "
+                         f"from {self.coupling_result.tau.size} runs)")
         return PrivacyGuarantee(self._epsilon, delta, 1.0, "equal-invariants", self.norm, note=note)
 
     def mcmc_delta(self, tv: float) -> float:
@@ -240,8 +243,7 @@ class GeneralizedLaplace(Mechanism):
         iterations = times.iterations_for(tv, level=level)
         out = GeneralizedLaplace(self._epsilon, self.invariants, self.norm, iterations=iterations,
                                  proposal_a=self.proposal_a, chain=self.chain)
-        out.certified_tv = float(tv)
-        out.coupling_result = times
+        out.certified_tv, out.certified_level, out.coupling_result = float(tv), float(level), times
         return out
 
     # --- likelihood --------------------------------------------------------------------------
