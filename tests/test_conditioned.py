@@ -173,3 +173,26 @@ def test_queries_that_are_not_fixed_linear_maps_are_refused():
         resolve_query(model, x + 1)
     with pytest.raises(ValueError, match="also depends on"):
         resolve_query(model, x * lam)
+
+
+@pytest.mark.parametrize("base", [dp.DoubleGeometric(0.7, sensitivity=2), dp.DiscreteGaussian(1.5)],
+                         ids=["double-geometric", "discrete-gaussian"])
+def test_gibbs_noise_targets_the_conditioned_base(base):
+    """The MCMC path of sample_noise (used when the class lattice is too large; called directly
+    here on 2 x 3 margins) against the enumerated law prod_i f(e_i) on A e = 0."""
+    inv = dp.Invariants.margins((2, 3), [(0,), (1,)])
+    mech = dp.Conditioned(base, inv, burn_in_sweeps=30)
+    rng = np.random.default_rng(4)
+    z = mech._gibbs_noise(rng, 20_000)
+    assert np.all(inv.values(z) == 0)
+    C = np.asarray(inv.kernel_basis())
+    w = np.array(list(itertools.product(range(-30, 31), repeat=C.shape[1])))
+    support = w @ C.T
+    log_p = base.noise_logpdf(support).sum(axis=1)
+    p = np.exp(log_p - log_p.max())
+    p /= p.sum()
+    index = {tuple(r): i for i, r in enumerate(support)}
+    q = np.bincount([index[tuple(r)] for r in z], minlength=p.size) / z.shape[0]
+    sims = [0.5 * np.abs(np.bincount(rng.choice(p.size, z.shape[0], p=p), minlength=p.size) / z.shape[0] - p).sum()
+            for _ in range(300)]
+    assert 0.5 * np.abs(q - p).sum() <= np.quantile(sims, 0.999)

@@ -36,7 +36,6 @@ from pytensor.graph.op import Op
 
 from dpinfer._validation import as_integer_array, check_probability, check_rng
 from dpinfer.invariants import Invariants
-from dpinfer.lattice_gibbs import MovePlan, QueryRows, gibbs_sweeps
 from dpinfer.mechanisms.base import AdditiveMechanism, Mechanism, PrivacyAudit, PrivacyGuarantee
 
 # The noise is tabulated on [-K, K] with per-cell tail mass below this: the truncated law is
@@ -301,19 +300,22 @@ class Conditioned(Mechanism):
         return out[0] if size is None else out
 
     def _gibbs_noise(self, rng, n: int) -> np.ndarray:
-        k, log_f = self.noise_table()
-        d = self.invariants.n_cells
-        log_g = np.broadcast_to(log_f, (d, log_f.size))
-        moves = self.invariants.markov_basis()
-        plan = MovePlan.build(moves.cells, moves.steps, np.zeros((0, d), np.int64))
-        out = np.empty((n, d), dtype=np.int64)
-        for r in range(n):
-            e, _, _ = gibbs_sweeps(
-                np.zeros(d, np.int64), np.full(d, -k), log_g, np.full(d, -np.inf), plan,
-                QueryRows.empty(d), n_sweeps=self.burn_in_sweeps, moves_per_sweep=len(plan), rng=rng,
-            )
-            out[r] = e
-        return out
+        """``n`` independent chains of ``burn_in_sweeps`` exact Gibbs sweeps along the
+        invariants' Markov moves from e = 0 (:class:`dpinfer.noise_gibbs.NoiseGibbs`)."""
+        from dpinfer.lattice_mcmc import LatticeTarget
+        from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
+        from dpinfer.mechanisms.geometric import DoubleGeometric
+        from dpinfer.noise_gibbs import NoiseGibbs
+
+        # log f(e) up to a constant: -rate |e| (double geometric) or -e^2 / (2 sigma^2)
+        if isinstance(self.base, DoubleGeometric):
+            target = LatticeTarget(0, -np.log(self.base.alpha))
+        elif isinstance(self.base, DiscreteGaussian):
+            target = LatticeTarget(2, 1.0 / (2.0 * self.base.sigma ** 2))
+        else:
+            raise TypeError(f"no Gibbs sampler for the noise of {self.base!r}")
+        z, _ = NoiseGibbs(self.invariants.markov_basis(), target).run(n, self.burn_in_sweeps, rng)
+        return z
 
     def independence_chain_noise(self, true_values, rng, n: int, *, proposal_epsilon=None,
                                  burn_in: int = 20_000, thin: int = 50) -> np.ndarray:
