@@ -196,3 +196,19 @@ def test_gibbs_noise_targets_the_conditioned_base(base):
     sims = [0.5 * np.abs(np.bincount(rng.choice(p.size, z.shape[0], p=p), minlength=p.size) / z.shape[0] - p).sum()
             for _ in range(300)]
     assert 0.5 * np.abs(q - p).sum() <= np.quantile(sims, 0.999)
+
+
+def test_rejection_cost_where_the_normaliser_cannot_be_enumerated():
+    # the normal approximation of P(A e = 0) against the exact value on small tables: exact
+    # for discrete Gaussian noise, low (a conservative cost estimate) for double geometric
+    inv = dp.Invariants.margins((2, 3), [(0,), (1,)])
+    gauss = dp.Conditioned(dp.DiscreteGaussian(3.0), inv)
+    assert gauss.approximate_log_acceptance() == pytest.approx(gauss.log_normaliser(), abs=1e-3)
+    for eps in (0.25, 1.0):
+        geo = dp.Conditioned(dp.DoubleGeometric(eps), inv)
+        assert geo.log_normaliser() - 2 < geo.approximate_log_acceptance() < geo.log_normaliser()
+    # 4 x 4 margins: the class lattice has 9 dimensions; the release is refused on cost
+    # (about 1e11 draws) instead of running for hours, and the message points to the chain
+    big = dp.Conditioned(dp.DoubleGeometric(0.25), dp.Invariants.margins((4, 4), [(0,), (1,)]))
+    with pytest.raises(RuntimeError, match="normal approximation.*GeneralizedLaplace"):
+        big.release(np.arange(16) + 5, np.random.default_rng(0))
