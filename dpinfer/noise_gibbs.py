@@ -145,25 +145,9 @@ def _l1_line_draw(z, cells, steps, m, scale, u, buf):
 
 
 @numba.njit(cache=True)
-def _update(z, cells, steps, m, kind, scale, zz_state, u, right, left):
-    """One exact line update of z along move m with uniform u (inversion in increasing t).
-    Returns (new ||z||^2, relative neglected mass, right, left)."""
-    zm = 0
-    mm = 0
-    for s in range(cells.shape[1]):
-        st = steps[m, s]
-        if st != 0:
-            zm += st * z[cells[m, s]]
-            mm += st * st
-    if kind == 0:
-        t, right = _l1_line_draw(z, cells, steps, m, scale, u, right)
-        if t != 0:
-            for s in range(cells.shape[1]):
-                st = steps[m, s]
-                if st != 0:
-                    z[cells[m, s]] += t * st
-            zz_state += 2 * t * zm + t * t * mm
-        return zz_state, 0.0, right, left
+def _enumerated_line_draw(z, cells, steps, m, kind, scale, zz_state, zm, mm, u, right, left):
+    """t by inversion of u over the weights enumerated outward from t = 0 (l2 and Gaussian;
+    module docstring). Returns (t, relative neglected mass, right, left)."""
     w0 = _line_weight(z, cells, steps, m, 0, kind, scale, zz_state, zm, mm)
     right, n_r, bound_r = _walk_out(z, cells, steps, m, kind, scale, zz_state, zm, mm, w0, 1, right)
     left, n_l, bound_l = _walk_out(z, cells, steps, m, kind, scale, zz_state, zm, mm, w0, -1, left)
@@ -177,35 +161,47 @@ def _update(z, cells, steps, m, kind, scale, zz_state, u, right, left):
         total += math.exp(right[i] - top)
     for i in range(n_l):
         total += math.exp(left[i] - top)
+    neglected = (math.exp(bound_r - top) + math.exp(bound_l - top)) / total
     target = u * total
     acc = 0.0
-    t = n_r  # fallback: the last point (u * total at the top end, round-off)
-    found = False
     for i in range(n_l - 1, -1, -1):  # t = -n_l .. -1
         acc += math.exp(left[i] - top)
         if acc >= target:
-            t = -(i + 1)
-            found = True
-            break
-    if not found:
-        acc += math.exp(w0 - top)
+            return -(i + 1), neglected, right, left
+    acc += math.exp(w0 - top)
+    if acc >= target:
+        return 0, neglected, right, left
+    for i in range(n_r):
+        acc += math.exp(right[i] - top)
         if acc >= target:
-            t = 0
-            found = True
-    if not found:
-        for i in range(n_r):
-            acc += math.exp(right[i] - top)
-            if acc >= target:
-                t = i + 1
-                break
-    neglected = math.exp(bound_r - top) + math.exp(bound_l - top)
+            return i + 1, neglected, right, left
+    return n_r, neglected, right, left  # u * total at the top end (round-off)
+
+
+@numba.njit(cache=True)
+def _update(z, cells, steps, m, kind, scale, zz_state, u, right, left):
+    """One exact line update of z along move m with uniform u (inversion in increasing t).
+    Returns (new ||z||^2, relative neglected mass, right, left)."""
+    zm = 0
+    mm = 0
+    for s in range(cells.shape[1]):
+        st = steps[m, s]
+        if st != 0:
+            zm += st * z[cells[m, s]]
+            mm += st * st
+    if kind == 0:
+        t, right = _l1_line_draw(z, cells, steps, m, scale, u, right)
+        neglected = 0.0
+    else:
+        t, neglected, right, left = _enumerated_line_draw(z, cells, steps, m, kind, scale, zz_state,
+                                                          zm, mm, u, right, left)
     if t != 0:
         for s in range(cells.shape[1]):
             st = steps[m, s]
             if st != 0:
                 z[cells[m, s]] += t * st
         zz_state += 2 * t * zm + t * t * mm
-    return zz_state, neglected / total, right, left
+    return zz_state, neglected, right, left
 
 
 @numba.njit(cache=True)

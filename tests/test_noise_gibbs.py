@@ -14,6 +14,7 @@ import dpinfer as dp
 from dpinfer.invariants import MoveSet
 from dpinfer.lattice_mcmc import LatticeTarget, gaussian_log_target, laplace_log_target
 from dpinfer.noise_gibbs import NoiseGibbs, _l1_line_draw
+from law_checks import empirical_tv, iid_tv_quantile, kernel_lattice_law
 
 
 def _inversion(z, cells, steps, scale, u, radius=400):
@@ -42,15 +43,6 @@ def test_l1_line_draw_is_inversion_of_the_exact_conditional(steps):
                 assert t == expected
 
 
-def _enumerated_law(inv, target, radius):
-    C = np.asarray(inv.kernel_basis())
-    w = np.array(list(itertools.product(range(-radius, radius + 1), repeat=C.shape[1])))
-    z = w @ C.T
-    log_q = target(z)
-    p = np.exp(log_q - log_q.max())
-    return z, p / p.sum()
-
-
 @pytest.mark.parametrize("target", [laplace_log_target(0.7, "l1"), laplace_log_target(0.7, "l2"),
                                     gaussian_log_target(1.5)], ids=["l1", "l2", "gaussian"])
 @pytest.mark.parametrize("inv", [dp.Invariants.total(3), dp.Invariants.margins((2, 3), [(0,), (1,)])],
@@ -62,14 +54,9 @@ def test_chain_law_against_enumeration(inv, target):
     z, lost = gibbs.run(n, 30, rng)
     assert lost < 1e-15
     assert np.all(inv.values(z) == 0)
-    support, p = _enumerated_law(inv, target, 25)
-    index = {tuple(r): i for i, r in enumerate(support)}
-    q = np.bincount([index[tuple(r)] for r in z], minlength=p.size) / n
-    tv = 0.5 * np.abs(q - p).sum()
-    # the TV of n i.i.d. draws from p itself: its 99.9% quantile by simulation
-    sims = [0.5 * np.abs(np.bincount(rng.choice(p.size, n, p=p), minlength=p.size) / n - p).sum()
-            for _ in range(300)]
-    assert tv <= np.quantile(sims, 0.999), (tv, np.quantile(sims, [0.5, 0.999]))
+    support, p = kernel_lattice_law(inv, target, 25)
+    tv, tolerance = empirical_tv(z, support, p), iid_tv_quantile(p, n, rng)
+    assert tv <= tolerance, (tv, tolerance)
 
 
 def _sweep_matrix(states, moves: MoveSet, target: LatticeTarget):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import arviz as az
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
@@ -16,6 +15,7 @@ from scipy.special import gammaln
 import dpinfer as dp
 from dpinfer.class_convolution import NormaliserTracker
 from dpinfer.independence_sampler import unimodular_block
+from law_checks import posterior_mean_z
 
 # a 2 x 3 "sex by age" table: total, first-row total, adult (last two columns) total
 SEX_BY_AGE = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [0, 1, 1, 0, 1, 1]])
@@ -242,9 +242,7 @@ def test_posterior_with_the_x_dependent_normaliser_matches_enumeration():
     assert 0.2 < report["nonnegativity"]["block_acceptance"] <= 1
     draws = idata.posterior["x"].values.reshape(-1, 6)
     assert np.all(draws @ SEX_BY_AGE.T == SEX_BY_AGE @ s)
-    mean, sd = p @ fibre, np.sqrt(p @ fibre ** 2 - (p @ fibre) ** 2)
-    se = sd / np.sqrt(az.ess(idata, var_names=["x"])["x"].values)
-    z = (draws.mean(0) - mean) / se
+    z, se = posterior_mean_z(idata, "x", fibre, p)
     assert np.all(np.abs(z) < 4), z
     z_wrong = (draws.mean(0) - p_wrong @ fibre) / se
     assert np.max(np.abs(z_wrong)) > 4, z_wrong

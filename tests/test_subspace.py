@@ -6,7 +6,6 @@ import math
 
 import json
 
-import arviz as az
 import numpy as np
 import pymc as pm
 import pytest
@@ -14,6 +13,7 @@ from scipy.special import gammaln
 
 import dpinfer as dp
 from dpinfer.mechanisms.subspace import GeneralizedLaplace
+from law_checks import empirical_tv, iid_tv_quantile, kernel_lattice_law, posterior_mean_z
 
 EPS = 0.5
 
@@ -72,12 +72,8 @@ def test_illinois_size_total_magnitudes():
 
 
 def exact_lattice_law(mech, radius):
-    C = np.asarray(mech.invariants.kernel_basis())
-    w = np.array(list(itertools.product(range(-radius, radius + 1), repeat=C.shape[1])))
-    z = w @ C.T
-    lp = np.array([mech.log_likelihood(zi, np.zeros_like(zi)) for zi in z])
-    p = np.exp(lp - lp.max())
-    return z, p / p.sum()
+    return kernel_lattice_law(
+        mech.invariants, lambda z: [mech.log_likelihood(zi, np.zeros_like(zi)) for zi in z], radius)
 
 
 @pytest.mark.parametrize("chain, iterations", [("gibbs", 30), ("walk", 200)])
@@ -94,13 +90,7 @@ def test_mcmc_release_law_l2(inv, chain, iterations):
     assert np.all(inv.values(s) == inv.values(x))
     z = mech.sample_noise(rng, size=20_000)
     z_all, p = exact_lattice_law(mech, 25)
-    index = {tuple(r): i for i, r in enumerate(z_all)}
-    q = np.bincount([index[tuple(r)] for r in z], minlength=p.size) / z.shape[0]
-    tv = 0.5 * np.abs(q - p).sum()
-    # TV of 20,000 i.i.d. draws from p itself, 99.9% quantile by simulation
-    sims = [0.5 * np.abs(np.bincount(rng.choice(p.size, z.shape[0], p=p), minlength=p.size) / z.shape[0] - p).sum()
-            for _ in range(200)]
-    assert tv <= np.quantile(sims, 0.999) * 1.2
+    assert empirical_tv(z, z_all, p) <= iid_tv_quantile(p, z.shape[0], rng, n_sims=200) * 1.2
 
 
 def test_l1_exact_sampler_wherever_the_class_lattice_enumerates():
@@ -112,11 +102,7 @@ def test_l1_exact_sampler_wherever_the_class_lattice_enumerates():
     rng = np.random.default_rng(11)
     z = mech.sample_noise(rng, size=20_000)
     z_all, p = exact_lattice_law(mech, 25)
-    index = {tuple(r): i for i, r in enumerate(z_all)}
-    q = np.bincount([index[tuple(r)] for r in z], minlength=p.size) / z.shape[0]
-    sims = [0.5 * np.abs(np.bincount(rng.choice(p.size, z.shape[0], p=p), minlength=p.size) / z.shape[0] - p).sum()
-            for _ in range(200)]
-    assert 0.5 * np.abs(q - p).sum() <= np.quantile(sims, 0.999)
+    assert empirical_tv(z, z_all, p) <= iid_tv_quantile(p, z.shape[0], rng, n_sims=200)
 
 
 def test_coupling_diagnostic_and_mcmc_delta():
@@ -207,9 +193,8 @@ def test_l2_posterior_matches_enumeration():
     assert report["max_relative_error_bound"] <= report["tol"]
     draws = idata.posterior["x"].values.reshape(-1, 6)
     assert np.all(inv.values(draws) == inv.values(s))
-    mean = p @ fibre
-    se = np.sqrt(p @ fibre ** 2 - mean ** 2) / np.sqrt(az.ess(idata, var_names=["x"])["x"].values)
-    assert np.all(np.abs(draws.mean(0) - mean) < 4 * se), (draws.mean(0) - mean) / se
+    z, se = posterior_mean_z(idata, "x", fibre, p)
+    assert np.all(np.abs(z) < 4), z
     assert np.max(np.abs(draws.mean(0) - p_l1 @ fibre) / se) > 4
 
 

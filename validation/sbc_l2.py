@@ -24,14 +24,13 @@ Writes validation/results/sbc_l2.md.
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
 import numpy as np
-import pymc as pm
 
 import dpinfer as dp
+from poisson_hierarchy import build, draw_truth
 from dpinfer.inference.sbc import dpinfer_fit, run_sbc, study_main, study_report
 
 SEED = 20261123
@@ -39,17 +38,6 @@ EPS = 0.5
 SHAPE = (3, 3)
 RESULTS = Path(__file__).parent / "results" / "sbc_l2.md"
 FIT = dict(draws=250, tune=300, chains=2)
-
-
-def build(mechanism) -> pm.Model:
-    with pm.Model() as model:
-        s_data = pm.Data("s_data", np.full(9, 8, dtype="int64"))
-        mu = pm.Normal("mu", math.log(8.0), 0.5)
-        sigma = pm.HalfNormal("sigma", 0.5)
-        z = pm.Normal("z", 0.0, 1.0, shape=9)
-        x = pm.Poisson("x", pm.math.exp(mu + sigma * z), shape=9)
-        mechanism.observe("s", x, s_data)
-    return model
 
 
 def run(n_reps: int):
@@ -60,17 +48,15 @@ def run(n_reps: int):
     negative = []
 
     def simulate(rng):
-        mu = rng.normal(math.log(8.0), 0.5)
-        sigma = abs(rng.normal(0.0, 0.5))
-        x = rng.poisson(np.exp(mu + sigma * rng.normal(size=9)))
-        s = l2.release(x, rng)
+        truth = draw_truth(rng, 9, 8.0)
+        s = l2.release(truth["x"], rng)
         negative.append(int(np.sum(s < 0)))
-        return {"mu": mu, "sigma": sigma, "x": x}, {"s_data": s}
+        return truth, {"s_data": s}
 
     rng = np.random.default_rng(SEED)
     start = time.perf_counter()
-    df = run_sbc(build(l2), simulate, n_reps, rng, n_ranks=99, progress_every=10,
-                 alternatives={"l1 likelihood": dpinfer_fit(build(l1), **FIT)}, **FIT)
+    df = run_sbc(build(l2, 9, 8.0), simulate, n_reps, rng, n_ranks=99, progress_every=10,
+                 alternatives={"l1 likelihood": dpinfer_fit(build(l1, 9, 8.0), **FIT)}, **FIT)
     minutes = (time.perf_counter() - start) / 60
     negative = np.array(negative)
     header = (f"`validation/sbc_l2.py {n_reps}` (seed {SEED}), {minutes:.0f} min. Replicates with a "

@@ -24,7 +24,6 @@ Writes validation/results/sbc_nonnegative.md.
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import numpy as np
 import pymc as pm
 
 import dpinfer as dp
+import poisson_hierarchy
 from dpinfer.inference.sbc import dpinfer_fit, run_sbc, study_main, study_report
 
 SEED = 20261122
@@ -43,14 +43,7 @@ FIT = dict(draws=250, tune=300, chains=2)
 
 def build(nonnegative: bool) -> pm.Model:
     mech = dp.Conditioned(dp.DoubleGeometric(EPS), dp.Invariants.from_matrix(A), nonnegative=nonnegative)
-    with pm.Model() as model:
-        s_data = pm.Data("s_data", np.array([3, 3, 3, 3, 3, 3], dtype="int64"))
-        mu = pm.Normal("mu", math.log(3.0), 0.5)
-        sigma = pm.HalfNormal("sigma", 0.5)
-        z = pm.Normal("z", 0.0, 1.0, shape=6)
-        x = pm.Poisson("x", pm.math.exp(mu + sigma * z), shape=6)
-        mech.observe("s", x, s_data)
-    return model
+    return poisson_hierarchy.build(mech, 6, 3.0)
 
 
 def run(n_reps: int):
@@ -59,13 +52,10 @@ def run(n_reps: int):
     binding = []
 
     def simulate(rng):
-        mu = rng.normal(math.log(3.0), 0.5)
-        sigma = abs(rng.normal(0.0, 0.5))
-        z = rng.normal(size=6)
-        x = rng.poisson(np.exp(mu + sigma * z))
-        s = release.release(x, rng, grade="simulation")
-        binding.append(release.normaliser_range(x))
-        return {"mu": mu, "sigma": sigma, "x": x}, {"s_data": s}
+        truth = poisson_hierarchy.draw_truth(rng, 6, 3.0)
+        s = release.release(truth["x"], rng, grade="simulation")
+        binding.append(release.normaliser_range(truth["x"]))
+        return truth, {"s_data": s}
 
     rng = np.random.default_rng(SEED)
     start = time.perf_counter()
