@@ -71,18 +71,20 @@ def _four_cells_exact():
     return points, log_w
 
 
-@pytest.mark.parametrize("counts_sampler", ["auto", "fibre"])
-def test_four_cells_with_a_total_match_enumeration(counts_sampler):
+@pytest.mark.parametrize("method, expected", [
+    ("auto", "jointly on the group totals"),  # the compiled engine's exact draws
+    ("marginal", "convolution"),  # the PyMC engine: summed out by convolution
+    ("fibre", "Markov"),  # the PyMC engine: fibre moves
+])
+def test_four_cells_with_a_total_match_enumeration(method, expected):
     mech = dp.Conditioned(dp.DoubleGeometric(EPS), dp.Invariants.total(4))
     with pm.Model() as model:
         x = pm.Poisson("x", RATES4)
         mech.observe("s", x, RELEASE4)
-        idata = dp.sample(draws=1500, chains=2, random_seed=3, progressbar=False,
-                          counts_sampler=counts_sampler)
+        idata = dp.sample(draws=1500, chains=2, random_seed=3, progressbar=False, method=method)
     draws = idata.posterior["x"].values.reshape(-1, 4)
     assert np.all(draws.sum(1) == RELEASE4.sum()) and np.all(draws >= 0)
     report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
-    expected = "convolution" if counts_sampler == "auto" else "Markov"
     assert expected in report["method"]
     assert report["max_relative_error_bound"] <= 1e-10
     points, log_w = _four_cells_exact()

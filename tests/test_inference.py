@@ -107,11 +107,12 @@ def test_count_draws_match_enumerated_posterior(beta_binomial_fit):
     assert stats.chi2.sf(chi2, df=9) > 1e-3
 
 
-def test_report_records_method_window_and_bound(beta_binomial_fit):
+def test_report_records_engine_method_and_window(beta_binomial_fit):
     _, idata = beta_binomial_fit
     report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
     assert report["release"] == "release"
-    assert report["max_relative_error_bound"] <= report["tol"]
+    assert report["engine"] == "compiled" and report["method"].startswith("exact Gibbs")
+    assert report["exact_tails"] and report["max_relative_error_bound"] == 0.0
     assert report["window_half_width"] > 100  # epsilon = 0.1: a = 0.905, tails are long
 
 
@@ -195,14 +196,43 @@ def test_window_bound_is_valid_against_the_full_sum():
 
 
 def test_window_widens_when_the_check_fails(monkeypatch):
+    """The PyMC engine's marginal path: a window too narrow for tol is widened and refitted."""
     import dpinfer.inference.sampling as sample_module
 
     monkeypatch.setattr(sample_module, "_initial_half_width", lambda plan, tol: 1)
     model = beta_binomial_model()
-    idata = sample(50, tune=50, chains=1, random_seed=3, progressbar=False, model=model)
+    idata = sample(50, tune=50, chains=1, random_seed=3, progressbar=False, model=model,
+                   method="marginal")
     report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
-    assert report["widenings"] >= 1
+    assert report["engine"] == "pymc" and report["widenings"] >= 1
     assert report["max_relative_error_bound"] <= report["tol"]
+
+
+def test_exact_tails_make_a_narrow_window_exact(monkeypatch):
+    """The compiled engine draws the counts exactly beyond the window (geometric envelopes):
+    with a window of +-8 around s = 612 at epsilon = 0.1 (noise sd 14) about half of the
+    count draws come from the tails, and the posterior still matches enumeration."""
+    import dpinfer.inference.sampling as sample_module
+
+    monkeypatch.setattr(sample_module, "tail_half_width", lambda mech: 8)
+    x_draws_total = 2 * 2000
+    model = beta_binomial_model()
+    idata = sample(2000, tune=1000, chains=2, random_seed=5, progressbar=False, model=model)
+    report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
+    assert report["engine"] == "compiled" and report["window_half_width"] == 8
+    # a cell is held (kept for a sweep) only where the window misses x | theta almost entirely
+    assert report["exact_tails"] and report["held_cells_after_tuning"] < 0.1 * x_draws_total
+    mean, sd, support, p = exact_beta_binomial_posterior()
+    x = idata.posterior["x"].values
+    assert np.mean(np.abs(x - RELEASE) > 8) > 0.3  # the tails are really used
+    ess = float(az.ess(idata, var_names=["x"])["x"])
+    exact_mean = np.sum(p * support)
+    exact_sd = np.sqrt(np.sum(p * support**2) - exact_mean**2)
+    assert abs(x.mean() - exact_mean) < 4 * exact_sd / np.sqrt(ess)
+    assert abs(x.std() - exact_sd) < 4 * exact_sd / np.sqrt(2 * ess)
+    theta = idata.posterior["theta"].values
+    ess_theta = float(az.ess(idata, var_names=["theta"])["theta"])
+    assert abs(theta.mean() - mean) < 4 * sd / np.sqrt(ess_theta)
 
 
 def test_windowed_gibbs_for_counts_with_other_children():

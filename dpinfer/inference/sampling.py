@@ -1,6 +1,16 @@
 """``dpinfer.sample``: posterior sampling for models whose latent true counts are privatised.
 
-What it does for each release recorded by ``Mechanism.observe`` (inference notes §1):
+Two engines, chosen per model (``method="auto"``) and named in the result's report:
+
+* the **compiled exact Gibbs engine** (:mod:`dpinfer.inference.engine`), wherever every latent
+  count vector is released once, as itself, with no other child (independent cells or cells
+  conditioned on group totals) and every other free variable is continuous: each sweep draws
+  the counts exactly given the parameters (no window error: exact tails for additive noise),
+  then makes one compiled NUTS transition of the parameters given the counts;
+* the **PyMC engine** otherwise (or with ``method="marginal"`` / ``"fibre"``), described below.
+
+What the PyMC engine does for each release recorded by ``Mechanism.observe`` (inference notes
+§1):
 
 1. choose a window of true counts around the release whose neglected likelihood mass is
    provably below ``tol`` relative to the windowed likelihood;
@@ -20,6 +30,7 @@ The method, windows and bounds are written into ``idata.posterior.attrs``.
 from __future__ import annotations
 
 import json
+import os
 import warnings
 
 import numpy as np
@@ -44,6 +55,16 @@ from dpinfer.inference.marginal import (
     marginalise,
     plan_marginalisation,
 )
+from dpinfer.inference.chains import SamplingError
+from dpinfer.inference.compiled import NotCompilableError
+from dpinfer.inference.count_blocks import (
+    CellTables,
+    GroupTotals,
+    IndependentCells,
+    has_exact_tails,
+    tail_half_width,
+)
+from dpinfer.inference.engine import compiled_model_for, fit as fit_compiled
 from dpinfer.inference.queries import resolve_query
 from dpinfer.inference.records import releases_of
 from dpinfer.inference.window import (
@@ -54,6 +75,8 @@ from dpinfer.inference.window import (
 )
 
 MAX_WIDENINGS = 4
+METHODS = ("auto", "marginal", "fibre")
+COMPILED_OPTIONS = ("initvals", "target_accept", "max_treedepth")
 _CHUNK_ELEMENTS = 4_000_000  # window log-weights evaluated per call (32 MB)
 _MARGINAL = "_dpinfer_marginal_fit"
 
@@ -69,7 +92,7 @@ def sample(
     progressbar: bool = True,
     model=None,
     log_likelihood: bool = False,
-    counts_sampler: str = "auto",
+    method: str = "auto",
     **sample_kwargs,
 ):
     """Sample the posterior of a model with privatised releases of latent counts.
@@ -83,12 +106,16 @@ def sample(
         draw: sum_i log1p(eta_i / L_i(theta)) <= tol (inference notes §1).
     log_likelihood
         Also compute the per-cell marginal log-likelihood of each release (for LOO/WAIC).
-    counts_sampler
-        ``"auto"`` (exact convolution for group totals, fibre moves for other invariants and
-        linear queries) or ``"fibre"`` (fibre moves wherever there are invariants or queries,
-        e.g. to compare the two).
+    method
+        ``"auto"``: the compiled exact Gibbs engine where the model allows it (module
+        docstring), else the PyMC engine (counts summed out where they are a release's only
+        child, exact convolution for group totals, fibre moves for other invariants and linear
+        queries, windowed Gibbs for counts with other children). ``"marginal"``: the PyMC
+        engine with counts summed out wherever possible. ``"fibre"``: the PyMC engine with
+        fibre moves wherever there are invariants or queries (e.g. to compare the samplers).
     sample_kwargs
-        Passed to ``pm.sample``.
+        Passed to ``pm.sample`` (PyMC engine); the compiled engine takes ``initvals``,
+        ``target_accept`` (0.8) and ``max_treedepth`` (10), as PyMC's NUTS.
 
     Returns
     -------
@@ -97,8 +124,8 @@ def sample(
     window half-width, the largest neglected-mass bound over draws and the widenings made.
     """
     tol = check_probability(tol, "tol")
-    if counts_sampler not in ("auto", "fibre"):
-        raise ValueError(f"counts_sampler must be 'auto' or 'fibre', got {counts_sampler!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     model = pm.modelcontext(model)
     records = releases_of(model)
     if not records:
@@ -106,7 +133,25 @@ def sample(
             "the model has no release registered with Mechanism.observe(...); use pm.sample"
         )
     rng = np.random.default_rng(random_seed)
-    plans, fibre_plans = _plans(model, records, allow_convolution=counts_sampler == "auto")
+    plans, fibre_plans = _plans(model, records, allow_convolution=method != "fibre")
+    reason = _compiled_engine_refusal(model, plans, fibre_plans, method)
+    if reason is None:
+        try:
+            compiled = compiled_model_for(model, [model[p.latent_name] for p in plans],
+                                          [p.record.release_rv for p in plans])
+        except NotCompilableError as err:
+            reason = str(err)
+        else:
+            unknown = sorted(set(sample_kwargs) - set(COMPILED_OPTIONS))
+            if unknown:
+                raise TypeError(
+                    f"dpinfer.sample got {unknown}, which the compiled engine does not take (it "
+                    f"takes {COMPILED_OPTIONS}); pass method='marginal' to run PyMC's pm.sample "
+                    "with them"
+                )
+            return _sample_compiled(model, compiled, plans, draws=draws, tune=tune, chains=chains,
+                                    cores=cores, rng=rng, tol=tol, progressbar=progressbar,
+                                    log_likelihood=log_likelihood, **sample_kwargs)
     cached = getattr(model, _MARGINAL, None)
     cached_widths = cached.widths() if cached else {}
     for plan in plans:
@@ -169,11 +214,154 @@ def sample(
 
     for entry in report.values():
         entry["widenings"] = attempt
+        entry["engine"] = "pymc"
+        entry["engine_reason"] = reason
     idata.posterior.attrs["dpinfer"] = json.dumps(report)
     if log_likelihood:
         with fit.model:
             pm.compute_log_likelihood(idata, progressbar=progressbar)
     return idata
+
+
+_EXACT_GIBBS_METHOD = (
+    "exact Gibbs (compiled): the counts drawn exactly given the parameters, then one NUTS "
+    "transition of the parameters given the counts"
+)
+_EXACT_TOTALS_METHOD = (
+    "exact Gibbs (compiled): the counts drawn exactly and jointly on the group totals given the "
+    "parameters, then one NUTS transition of the parameters given the counts"
+)
+
+
+def _compiled_engine_refusal(model, plans, fibre_plans, method: str) -> str | None:
+    """Why the compiled engine cannot fit this model (None: it can)."""
+    if method != "auto":
+        return f"method={method!r} selects the PyMC engine"
+    if fibre_plans:
+        return ("latent counts with invariants other than group totals, linear queries or a "
+                "release conditioned on non-negativity take fibre moves (PyMC engine)")
+    for plan in plans:
+        if plan.method != "marginal":
+            return (f"the counts {plan.latent_name!r} have children besides their release "
+                    "(windowed Gibbs, PyMC engine)")
+        if plan.group_codes is not None and not has_exact_tails(plan.mechanism):
+            return f"the release of {plan.latent_name!r} has no exact tail envelope"
+    latents = {p.latent_name for p in plans}
+    for rv in model.free_RVs:
+        if rv.name not in latents and rv.type.dtype.startswith(("int", "uint", "bool")):
+            return (f"the discrete free variable {rv.name!r} is not a latent count behind a "
+                    "release (PyMC's step methods sample it)")
+    return None
+
+
+def _sample_compiled(model, compiled, plans, *, draws, tune, chains, cores, rng, tol,
+                     progressbar, log_likelihood, initvals=None, target_accept=0.8,
+                     max_treedepth=10):
+    """The compiled exact Gibbs engine (module docstring); windows without exact tails are
+    checked against ``tol`` on every draw and widened as on the PyMC engine."""
+    target_accept = check_probability(target_accept, "target_accept")
+    if int(max_treedepth) != max_treedepth or max_treedepth < 1:
+        raise ValueError(f"max_treedepth must be a whole number >= 1, got {max_treedepth!r}")
+    for name, value in (("draws", draws), ("tune", tune), ("chains", chains)):
+        if int(value) != value or value < (1 if name != "tune" else 0):
+            raise ValueError(f"{name} must be a whole number >= {1 if name != 'tune' else 0}, got {value!r}")
+    cores = min(chains, cores if cores is not None else (os.cpu_count() or 1))
+    widths = {p.latent_name: None for p in plans}
+    for attempt in range(MAX_WIDENINGS + 1):
+        blocks, starts = [], {}
+        for plan in plans:
+            mech = plan.mechanism
+            exact = has_exact_tails(mech)
+            if widths[plan.latent_name] is None:
+                widths[plan.latent_name] = tail_half_width(mech) if exact else _initial_half_width(plan, tol)
+            k = widths[plan.latent_name]
+            plan.window = make_window(mech, plan.release_value, plan.support, k)
+            tables = CellTables.build(mech, plan.release_value, plan.support, k,
+                                      log_eta=None if exact else plan.window.log_eta)
+            offset = compiled.latent_slices[plan.latent_name].start
+            prior = compiled.prior_tables[plan.latent_name]
+            centres = plan.window.centres.reshape(-1)
+            if plan.group_codes is None:
+                blocks.append(IndependentCells(plan.latent_name, offset, tables, prior))
+                starts[plan.latent_name] = centres
+            else:
+                codes = np.asarray(plan.group_codes).reshape(-1)
+                targets = np.rint(np.bincount(codes, weights=plan.release_value.reshape(-1))).astype(np.int64)
+                blocks.append(GroupTotals(plan.latent_name, offset, tables, prior, codes, targets))
+                starts[plan.latent_name] = point_on_totals(centres, codes, targets, plan.support,
+                                                           plan.latent_name)
+        try:
+            idata, _ = fit_compiled(model, compiled, blocks, starts, draws=draws, tune=tune,
+                                    chains=chains, cores=cores, rng=rng, progressbar=progressbar,
+                                    max_tree_depth=max_treedepth, target_accept=target_accept,
+                                    initvals=initvals)
+        except SamplingError as err:
+            raise RuntimeError(f"dpinfer.sample: {err}") from err
+        report, failed = {}, {}
+        stats = idata.sample_stats
+        for plan, block in zip(plans, blocks):
+            exact = has_exact_tails(plan.mechanism)
+            held = stats[block.stat_names[1]].values
+            entry = _report_entry(plan, _EXACT_GIBBS_METHOD if plan.group_codes is None
+                                  else _EXACT_TOTALS_METHOD, 0.0, tol)
+            entry.update(engine="compiled", exact_tails=exact,
+                         held_cells_after_tuning=int(held.sum()),
+                         draws_with_held_cells=int(np.count_nonzero(held)))
+            if plan.group_codes is not None:
+                entry["mean_tries_per_sweep"] = float(stats[block.stat_names[0]].values.mean())
+                entry["blocks_kept_after_tuning"] = int(stats[block.stat_names[2]].values.sum())
+            if not exact:
+                bound = float(np.max(stats[block.stat_names[0]].values))
+                entry["max_relative_error_bound"] = bound
+                if not bound <= tol:
+                    failed[plan.latent_name] = bound
+            report[plan.latent_name] = entry
+        if not failed:
+            break
+        if attempt == MAX_WIDENINGS:
+            raise RuntimeError(
+                f"the window bound still exceeds tol={tol} after {MAX_WIDENINGS} widenings for "
+                f"{sorted(failed)}; the posterior puts mass where the likelihood is tiny - check the model"
+            )
+        for plan in plans:
+            if plan.latent_name in failed:
+                widths[plan.latent_name] = _widened(plan, failed[plan.latent_name], tol).half_width
+        if progressbar:
+            print(f"dpinfer: widening the windows of {sorted(failed)} and refitting")
+    for entry in report.values():
+        entry["widenings"] = attempt
+    idata.posterior.attrs["dpinfer"] = json.dumps(report)
+    if log_likelihood:
+        fit = _marginal_fit(model, plans)
+        with fit.model:
+            pm.compute_log_likelihood(idata, progressbar=progressbar)
+    return idata
+
+
+def point_on_totals(centres, codes, targets, support, name: str) -> np.ndarray:
+    """Counts near ``centres`` inside ``support`` whose group sums equal ``targets``: each
+    group's surplus taken from (or deficit added to) its cells in turn, largest first."""
+    lower, upper = support
+    lo = -np.inf if lower is None else lower
+    hi = np.inf if upper is None else upper
+    x = np.clip(np.asarray(centres, dtype=np.int64), lo, hi).astype(np.int64)
+    for g, target in enumerate(targets):
+        cells = np.flatnonzero(codes == g)
+        cells = cells[np.argsort(-x[cells], kind="stable")]
+        diff = int(x[cells].sum() - target)
+        for i in cells:
+            if diff == 0:
+                break
+            room = x[i] - lo if diff > 0 else hi - x[i]
+            step = int(min(abs(diff), room))
+            x[i] += -step if diff > 0 else step
+            diff += -step if diff > 0 else step
+        if diff != 0:
+            raise ValueError(
+                f"the released total {int(target)} of group {g} of {name!r} is outside what its "
+                f"cells can reach in their support {support}"
+            )
+    return x
 
 
 _MARGINAL_METHOD = (
@@ -486,14 +674,27 @@ def _categorical(grid: np.ndarray, log_p: np.ndarray, rng) -> np.ndarray:
     return np.take_along_axis(grid[None, ...], index[:, None, ...], axis=1)[:, 0]
 
 
-def marginal_model(model=None):
-    """The model :func:`sample` last fitted for ``model``: latent counts summed out, releases
-    still observed. Use it for ``pm.sample_posterior_predictive`` of releases and
-    ``pm.compute_log_likelihood`` (per-cell marginal log-likelihoods)."""
+def marginal_model(model=None, tol: float = 1e-10):
+    """``model`` with its latent counts summed out over proven windows, releases still
+    observed (the model :func:`sample`'s PyMC engine fits). Use it for
+    ``pm.sample_posterior_predictive`` of releases and ``pm.compute_log_likelihood``
+    (per-cell marginal log-likelihoods). Built on first use for models fitted by the
+    compiled engine, with windows whose tail bound is ``tol``."""
     model = pm.modelcontext(model)
     fit = getattr(model, _MARGINAL, None)
     if fit is None:
-        raise ValueError("dpinfer.sample has not been run on this model yet")
+        records = releases_of(model)
+        if not records:
+            raise ValueError("the model has no release registered with Mechanism.observe(...)")
+        plans, fibre_plans = _plans(model, records, allow_convolution=True)
+        if fibre_plans:
+            raise ValueError(
+                "latents on fibres (invariants beyond group totals, queries) have no marginal model"
+            )
+        for plan in plans:
+            plan.window = make_window(plan.mechanism, plan.release_value, plan.support,
+                                      _initial_half_width(plan, tol))
+        fit = _marginal_fit(model, [p for p in plans if p.method == "marginal"])
     return fit.model
 
 

@@ -196,6 +196,14 @@ class AdditiveMechanism(Mechanism):
     def noise_logpdf(self, noise: np.ndarray) -> np.ndarray:
         """log f(e): log pmf (discrete noise) or log density (continuous noise)."""
 
+    @property
+    @abc.abstractmethod
+    def noise_shape(self) -> tuple[float, float, int]:
+        """(c0, c1, p) with log f(e) = c0 - c1 |e|^p on the noise's support (the integers for
+        discrete noise): p = 1 for Laplace and double geometric noise, p = 2 for Gaussian and
+        discrete Gaussian noise. Every such law is log-concave, which gives the geometric
+        envelopes of the exact count draws (:mod:`dpinfer.inference.exact_counts`)."""
+
     @abc.abstractmethod
     def sample_noise(self, shape: tuple, rng: np.random.Generator) -> np.ndarray:
         """Noise draws of the given shape."""

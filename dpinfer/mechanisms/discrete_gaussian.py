@@ -183,6 +183,11 @@ class DiscreteGaussian(AdditiveMechanism):
         e = np.asarray(noise, dtype=float)
         return np.where(e == np.round(e), -(e**2) / (2.0 * self.sigma**2) - self._log_norm, -np.inf)
 
+    @property
+    def noise_shape(self) -> tuple[float, float, int]:
+        """log p(e) = -log Z(sigma) - e^2/(2 sigma^2)."""
+        return -self._log_norm, 1.0 / (2.0 * self.sigma**2), 2
+
     def sample_noise(self, shape: tuple, rng: np.random.Generator) -> np.ndarray:
         return sample_discrete_gaussian(self.sigma, shape, rng)
 

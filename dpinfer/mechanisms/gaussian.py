@@ -177,6 +177,11 @@ class Gaussian(AdditiveMechanism):
     def noise_logpdf(self, noise) -> np.ndarray:
         return -0.5 * (np.asarray(noise) / self.sigma) ** 2 - _HALF_LOG_TWO_PI - math.log(self.sigma)
 
+    @property
+    def noise_shape(self) -> tuple[float, float, int]:
+        """log f(e) = -log(sigma sqrt(2 pi)) - e^2/(2 sigma^2)."""
+        return -_HALF_LOG_TWO_PI - math.log(self.sigma), 0.5 / self.sigma**2, 2
+
     def sample_noise(self, shape: tuple, rng: np.random.Generator) -> np.ndarray:
         return rng.normal(0.0, self.sigma, size=shape)
 

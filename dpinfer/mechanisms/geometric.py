@@ -127,6 +127,11 @@ class DoubleGeometric(AdditiveMechanism):
         e = np.asarray(noise, dtype=float)
         return np.where(e == np.round(e), self._log_norm - self._rate * np.abs(e), -np.inf)
 
+    @property
+    def noise_shape(self) -> tuple[float, float, int]:
+        """log f(e) = log((1 - a)/(1 + a)) - (epsilon/sensitivity) |e|."""
+        return self._log_norm, self._rate, 1
+
     def noise_logcdf(self, k) -> np.ndarray:
         """log P(e <= k) for real k, j = floor(k): a^{-j}/(1 + a) for j < 0 and
         1 - a^{j+1}/(1 + a) for j >= 0 (seed 003 §3.11: the tail sums to a^m/(1 + a))."""

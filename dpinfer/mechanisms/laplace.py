@@ -84,6 +84,11 @@ class Laplace(AdditiveMechanism):
     def noise_logpdf(self, noise) -> np.ndarray:
         return -np.abs(noise) / self.scale - math.log(2.0 * self.scale)
 
+    @property
+    def noise_shape(self) -> tuple[float, float, int]:
+        """log f(e) = -log(2 b) - |e| / b."""
+        return -math.log(2.0 * self.scale), 1.0 / self.scale, 1
+
     def sample_noise(self, shape: tuple, rng: np.random.Generator) -> np.ndarray:
         return rng.laplace(0.0, self.scale, size=shape)
 

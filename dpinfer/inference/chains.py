@@ -1,0 +1,275 @@
+"""Chains of dpinfer's compiled Gibbs sampler: counts given parameters, then parameters given
+counts.
+
+One iteration (sweep) of a chain is
+
+1. every count block draws its latent counts given the current parameters
+   (:mod:`dpinfer.inference.exact_counts`);
+2. one NUTS transition of the continuous parameters q given all counts
+   (:mod:`dpinfer.inference.nuts`), whose log density is the model with the counts as data.
+
+Both steps leave the joint posterior p(q, x | releases) invariant, so their composition does
+(a Gibbs sampler with a Metropolis-within-Gibbs block). During tuning the step size is adapted
+by dual averaging and the diagonal metric in Stan's windows; tuning iterations are discarded.
+
+The sweeps run inside one compiled function (numba, cached on disk per combination of block
+kinds), called in chunks so that progress can be reported; all state lives in arrays. Chains
+run in threads: the function releases the GIL, so two chains use two cores. Each chain has its
+own random stream (xoshiro256**) seeded from the caller's ``numpy.random.Generator``, so a
+seed gives the same draws whatever the thread scheduling.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+from numba import literal_unroll
+
+from dpinfer.inference.count_blocks import GroupTotals, IndependentCells
+from dpinfer.inference.exact_counts import draw_given_totals, draw_independent
+from dpinfer.inference.native import new_stream
+from dpinfer.inference.nuts import (
+    log_density_at,
+    metric_windows,
+    nuts_transition,
+    reasonable_step_size,
+)
+
+MAX_TREE_DEPTH = 10
+NUTS_STATS = ("lp", "tree_depth", "n_steps", "acceptance_rate", "diverging", "energy",
+              "energy_error", "step_size")
+_CHUNKS = 40  # progress reports per chain
+
+# dual averaging state (Hoffman & Gelman 2014 §3.2): mu, log eps, log eps-bar, h-bar, t, eps,
+# and the target acceptance
+_MU, _LOG_EPS, _LOG_EPS_BAR, _H_BAR, _T, _EPS, _TARGET = range(7)
+_GAMMA, _T0, _KAPPA = 0.05, 10.0, 0.75
+
+
+@numba.njit(cache=True, nogil=True)
+def _restart_step_size(adapt, eps):
+    adapt[_MU] = math.log(10.0 * eps)
+    adapt[_LOG_EPS] = math.log(eps)
+    adapt[_LOG_EPS_BAR] = 0.0
+    adapt[_H_BAR] = 0.0
+    adapt[_T] = 0.0
+    adapt[_EPS] = eps
+
+
+@numba.njit(cache=True, nogil=True)
+def _update_step_size(adapt, accept):
+    adapt[_T] += 1.0
+    t = adapt[_T]
+    eta = 1.0 / (t + _T0)
+    adapt[_H_BAR] = (1.0 - eta) * adapt[_H_BAR] + eta * (adapt[_TARGET] - accept)
+    adapt[_LOG_EPS] = adapt[_MU] - math.sqrt(t) / _GAMMA * adapt[_H_BAR]
+    weight = t ** -_KAPPA
+    adapt[_LOG_EPS_BAR] = weight * adapt[_LOG_EPS] + (1.0 - weight) * adapt[_LOG_EPS_BAR]
+    adapt[_EPS] = math.exp(adapt[_LOG_EPS])
+
+
+@numba.njit(cache=True, nogil=True)
+def _draw_blocks(q, counts, cells, totals, rng, row):
+    """Every count block's draw; their statistics into ``row`` at each block's columns."""
+    for b in literal_unroll(cells):
+        (full, hoisted, point, offset, grid, release_table, release, tails, shape, log_eta,
+         prior_buffer, lw, w, cdf, envelope, column) = b
+        if grid.shape[1] == 0:
+            continue
+        bound, kept = draw_independent(full, hoisted, point, q, counts, offset, grid, release_table,
+                                       prior_buffer, lw, w, cdf, envelope, release, tails, shape,
+                                       log_eta, rng)
+        if bound < 0.0:
+            return False
+        row[column] = math.expm1(bound)
+        row[column + 1] = kept
+    for b in literal_unroll(totals):
+        (full, hoisted, point, offset, grid, release_table, release, tails, shape, group_ptr,
+         group_cells, targets, prior_buffer, lw, w, cdf, envelope, stats, column) = b
+        if grid.shape[1] == 0:
+            continue
+        draw_given_totals(full, hoisted, point, q, counts, offset, grid, release_table,
+                          prior_buffer, lw, w, cdf, envelope, release, tails, shape, group_ptr,
+                          group_cells, targets, rng, stats)
+        row[column] = stats[0]
+        row[column + 1] = stats[2]
+        row[column + 2] = stats[3]
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def _sweeps(first, last, tune, logp_grad, q, grad, counts, inv_mass, adapt, metric_count,
+            metric_mean, metric_m2, window_ends, max_depth, cells, totals, rng,
+            out_q, out_counts, out_stats, row):
+    """Iterations first..last-1 of a chain (module docstring). Returns 0, or 1 if a count
+    block found a window without mass, 2 if the parameters' log density is not finite."""
+    n = q.shape[0]
+    for it in range(first, last):
+        row[:] = 0.0
+        if not _draw_blocks(q, counts, cells, totals, rng, row):
+            return 1
+        if n > 0:
+            f_lp = log_density_at(logp_grad, q, grad, counts)
+            if f_lp == -math.inf:
+                return 2
+            if adapt[_EPS] <= 0.0:  # first iteration: Hoffman & Gelman's initial step size
+                _restart_step_size(adapt, reasonable_step_size(logp_grad, counts, q, grad, f_lp,
+                                                               1.0, inv_mass, rng))
+            eps = adapt[_EPS]
+            lp, depth, steps, accept, diverging, energy, energy_error = nuts_transition(
+                logp_grad, counts, q, grad, f_lp, eps, inv_mass, max_depth, rng)
+            row[0] = lp
+            row[1] = depth
+            row[2] = steps
+            row[3] = accept
+            row[4] = diverging
+            row[5] = energy
+            row[6] = energy_error
+            row[7] = eps
+            if it < tune:
+                _update_step_size(adapt, accept)
+                metric_count[0] += 1.0
+                c = metric_count[0]
+                for i in range(n):
+                    delta = q[i] - metric_mean[i]
+                    metric_mean[i] += delta / c
+                    metric_m2[i] += delta * (q[i] - metric_mean[i])
+                for end in window_ends:
+                    if it == end:  # Stan's regularised variance, then a fresh step size
+                        for i in range(n):
+                            var = metric_m2[i] / max(c - 1.0, 1.0)
+                            inv_mass[i] = (c / (c + 5.0)) * var + 1e-3 * (5.0 / (c + 5.0))
+                            metric_mean[i] = 0.0
+                            metric_m2[i] = 0.0
+                        metric_count[0] = 0.0
+                        lp0 = log_density_at(logp_grad, q, grad, counts)
+                        _restart_step_size(adapt, reasonable_step_size(
+                            logp_grad, counts, q, grad, lp0, adapt[_EPS], inv_mass, rng))
+                if it == tune - 1:
+                    adapt[_EPS] = math.exp(adapt[_LOG_EPS_BAR])
+        if it >= tune:
+            k = it - tune
+            out_q[k] = q
+            out_counts[k] = counts
+            out_stats[k] = row
+    return 0
+
+
+@dataclass
+class ChainResult:
+    """Draws of one chain after tuning: q (draws, n), counts (draws, n_counts) and statistics
+    (name -> (draws,)): NUTS's under PyMC's names, then each count block's."""
+
+    q: np.ndarray
+    counts: np.ndarray
+    stats: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class SamplingError(RuntimeError):
+    """A chain could not continue (a window without mass, a non-finite log density)."""
+
+
+def _stat_columns(blocks) -> tuple[list, list]:
+    """Names of the statistics columns, and each block's first column."""
+    names, starts = list(NUTS_STATS), []
+    for b in blocks:
+        starts.append(len(names))
+        names.extend(b.stat_names)
+    return names, starts
+
+
+def run_chain(model, blocks, *, tune: int, draws: int, rng: np.random.Generator,
+              q0: np.ndarray, counts0: np.ndarray, max_tree_depth: int = MAX_TREE_DEPTH,
+              target_accept: float = 0.8, progress=None) -> ChainResult:
+    """One chain (module docstring). ``model`` is a
+    :class:`dpinfer.inference.compiled.CompiledModel`, ``blocks`` the count blocks (objects
+    with ``kind`` ("cells" or "totals"), ``native(column)`` giving the kernel's data tuple with
+    fresh scratch, and ``stat_names``)."""
+    start_time = time.perf_counter()
+    stream = new_stream(rng)
+    n = model.n
+    q = np.array(q0, dtype=float)
+    counts = np.array(counts0, dtype=np.int64)
+    names, columns = _stat_columns(blocks)
+    cells = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "cells")
+    totals = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "totals")
+    cells = cells or (IndependentCells.placeholder(),)
+    totals = totals or (GroupTotals.placeholder(),)
+    out_q = np.empty((draws, n))
+    out_counts = np.empty((draws, counts.size), dtype=np.int64)
+    out_stats = np.zeros((draws, len(names)))
+    row = np.zeros(len(names))
+    grad = np.empty(n)
+    inv_mass = np.ones(n)
+    adapt = np.zeros(7)
+    adapt[_TARGET] = target_accept
+    metric_count, metric_mean, metric_m2 = np.zeros(1), np.zeros(n), np.zeros(n)
+    window_ends = np.asarray(metric_windows(tune) or [-1], dtype=np.int64)
+    total = tune + draws
+    chunk = max(1, math.ceil(total / _CHUNKS))
+    for first in range(0, total, chunk):
+        last = min(total, first + chunk)
+        code = _sweeps(first, last, tune, model.logp_grad_address, q, grad, counts, inv_mass,
+                       adapt, metric_count, metric_mean, metric_m2, window_ends, max_tree_depth,
+                       cells, totals, stream, out_q, out_counts, out_stats, row)
+        if code == 1:
+            raise SamplingError("a count block's window holds no mass (a release far outside "
+                                "its window without exact tails)")
+        if code == 2:
+            raise SamplingError("the parameters' log density is not finite at the current point; "
+                                "check the model's initial values and priors")
+        if progress is not None:
+            progress.advance(last - first)
+    stats = {name: out_stats[:, j] for j, name in enumerate(names)}
+    if not n:
+        for name in NUTS_STATS:
+            del stats[name]
+    return ChainResult(out_q, out_counts, stats, time.perf_counter() - start_time)
+
+
+class Progress:
+    """Iterations done over all chains, printed every few seconds to stderr."""
+
+    def __init__(self, total: int, label: str, enabled: bool, every: float = 2.0):
+        self.total, self.label, self.enabled, self.every = total, label, enabled, every
+        self.done = 0
+        self._lock = threading.Lock()
+        self._start = time.perf_counter()
+        self._last = self._start
+
+    def advance(self, n: int = 1) -> None:
+        with self._lock:
+            self.done += n
+            now = time.perf_counter()
+            if self.enabled and (now - self._last >= self.every or self.done == self.total):
+                self._last = now
+                print(f"\r{self.label}: {self.done}/{self.total} iterations, {now - self._start:.1f} s",
+                      end="\n" if self.done == self.total else "", file=sys.stderr, flush=True)
+
+
+def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
+               rng: np.random.Generator, starts: list, progressbar: bool = True,
+               max_tree_depth: int = MAX_TREE_DEPTH, target_accept: float = 0.8) -> list[ChainResult]:
+    """``chains`` chains, ``cores`` at a time in threads; ``starts`` gives (q0, counts0) per
+    chain. Returns the chains' results in order."""
+    seeds = rng.spawn(chains)
+    progress = Progress(chains * (tune + draws), "dpinfer: sampling", progressbar)
+
+    def one(c):
+        q0, counts0 = starts[c]
+        return run_chain(model, blocks, tune=tune, draws=draws, rng=seeds[c], q0=q0,
+                         counts0=counts0, max_tree_depth=max_tree_depth,
+                         target_accept=target_accept, progress=progress)
+
+    if cores <= 1 or chains == 1:
+        return [one(c) for c in range(chains)]
+    with ThreadPoolExecutor(max_workers=min(cores, chains)) as pool:
+        return list(pool.map(one, range(chains)))

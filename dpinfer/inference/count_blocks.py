@@ -1,0 +1,182 @@
+"""Count blocks of the compiled Gibbs sampler: the data of one latent's exact draws.
+
+A block holds what does not change during sampling (the window grid, the release's
+log-likelihood table, the tail envelopes, the groups) and draws the latent's counts given the
+parameters with the kernels of :mod:`dpinfer.inference.exact_counts`. Per-chain scratch lives
+in the state returned by :meth:`new_state`, so one block serves chains in several threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpinfer.inference.exact_counts import draw_given_totals, draw_independent
+from dpinfer.inference.window import window_centres
+from dpinfer.mechanisms.base import AdditiveMechanism
+
+# The window holds all but this share of the noise law's mass beyond its half-width, relative
+# to the noise pmf at one standard deviation: a cell's draw leaves the window (one prior
+# evaluation off the table) about this often. Draws are exact whatever the window.
+TAIL_SHARE = 1e-3
+MAX_HALF_WIDTH = 1_000_000
+
+
+def has_exact_tails(mechanism) -> bool:
+    """Additive noise of the form log f(e) = c0 - c1 |e|^p: draws are exact beyond the window."""
+    return isinstance(mechanism, AdditiveMechanism)
+
+
+def _log_noise_tail(c0: float, c1: float, power: int, k: int) -> float:
+    """log sum over integers |e| > k of exp(c0 - c1 |e|^power)."""
+    if power == 1:
+        return float(np.log(2.0) + c0 - c1 * (k + 1) - np.log(-np.expm1(-c1)))
+    # terms fall by more than exp(-60) within n of the first when c1 ((k+1+n)^2 - (k+1)^2) >= 60
+    n = int(np.ceil(np.sqrt((k + 1) ** 2 + 60.0 / c1) - (k + 1))) + 2
+    e = np.arange(k + 1, k + 1 + n, dtype=float)
+    return float(np.log(2.0) + np.logaddexp.reduce(c0 - c1 * e**power))
+
+
+def tail_half_width(mechanism) -> int:
+    """Smallest k with P(|e| > k) <= TAIL_SHARE f(sd) for the mechanism's noise e (the
+    integer-lattice sum of its density for continuous noise)."""
+    c0, c1, power = mechanism.noise_shape
+    sd = float(np.sqrt(mechanism.noise_variance))
+    log_target = np.log(TAIL_SHARE) + c0 - c1 * sd**power
+    hi = 1
+    while _log_noise_tail(c0, c1, power, hi) > log_target:
+        hi *= 2
+        if hi > MAX_HALF_WIDTH:
+            raise ValueError("the mechanism's noise is too wide for windowed count draws")
+    lo = 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _log_noise_tail(c0, c1, power, mid) <= log_target else (mid, hi)
+    return hi
+
+
+@dataclass
+class CellTables:
+    """One latent's window grid (W, d), the release's log-likelihood on it (d, W) and, for
+    additive noise, the geometric envelopes of the tails (6, d): left_ok, left_env,
+    left_decay, right_ok, right_env, right_decay (see :mod:`dpinfer.inference.exact_counts`)."""
+
+    grid: np.ndarray
+    release_table: np.ndarray
+    release: np.ndarray
+    tails: np.ndarray
+    shape: np.ndarray
+    log_eta: np.ndarray
+
+    @property
+    def width(self) -> int:
+        return self.grid.shape[0]
+
+    @property
+    def n_cells(self) -> int:
+        return self.grid.shape[1]
+
+    @classmethod
+    def build(cls, mechanism, release, support, half_width: int, log_eta=None) -> "CellTables":
+        """Tables of a release ``release`` (flattened) of counts with prior ``support``
+        (lower, upper; None where open) by ``mechanism`` (the per-cell law), on windows
+        c_i - k .. c_i + k around c_i = s_i clipped to the support. ``log_eta`` bounds the
+        likelihood outside the windows for mechanisms without exact tails."""
+        release = np.asarray(release).reshape(-1)
+        centres = window_centres(release, support)
+        lo = centres - half_width
+        width = 2 * half_width + 1
+        grid = np.ascontiguousarray(lo[None, :] + np.arange(width)[:, None], dtype=np.int64)
+        release_table = np.ascontiguousarray(
+            mechanism.log_likelihood(np.broadcast_to(release, grid.shape), grid).T, dtype=float)
+        d = release.size
+        tails = np.zeros((6, d))
+        shape = np.zeros(3)
+        if has_exact_tails(mechanism):
+            c0, c1, p = mechanism.noise_shape
+            shape[:] = (c0, c1, p)
+            f = lambda e: c0 - c1 * np.abs(e) ** p  # noqa: E731
+            s = release.astype(float)
+            lower, upper = support
+            hi = lo + width - 1
+            left = np.ones(d, bool) if lower is None else lo > lower
+            right = np.ones(d, bool) if upper is None else hi < upper
+            e_left = s - (lo - 1)  # >= 0 where the left tail is open (noise decreasing outwards)
+            e_right = s - (hi + 1)  # <= 0 where the right tail is open
+            if np.any(left & (e_left < 0)) or np.any(right & (e_right > 0)):
+                raise AssertionError("a window does not contain its release's mode")
+            tails[0] = left
+            tails[1] = np.where(left, f(e_left), 0.0)
+            tails[2] = np.where(left, f(e_left) - f(e_left + 1), 0.0)
+            tails[3] = right
+            tails[4] = np.where(right, f(e_right), 0.0)
+            tails[5] = np.where(right, f(e_right) - f(e_right - 1), 0.0)
+            log_eta = np.full(d, -np.inf)
+        elif log_eta is None:
+            raise ValueError("a mechanism without exact tails needs log_eta (its tail bound)")
+        return cls(grid, release_table, release.astype(float), tails, shape,
+                   np.asarray(log_eta, dtype=float).reshape(-1))
+
+
+class IndependentCells:
+    """Cells drawn independently given the parameters (a release of the counts themselves,
+    its only child): :func:`dpinfer.inference.exact_counts.draw_independent`."""
+
+    kind = "cells"
+
+    def __init__(self, name: str, offset: int, tables: CellTables, prior_table):
+        self.name, self.offset, self.tables, self.prior = name, offset, tables, prior_table
+        self._hoisted, self.hoisted = prior_table.prepare(tables.grid)
+        self.stat_names = (f"{name}_neglected_mass_bound", f"{name}_held_cells")
+
+    def native(self, column: int) -> tuple:
+        """The kernel's data, with fresh scratch for one chain; statistics from ``column``."""
+        t = self.tables
+        W, d = t.width, t.n_cells
+        return (self.prior.full_address, self.hoisted, self.prior.point_address, self.offset,
+                t.grid, t.release_table, t.release, t.tails, t.shape, t.log_eta,
+                np.empty((W, d)), np.empty((d, W)), np.empty(W), np.empty(W), np.empty(4), column)
+
+    @staticmethod
+    def placeholder() -> tuple:
+        """A block of no cells with the kernel's types (the compiled loop needs one)."""
+        f, i = np.zeros((0, 0)), np.zeros((0, 0), np.int64)
+        return (0, np.zeros(1, np.int64), 0, 0, i, f, np.zeros(0), np.zeros((6, 0)), np.zeros(3),
+                np.zeros(0), f, f, np.zeros(0), np.zeros(0), np.zeros(4), 0)
+
+
+class GroupTotals:
+    """Cells tied by group totals (a release conditioned on totals), drawn jointly and exactly
+    on the fibre given the parameters: :func:`dpinfer.inference.exact_counts.draw_given_totals`."""
+
+    kind = "totals"
+
+    def __init__(self, name: str, offset: int, tables: CellTables, prior_table,
+                 group_codes: np.ndarray, targets: np.ndarray):
+        if not np.all(tables.tails[0] + tables.tails[3] > 0):
+            raise ValueError("group totals need a release noise with exact tails")
+        codes = np.asarray(group_codes, dtype=np.int64).reshape(-1)
+        self.group_cells = np.argsort(codes, kind="stable").astype(np.int64)
+        self.group_ptr = np.concatenate([[0], np.cumsum(np.bincount(codes))]).astype(np.int64)
+        self.targets = np.asarray(targets, dtype=np.int64)
+        self.name, self.offset, self.tables, self.prior = name, offset, tables, prior_table
+        self._hoisted, self.hoisted = prior_table.prepare(tables.grid)
+        self.stat_names = (f"{name}_total_tries", f"{name}_held_cells", f"{name}_blocks_kept")
+
+    def native(self, column: int) -> tuple:
+        """The kernel's data, with fresh scratch for one chain; statistics from ``column``."""
+        t = self.tables
+        W, d = t.width, t.n_cells
+        return (self.prior.full_address, self.hoisted, self.prior.point_address, self.offset,
+                t.grid, t.release_table, t.release, t.tails, t.shape, self.group_ptr,
+                self.group_cells, self.targets, np.empty((W, d)), np.empty((d, W)),
+                np.empty((d, W)), np.empty((d, W)), np.empty((4, d)), np.zeros(4), column)
+
+    @staticmethod
+    def placeholder() -> tuple:
+        """A block of no cells with the kernel's types (the compiled loop needs one)."""
+        f, i = np.zeros((0, 0)), np.zeros((0, 0), np.int64)
+        z = np.zeros(1, np.int64)
+        return (0, z, 0, 0, i, f, np.zeros(0), np.zeros((6, 0)), np.zeros(3), z, np.zeros(0, np.int64),
+                np.zeros(0, np.int64), f, f, f, f, np.zeros((4, 0)), np.zeros(4), 0)
