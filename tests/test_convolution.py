@@ -552,7 +552,8 @@ def test_nuts_small():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             idata = pm.sample(
-                tune=200, draws=200, chains=1, random_seed=1, progressbar=False, compute_convergence_checks=False
+                tune=200, draws=200, chains=1, random_seed=1, progressbar=False,
+                compute_convergence_checks=False, nuts_sampler="pymc",  # the Op runs in Python
             )
     draws = idata.posterior["mu"].values.ravel()
     grid = np.linspace(0.0, 5.0, 2001)

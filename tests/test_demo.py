@@ -27,3 +27,19 @@ def test_demo_rejects_an_unknown_state():
 
     with pytest.raises(ValueError, match="state must be one of"):
         run(state="XX")
+
+
+def test_demo_plot_is_a_png_with_a_row_per_county(tmp_path):
+    import numpy as np
+    import pandas as pd
+    from matplotlib.image import imread
+
+    from dpinfer.demo import plot_intervals
+
+    n = 7
+    table = pd.DataFrame({"county": [f"c{i}" for i in range(n)], "true": np.arange(n) * 10,
+                          "release": np.arange(n) * 10 - 3, "dpinfer median": np.arange(n) * 10})
+    lo, hi = np.arange(n) * 10 - 5, np.arange(n) * 10 + 5
+    path = plot_intervals(tmp_path / "demo.png", table, lo, hi, lo - 2, hi + 2, "XX")
+    image = imread(path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.shape[0] > 100 and image.shape[1] > 100

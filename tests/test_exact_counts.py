@@ -149,3 +149,17 @@ def test_a_large_group_is_drawn_in_random_blocks_with_the_exact_law(monkeypatch)
     # 300 cells: |z| beyond 4.5 has probability ~2e-3 overall for a correct sampler
     assert np.max(np.abs(z)) < 4.5
     assert np.mean(ess) > 1000  # nearly independent draws from sweep to sweep
+
+
+def test_fast_exponential_is_within_one_ulp_of_libm():
+    from dpinfer.inference.exact_counts import exp_nonpositive
+
+    rng = np.random.default_rng(7)
+    x = np.concatenate([-rng.uniform(0, 708, 200_000), -rng.exponential(1.0, 200_000),
+                        [0.0, -1e-300, -708.0, -708.5, -1e6, -np.inf]])
+    out = np.empty_like(x)
+    exp_nonpositive(x, out, np.empty(x.size, np.int64))
+    reference = np.exp(x)
+    normal = x >= -708.0
+    assert np.max(np.abs(out[normal] / reference[normal] - 1.0)) <= 2.3e-16
+    assert np.all(out[~normal] == 0.0)  # below e^-708 ~ 3e-308: returned as 0

@@ -66,8 +66,9 @@ def test_one_transition_preserves_the_banana(eps, inv_mass, min_depth):
         assert abs(value.mean() - mean) < 4.5 * math.sqrt(var / n)
 
 
-def test_step_size_adaptation_windows_follow_stan():
-    assert metric_windows(1000) == [99, 149, 249, 449, 949]
-    assert metric_windows(150) == [99]
-    assert metric_windows(100) == [89]  # 15 % initial buffer, 10 % terminal, one window
+def test_metric_windows_double_and_end_at_the_terminal_buffer():
+    assert metric_windows(1000) == [49, 99, 199, 399, 949]
+    assert metric_windows(500) == [49, 99, 199, 449]
+    assert metric_windows(100) == [49]
+    assert metric_windows(60) == [53]  # 15 % initial buffer, 10 % terminal, one window
     assert metric_windows(10) == []

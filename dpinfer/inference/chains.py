@@ -33,7 +33,12 @@ import numpy as np
 from numba import literal_unroll
 
 from dpinfer.inference.count_blocks import GroupTotals, IndependentCells
-from dpinfer.inference.exact_counts import draw_given_totals, draw_independent
+from dpinfer.inference.exact_counts import (
+    HOLD_RATIO,
+    HOLD_RATIO_TUNING,
+    draw_given_totals,
+    draw_independent,
+)
 from dpinfer.inference.native import new_stream
 from dpinfer.inference.nuts import (
     log_density_at,
@@ -76,28 +81,28 @@ def _update_step_size(adapt, accept):
 
 
 @numba.njit(cache=True, nogil=True)
-def _draw_blocks(q, counts, cells, totals, rng, row):
+def _draw_blocks(q, counts, cells, totals, hold_ratio, rng, row):
     """Every count block's draw; their statistics into ``row`` at each block's columns."""
     for b in literal_unroll(cells):
         (full, hoisted, point, offset, grid, release_table, release, tails, shape, log_eta,
-         prior_buffer, lw, w, cdf, envelope, column) = b
-        if grid.shape[1] == 0:
+         lw, w, cdf, envelope, column) = b
+        if grid.shape[0] == 0:
             continue
         bound, kept = draw_independent(full, hoisted, point, q, counts, offset, grid, release_table,
-                                       prior_buffer, lw, w, cdf, envelope, release, tails, shape,
-                                       log_eta, rng)
+                                       lw, w, cdf, envelope, release, tails, shape, log_eta,
+                                       hold_ratio, rng)
         if bound < 0.0:
             return False
         row[column] = math.expm1(bound)
         row[column + 1] = kept
     for b in literal_unroll(totals):
         (full, hoisted, point, offset, grid, release_table, release, tails, shape, group_ptr,
-         group_cells, targets, prior_buffer, lw, w, cdf, envelope, stats, column) = b
-        if grid.shape[1] == 0:
+         group_cells, targets, lw, w, cdf, envelope, stats, column) = b
+        if grid.shape[0] == 0:
             continue
-        draw_given_totals(full, hoisted, point, q, counts, offset, grid, release_table,
-                          prior_buffer, lw, w, cdf, envelope, release, tails, shape, group_ptr,
-                          group_cells, targets, rng, stats)
+        draw_given_totals(full, hoisted, point, q, counts, offset, grid, release_table, lw, w, cdf,
+                          envelope, release, tails, shape, group_ptr, group_cells, targets,
+                          hold_ratio, rng, stats)
         row[column] = stats[0]
         row[column + 1] = stats[2]
         row[column + 2] = stats[3]
@@ -106,15 +111,23 @@ def _draw_blocks(q, counts, cells, totals, rng, row):
 
 @numba.njit(cache=True, nogil=True)
 def _sweeps(first, last, tune, logp_grad, q, grad, counts, inv_mass, adapt, metric_count,
-            metric_mean, metric_m2, window_ends, max_depth, cells, totals, rng,
-            out_q, out_counts, out_stats, row):
+            metric_mean, metric_m2, window_ends, max_depth, cells, totals, rng, out_q, out_counts,
+            out_stats, row):
     """Iterations first..last-1 of a chain (module docstring). Returns 0, or 1 if a count
-    block found a window without mass, 2 if the parameters' log density is not finite."""
+    block found a window without mass, 2 if the parameters' log density is not finite.
+
+    The first min(50, tune / 10) tuning iterations leave the counts at their start (on the
+    releases' fibre) so that the parameters first move to agree with them; tuning holds cells
+    whose windows miss their conditional law at a lower ratio (tuning draws are discarded:
+    only the kernel used after tuning must, and does, leave the posterior invariant)."""
     n = q.shape[0]
+    warm_start = min(50, tune // 10)
     for it in range(first, last):
         row[:] = 0.0
-        if not _draw_blocks(q, counts, cells, totals, rng, row):
-            return 1
+        if it >= warm_start:
+            hold_ratio = HOLD_RATIO if it >= tune else HOLD_RATIO_TUNING
+            if not _draw_blocks(q, counts, cells, totals, hold_ratio, rng, row):
+                return 1
         if n > 0:
             f_lp = log_density_at(logp_grad, q, grad, counts)
             if f_lp == -math.inf:
@@ -236,14 +249,21 @@ def run_chain(model, blocks, *, tune: int, draws: int, rng: np.random.Generator,
 
 
 class Progress:
-    """Iterations done over all chains, printed every few seconds to stderr."""
+    """Iterations done over all chains, on one updating line of a terminal (stderr), or a
+    line every 10 s otherwise (logs). The first call compiles the sampler's kernels once per
+    machine (numba's cache); that is announced, since it takes tens of seconds."""
 
-    def __init__(self, total: int, label: str, enabled: bool, every: float = 2.0):
-        self.total, self.label, self.enabled, self.every = total, label, enabled, every
+    def __init__(self, total: int, label: str, enabled: bool):
+        self.total, self.label, self.enabled = total, label, enabled
+        self.tty = enabled and sys.stderr.isatty()
+        self.every = 1.0 if self.tty else 10.0
         self.done = 0
         self._lock = threading.Lock()
         self._start = time.perf_counter()
         self._last = self._start
+        if enabled and not _sweeps.signatures:
+            print(f"{label}: loading the compiled sampler (compiled on first use on a machine, "
+                  "~30 s; then read from numba's cache)", file=sys.stderr, flush=True)
 
     def advance(self, n: int = 1) -> None:
         with self._lock:
@@ -251,8 +271,12 @@ class Progress:
             now = time.perf_counter()
             if self.enabled and (now - self._last >= self.every or self.done == self.total):
                 self._last = now
-                print(f"\r{self.label}: {self.done}/{self.total} iterations, {now - self._start:.1f} s",
-                      end="\n" if self.done == self.total else "", file=sys.stderr, flush=True)
+                line = f"{self.label}: {self.done}/{self.total} iterations, {now - self._start:.1f} s"
+                if self.tty:
+                    print("\r" + line, end="\n" if self.done == self.total else "",
+                          file=sys.stderr, flush=True)
+                else:
+                    print(line, file=sys.stderr, flush=True)
 
 
 def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,

@@ -12,8 +12,8 @@ the model's PyTensor graph and with PyTensor's numba backend:
 * ``logp_grad``: that log density and its gradient in the unconstrained space of the
   parameters (one flat vector q, PyMC's transforms and their Jacobians), with the counts of
   every latent concatenated into one int64 vector;
-* ``prior_tables[name]``: log p(x_i = v | theta, other counts) for v on a (W, *shape) grid of
-  candidate counts, the counts' block of the Gibbs sweep (:class:`PriorTable`: the terms that
+* ``prior_tables[name]``: log p(x_i = v | theta, other counts) for v on a (*shape, W) grid of
+  candidate counts (one row of W candidates per cell), the counts' block of the Gibbs sweep (:class:`PriorTable`: the terms that
   depend on the grid alone, such as log v! of a Poisson pmf, are computed once per grid);
 * ``expand``: q and the counts of a batch of draws -> every named variable of the model in
   its constrained space (free variables, Deterministics), for the trace.
@@ -154,8 +154,10 @@ def compile_model(model, latents: list, exclude: list) -> CompiledModel:
     n, m = int(offsets[-1]), int(counts_offsets[-1])
     for rv, name in zip(latents, latent_names):
         node = rv.owner
-        grid = pt.tensor("grid", dtype="int64", shape=(None, *latent_shapes[name]))
-        _, prior = node.op(*node.op.dist_params(node), rng=pt.random.rng(), return_next_rng=True)
+        grid = pt.tensor("grid", dtype="int64", shape=(*latent_shapes[name], None))
+        # parameters with a trailing axis broadcast against each cell's row of candidates
+        row_params = [pt.shape_padright(pt.as_tensor(p)) for p in node.op.dist_params(node)]
+        _, prior = node.op(*row_params, rng=pt.random.rng(), return_next_rng=True)
         table = pt.broadcast_to(_logprob_helper(prior, grid), grid.shape)
         [table] = model.replace_rvs_by_values([table])
         table = clone_replace(table, to_inputs).astype("float64")
@@ -249,11 +251,11 @@ class PriorTable:
         return self.full.address
 
     def prepare(self, grid: np.ndarray) -> tuple[list, np.ndarray]:
-        """The grid-only terms on ``grid`` (W, d) and the int64 array of their addresses that
+        """The grid-only terms on ``grid`` (d, W) and the int64 array of their addresses that
         ``full`` takes (keep both alive while it is used)."""
         if self._hoist_fn is None:
             return [], np.zeros(1, dtype=np.int64)
-        grid = grid.reshape((grid.shape[0], *self.shape))
+        grid = grid.reshape((*self.shape, grid.shape[-1]))
         buffers = [np.ascontiguousarray(np.broadcast_to(v, grid.shape), dtype=dtype)
                    for v, dtype in zip(self._hoist_fn(grid), self._hoisted_types)]
         return buffers, np.array([b.ctypes.data for b in buffers], dtype=np.int64)
@@ -286,12 +288,12 @@ _TABLE_SOURCE = """
 def prior_table(q_ptr, counts_ptr, grid_ptr, out_ptr, width, hoisted_ptr):
     q = carray(q_ptr, (n,), dtype=np.float64)
     counts = carray(counts_ptr, (m,), dtype=np.int64)
-    grid = carray(grid_ptr, (width, d), dtype=np.int64).reshape((width,) + shape)
-    out = carray(out_ptr, (width, d), dtype=np.float64)
+    grid = carray(grid_ptr, (d, width), dtype=np.int64).reshape(shape + (width,))
+    out = carray(out_ptr, (d, width), dtype=np.float64)
     hoisted = carray(hoisted_ptr, (k,), dtype=np.int64)
 {unpack}
     (table,) = jit_fn(q, counts, grid{extra}, *shared)
-    out[:] = np.ascontiguousarray(table).reshape((width, d))
+    out[:] = np.ascontiguousarray(table).reshape((d, width))
 """
 
 
@@ -300,8 +302,8 @@ def _table_cfunc(fn, n: int, m: int, shape: tuple, hoisted_dtypes: list):
     the hoisted buffers read from the address array (generated per number of buffers)."""
     jit_fn, shared = fn
     unpack = "".join(
-        f"    h{j} = carray(pointer(hoisted[{j}]), (width, d), dtype=np.{np.dtype(dt).name})"
-        f".reshape((width,) + shape)\n" for j, dt in enumerate(hoisted_dtypes))
+        f"    h{j} = carray(pointer(hoisted[{j}]), (d, width), dtype=np.{np.dtype(dt).name})"
+        f".reshape(shape + (width,))\n" for j, dt in enumerate(hoisted_dtypes))
     extra = "".join(f", h{j}" for j in range(len(hoisted_dtypes)))
     namespace = {"carray": numba.carray, "np": np, "pointer": pointer, "jit_fn": jit_fn,
                  "shared": shared, "n": n, "m": m, "d": int(np.prod(shape)), "shape": tuple(shape),

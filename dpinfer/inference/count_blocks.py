@@ -58,9 +58,10 @@ def tail_half_width(mechanism) -> int:
 
 @dataclass
 class CellTables:
-    """One latent's window grid (W, d), the release's log-likelihood on it (d, W) and, for
-    additive noise, the geometric envelopes of the tails (6, d): left_ok, left_env,
-    left_decay, right_ok, right_env, right_decay (see :mod:`dpinfer.inference.exact_counts`)."""
+    """One latent's window grid (d, W): row i holds cell i's candidates, the release's
+    log-likelihood on it (d, W) and, for additive noise, the geometric envelopes of the tails
+    (6, d): left_ok, left_env, left_decay, right_ok, right_env, right_decay (see
+    :mod:`dpinfer.inference.exact_counts`)."""
 
     grid: np.ndarray
     release_table: np.ndarray
@@ -71,11 +72,11 @@ class CellTables:
 
     @property
     def width(self) -> int:
-        return self.grid.shape[0]
+        return self.grid.shape[1]
 
     @property
     def n_cells(self) -> int:
-        return self.grid.shape[1]
+        return self.grid.shape[0]
 
     @classmethod
     def build(cls, mechanism, release, support, half_width: int, log_eta=None) -> "CellTables":
@@ -87,9 +88,9 @@ class CellTables:
         centres = window_centres(release, support)
         lo = centres - half_width
         width = 2 * half_width + 1
-        grid = np.ascontiguousarray(lo[None, :] + np.arange(width)[:, None], dtype=np.int64)
+        grid = np.ascontiguousarray(lo[:, None] + np.arange(width)[None, :], dtype=np.int64)
         release_table = np.ascontiguousarray(
-            mechanism.log_likelihood(np.broadcast_to(release, grid.shape), grid).T, dtype=float)
+            mechanism.log_likelihood(np.broadcast_to(release[:, None], grid.shape), grid), dtype=float)
         d = release.size
         tails = np.zeros((6, d))
         shape = np.zeros(3)
@@ -136,14 +137,14 @@ class IndependentCells:
         W, d = t.width, t.n_cells
         return (self.prior.full_address, self.hoisted, self.prior.point_address, self.offset,
                 t.grid, t.release_table, t.release, t.tails, t.shape, t.log_eta,
-                np.empty((W, d)), np.empty((d, W)), np.empty(W), np.empty(W), np.empty(4), column)
+                np.empty((d, W)), np.empty(W), np.empty(W), np.empty(4), column)
 
     @staticmethod
     def placeholder() -> tuple:
         """A block of no cells with the kernel's types (the compiled loop needs one)."""
         f, i = np.zeros((0, 0)), np.zeros((0, 0), np.int64)
         return (0, np.zeros(1, np.int64), 0, 0, i, f, np.zeros(0), np.zeros((6, 0)), np.zeros(3),
-                np.zeros(0), f, f, np.zeros(0), np.zeros(0), np.zeros(4), 0)
+                np.zeros(0), f, np.zeros(0), np.zeros(0), np.zeros(4), 0)
 
 
 class GroupTotals:
@@ -170,8 +171,8 @@ class GroupTotals:
         W, d = t.width, t.n_cells
         return (self.prior.full_address, self.hoisted, self.prior.point_address, self.offset,
                 t.grid, t.release_table, t.release, t.tails, t.shape, self.group_ptr,
-                self.group_cells, self.targets, np.empty((W, d)), np.empty((d, W)),
-                np.empty((d, W)), np.empty((d, W)), np.empty((4, d)), np.zeros(4), column)
+                self.group_cells, self.targets, np.empty((d, W)), np.empty((d, W)),
+                np.empty((d, W)), np.empty((4, d)), np.zeros(4), column)
 
     @staticmethod
     def placeholder() -> tuple:
@@ -179,4 +180,4 @@ class GroupTotals:
         f, i = np.zeros((0, 0)), np.zeros((0, 0), np.int64)
         z = np.zeros(1, np.int64)
         return (0, z, 0, 0, i, f, np.zeros(0), np.zeros((6, 0)), np.zeros(3), z, np.zeros(0, np.int64),
-                np.zeros(0, np.int64), f, f, f, f, np.zeros((4, 0)), np.zeros(4), 0)
+                np.zeros(0, np.int64), f, f, f, np.zeros((4, 0)), np.zeros(4), 0)

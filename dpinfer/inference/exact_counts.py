@@ -32,8 +32,8 @@ tail proposal (which costs one evaluation of the prior off the table) happens.
 and the envelope would accept almost nothing. Two rules keep every sweep cheap and still leave
 p(x | theta) invariant:
 
-* a cell whose envelope mass exceeds ``HOLD_RATIO`` times its in-window mass keeps its current
-  count for the sweep; with totals, the other cells of its group are drawn on the total minus
+* a cell whose envelope mass exceeds ``hold_ratio`` times its in-window mass keeps its current
+  count for the sweep (``HOLD_RATIO`` after tuning, ``HOLD_RATIO_TUNING`` during it); with totals, the other cells of its group are drawn on the total minus
   the held counts. Which cells are held depends on the parameters and the fixed windows only,
   so this is a Gibbs update of the other cells given the held ones;
 * a rejection sampler that has not accepted within its cap (``CELL_TRIES`` tail proposals for
@@ -75,10 +75,11 @@ import numpy as np
 from dpinfer.inference.native import below, pointer, prior_point_at, prior_table_at, uniform, uniform_open
 
 HOLD_RATIO = 1000.0  # a cell whose tail envelope outweighs its window this much is held
+HOLD_RATIO_TUNING = 10.0  # ... during tuning, whose draws are discarded (cheaper sweeps)
 CELL_TRIES = 10_000  # tail proposals of one cell draw before it gives up (keeps the count)
 GROUP_TRIES = 1_000  # tries of one block before it gives up (keeps its counts)
 GROUP_REACH = 4.0  # a group whose tilted total stays this many sd from its target is kept
-BLOCK_CELLS = 128  # larger groups are drawn in random blocks of about this many cells
+BLOCK_CELLS = 32  # larger groups are drawn in random blocks of about this many cells
 _NEWTON_STEPS = 30
 _FAILED = -(2**62)  # returned by a cell draw that gave up
 
@@ -91,17 +92,14 @@ def noise_log(e, c0, c1, power):
 
 
 @numba.njit(cache=True, nogil=True)
-def log_weight_tables(prior_address, hoisted, q, counts, grid, release_table, prior_buffer, out):
-    """out[i, j] = log p(x_i = grid[j, i] | theta) + release_table[i, j]: the prior's table
-    (W, d) from the full table function at ``prior_address`` (``hoisted``: the addresses of
-    its grid-only terms) into ``prior_buffer``, transposed to one contiguous row per cell."""
+def log_weight_tables(prior_address, hoisted, q, counts, grid, release_table, out):
+    """out[i, j] = log p(x_i = grid[i, j] | theta) + release_table[i, j], all (d, W): the
+    prior's table from the full table function at ``prior_address`` (``hoisted``: the
+    addresses of its grid-only terms), one contiguous row per cell."""
     f = prior_table_at(prior_address)
     f(pointer(q.ctypes.data), pointer(counts.ctypes.data), pointer(grid.ctypes.data),
-      pointer(prior_buffer.ctypes.data), grid.shape[0], pointer(hoisted.ctypes.data))
-    W, d = prior_buffer.shape
-    for j in range(W):
-        for i in range(d):
-            out[i, j] = prior_buffer[j, i] + release_table[i, j]
+      pointer(out.ctypes.data), grid.shape[1], pointer(hoisted.ctypes.data))
+    out += release_table
 
 
 @numba.njit(cache=True, nogil=True)
@@ -111,15 +109,58 @@ def _prior_at(point_address, q, counts, i, v):
     return f(pointer(q.ctypes.data), pointer(counts.ctypes.data), i, v)
 
 
+# exp(x) for x <= 0: x = k ln 2 + r, |r| <= ln(2)/2 (Cody & Waite's two-part ln 2), e^r by its
+# degree-13 Taylor polynomial (truncation < 4e-18 relative), 2^k from the exponent bits.
+# Within 1 ulp of libm on [-708, 0] (tests/test_exact_counts.py) and about twice as fast in
+# numba, because the loop vectorises; below -708 (e^-708 ~ 3e-308) it returns 0.
+_LN2_HI = 6.93147180369123816490e-01
+_LN2_LO = 1.90821492927058770002e-10
+_INV_LN2 = 1.44269504088896338700e+00
+_EXP_MIN = -708.0
+
+
 @numba.njit(cache=True, nogil=True)
-def _weights(lw, w):
-    """w = exp(lw - m) for one cell's row; returns m (the log scale, -inf for an empty row)."""
+def exp_nonpositive(x, out, bits):
+    """out[j] = exp(x[j]) for x <= 0 (see above); ``bits`` is int64 scratch of x's length."""
+    n = x.shape[0]
+    for j in range(n):
+        v = max(x[j], _EXP_MIN)
+        k = math.floor(v * _INV_LN2 + 0.5)
+        r = (v - k * _LN2_HI) - k * _LN2_LO
+        p = 1.0 / 6227020800.0
+        p = p * r + 1.0 / 479001600.0
+        p = p * r + 1.0 / 39916800.0
+        p = p * r + 1.0 / 3628800.0
+        p = p * r + 1.0 / 362880.0
+        p = p * r + 1.0 / 40320.0
+        p = p * r + 1.0 / 5040.0
+        p = p * r + 1.0 / 720.0
+        p = p * r + 1.0 / 120.0
+        p = p * r + 1.0 / 24.0
+        p = p * r + 1.0 / 6.0
+        p = p * r + 0.5
+        p = p * r + 1.0
+        p = p * r + 1.0
+        out[j] = p
+        bits[j] = (np.int64(k) + 1023) << 52
+    scale = bits.view(np.float64)
+    for j in range(n):
+        out[j] = out[j] * scale[j] if x[j] >= _EXP_MIN else 0.0
+
+
+@numba.njit(cache=True, nogil=True)
+def _weights(lw, w, bits):
+    """w = exp(lw - m) for one cell's row (m its maximum); returns m (-inf: an empty row)."""
     m = -math.inf
     for j in range(lw.shape[0]):
         if lw[j] > m:
             m = lw[j]
+    if m == -math.inf:
+        w[:] = 0.0
+        return m
     for j in range(lw.shape[0]):
-        w[j] = math.exp(lw[j] - m) if m > -math.inf else 0.0
+        w[j] = lw[j] - m
+    exp_nonpositive(w, w, bits)
     return m
 
 
@@ -162,9 +203,9 @@ def _envelope(i, lam, m, W, tails, out):
 
 
 @numba.njit(cache=True, nogil=True)
-def _held(envelope, z_in):
-    """The tails' envelope outweighs the window HOLD_RATIO-fold (or the window is empty)."""
-    return not envelope[0] + envelope[1] <= HOLD_RATIO * z_in
+def _held(envelope, z_in, hold_ratio):
+    """The tails' envelope outweighs the window ``hold_ratio``-fold (or the window is empty)."""
+    return not envelope[0] + envelope[1] <= hold_ratio * z_in
 
 
 @numba.njit(cache=True, nogil=True)
@@ -216,24 +257,25 @@ def _draw_cell(i, cdf, envelope, lo, tails, release, shape, point_address, q, co
 
 @numba.njit(cache=True, nogil=True)
 def draw_independent(prior_address, hoisted, point_address, q, counts, offset, grid,
-                     release_table, prior_buffer, lw, w, cdf, envelope, release, tails, shape,
-                     log_eta, rng):
+                     release_table, lw, w, cdf, envelope, release, tails, shape, log_eta,
+                     hold_ratio, rng):
     """Exact draws of every cell of one latent given theta, written to
     counts[offset:offset + d]. ``tails`` (6, d) as in :func:`_envelope` (all zero: no exact
-    tails, the neglected mass is bounded with ``log_eta`` instead). Scratch: prior_buffer
-    (W, d), lw (d, W), w and cdf (W,), envelope (4,). Returns (the neglected-mass bound
+    tails, the neglected mass is bounded with ``log_eta`` instead). ``grid`` (d, W) holds
+    each cell's window. Scratch: lw (d, W), w and cdf (W,), envelope (4,). Returns (the neglected-mass bound
     sum_i log1p(eta_i / L_i) of the cells without exact tails, 0 when all have them, or -1 if
     such a window holds no mass; the number of cells held or given up)."""
-    log_weight_tables(prior_address, hoisted, q, counts, grid, release_table, prior_buffer, lw)
+    log_weight_tables(prior_address, hoisted, q, counts, grid, release_table, lw)
     d, W = lw.shape
     bound = 0.0
     kept = 0
+    bits = np.empty(W, np.int64)
     for i in range(d):
-        m = _weights(lw[i], w)
+        m = _weights(lw[i], w, bits)
         _tilted(w, 0.0, cdf)
         if tails[0, i] > 0.0 or tails[3, i] > 0.0:
             _envelope(i, 0.0, m, W, tails, envelope)
-            if _held(envelope, cdf[W - 1]):
+            if _held(envelope, cdf[W - 1], hold_ratio):
                 kept += 1
                 continue
         else:
@@ -242,7 +284,7 @@ def draw_independent(prior_address, hoisted, point_address, q, counts, offset, g
                 return -1.0, kept
             if log_eta[i] > -math.inf:
                 bound += math.log1p(math.exp(min(log_eta[i] - m - math.log(cdf[W - 1]), 700.0)))
-        v = _draw_cell(i, cdf, envelope, grid[0, i], tails, release[i], shape, point_address,
+        v = _draw_cell(i, cdf, envelope, grid[i, 0], tails, release[i], shape, point_address,
                        q, counts, rng)
         if v == _FAILED:
             kept += 1
@@ -253,7 +295,7 @@ def draw_independent(prior_address, hoisted, point_address, q, counts, offset, g
 
 @numba.njit(cache=True, nogil=True)
 def _draw_subset(cells, target, lw, w, cdf, envelope, scale, var, grid, tails, release, shape,
-                 point_address, q, counts, offset, rng, stats, proposal):
+                 point_address, q, counts, offset, hold_ratio, rng, stats, proposal):
     """An exact draw of the counts of ``cells`` given theta and their sum ``target`` (the
     rejection scheme of the module docstring), written to ``counts``; their untilted weights,
     cumulative tables, envelopes, log scales and variances are given. Kept as they are (and
@@ -269,7 +311,7 @@ def _draw_subset(cells, target, lw, w, cdf, envelope, scale, var, grid, tails, r
     lam_hi = math.inf
     for i in cells:
         mean, var[i] = _tilted(w[i], 0.0, cdf[i])
-        total_mean += grid[0, i] + mean
+        total_mean += grid[i, 0] + mean
         total_var += var[i]
         if tails[0, i] > 0.0:
             lam_lo = max(lam_lo, -0.5 * tails[2, i])
@@ -290,13 +332,13 @@ def _draw_subset(cells, target, lw, w, cdf, envelope, scale, var, grid, tails, r
         total_var = 0.0
         for i in cells:
             mean, var[i] = _tilted(w[i], lam, cdf[i])
-            total_mean += grid[0, i] + mean
+            total_mean += grid[i, 0] + mean
             total_var += var[i]
         diff = target - total_mean
     hopeless = abs(diff) > GROUP_REACH * math.sqrt(total_var) + 0.5
     for i in cells:
         _envelope(i, lam, scale[i], W, tails, envelope[:, i])
-        hopeless = hopeless or _held(envelope[:, i], cdf[i, W - 1])
+        hopeless = hopeless or _held(envelope[:, i], cdf[i, W - 1], hold_ratio)
     if hopeless:
         stats[3] += 1.0
         return
@@ -313,7 +355,7 @@ def _draw_subset(cells, target, lw, w, cdf, envelope, scale, var, grid, tails, r
         log_m = max(log_m, tails[1, last] - lam)
     if tails[3, last] > 0.0:
         log_m = max(log_m, tails[4, last] + lam * W)
-    lo_last = grid[0, last]
+    lo_last = grid[last, 0]
     for _ in range(GROUP_TRIES):
         stats[0] += 1.0
         rest = 0
@@ -321,7 +363,7 @@ def _draw_subset(cells, target, lw, w, cdf, envelope, scale, var, grid, tails, r
         for i in cells:
             if i == last:
                 continue
-            v = _draw_cell(i, cdf[i], envelope[:, i], grid[0, i], tails, release[i], shape,
+            v = _draw_cell(i, cdf[i], envelope[:, i], grid[i, 0], tails, release[i], shape,
                            point_address, q, counts, rng)
             if v == _FAILED:
                 failed = True
@@ -349,19 +391,20 @@ def _draw_subset(cells, target, lw, w, cdf, envelope, scale, var, grid, tails, r
 
 @numba.njit(cache=True, nogil=True)
 def draw_given_totals(prior_address, hoisted, point_address, q, counts, offset, grid,
-                      release_table, prior_buffer, lw, w, cdf, envelope, release, tails, shape,
-                      group_ptr, group_cells, targets, rng, stats):
+                      release_table, lw, w, cdf, envelope, release, tails, shape, group_ptr,
+                      group_cells, targets, hold_ratio, rng, stats):
     """Exact draws of one latent's cells given theta and every group's total (module
     docstring), written to counts[offset:offset + d], which must satisfy the totals on entry
-    (they do on exit). Groups in CSR form (group_ptr, group_cells). Scratch: prior_buffer
-    (W, d), lw, w and cdf (d, W), envelope (4, d). ``stats`` receives (tries, Newton steps,
+    (they do on exit). Groups in CSR form (group_ptr, group_cells); ``grid`` (d, W) holds each
+    cell's window. Scratch: lw, w and cdf (d, W), envelope (4, d). ``stats`` receives (tries, Newton steps,
     cells held, blocks kept) summed over groups."""
-    log_weight_tables(prior_address, hoisted, q, counts, grid, release_table, prior_buffer, lw)
+    log_weight_tables(prior_address, hoisted, q, counts, grid, release_table, lw)
     d, W = lw.shape
     scale = np.empty(d)
     var = np.empty(d)
     proposal = np.empty(d, np.int64)
     free = np.empty(d, np.int64)
+    bits = np.empty(W, np.int64)
     stats[:] = 0.0
     for g in range(group_ptr.shape[0] - 1):
         # the untilted laws decide which cells are held (parameters and windows only)
@@ -369,10 +412,10 @@ def draw_given_totals(prior_address, hoisted, point_address, q, counts, offset, 
         n_free = 0
         for k in range(group_ptr[g], group_ptr[g + 1]):
             i = group_cells[k]
-            scale[i] = _weights(lw[i], w[i])
+            scale[i] = _weights(lw[i], w[i], bits)
             _tilted(w[i], 0.0, cdf[i])
             _envelope(i, 0.0, scale[i], W, tails, envelope[:, i])
-            if _held(envelope[:, i], cdf[i, W - 1]):
+            if _held(envelope[:, i], cdf[i, W - 1], hold_ratio):
                 target -= counts[offset + i]
                 stats[2] += 1.0
             else:
@@ -382,7 +425,8 @@ def draw_given_totals(prior_address, hoisted, point_address, q, counts, offset, 
             continue
         if n_free <= BLOCK_CELLS:
             _draw_subset(free[:n_free], target, lw, w, cdf, envelope, scale, var, grid, tails,
-                         release, shape, point_address, q, counts, offset, rng, stats, proposal)
+                         release, shape, point_address, q, counts, offset, hold_ratio, rng, stats,
+                         proposal)
             continue
         # random blocks: shuffle the free cells (Fisher-Yates), cut into near-equal blocks
         for k in range(n_free - 1, 0, -1):
@@ -395,4 +439,5 @@ def draw_given_totals(prior_address, hoisted, point_address, q, counts, offset, 
             for i in cells:
                 block_sum += counts[offset + i]
             _draw_subset(cells, block_sum, lw, w, cdf, envelope, scale, var, grid, tails,
-                         release, shape, point_address, q, counts, offset, rng, stats, proposal)
+                         release, shape, point_address, q, counts, offset, hold_ratio, rng, stats,
+                         proposal)

@@ -42,14 +42,20 @@ class ContinuousChildError(ValueError):
 def terms_depending_on(model, latent, exclude=()) -> tuple[list, list]:
     """(random variables, other named terms) of ``model`` whose log-probability or value
     depends on the value of ``latent``: its children (not grandchildren, which depend on it
-    only through a child), Deterministics and Potentials computed from it."""
+    only through a child), Deterministics and Potentials computed from it.
+
+    A variable's log-probability depends on the latent's value exactly when its distribution's
+    parameters do once every random variable in them is replaced by its value (a grandchild's
+    parameters then hold the child's value, not the latent); one replacement serves all."""
     value = model.rvs_to_values[latent]
-    rvs = [
-        v
-        for v in model.basic_RVs
-        if v is not latent and v not in exclude
-        and value in ancestors(model.logp(vars=[v], jacobian=False, sum=False))
-    ]
+    candidates = [v for v in model.basic_RVs if v is not latent and v not in exclude]
+    inputs = [[i for i in v.owner.inputs if isinstance(i.type, pt.TensorType)] for v in candidates]
+    params = model.replace_rvs_by_values([i for group in inputs for i in group])
+    rvs, k = [], 0
+    for v, group in zip(candidates, inputs):
+        if value in ancestors(params[k:k + len(group)]):
+            rvs.append(v)
+        k += len(group)
     named = model.deterministics + model.potentials
     others = [v for v, t in zip(named, model.replace_rvs_by_values(named)) if value in ancestors([t])]
     return rvs, others

@@ -27,7 +27,7 @@ from numba.extending import intrinsic
 LOGP_GRAD = types.float64(types.voidptr, types.voidptr, types.voidptr)
 _LOGP_GRAD_TYPE = types.FunctionType(LOGP_GRAD)
 # the counts' prior log pmf on a grid of candidates: f(q, counts, grid, out, W, hoisted)
-#   grid (W, d) int64 -> out (W, d) float64, d the latent's number of cells; ``hoisted`` the
+#   grid (d, W) int64 -> out (d, W) float64, d the latent's number of cells; ``hoisted`` the
 #   address of an int64 array of buffer addresses (terms of the grid alone, computed once per
 #   grid; see :class:`dpinfer.inference.compiled.PriorTable`), 0 for a function without them
 PRIOR_TABLE = types.void(types.voidptr, types.voidptr, types.voidptr, types.voidptr, types.intp,

@@ -177,6 +177,9 @@ def sample(
                 steps.append(fit.fibre_step(fibre_plans))
                 initvals.update({p.latent_name: p.start().reshape(p.shape) for p in fibre_plans})
             initvals.update(sample_kwargs.pop("initvals", None) or {})
+            # PyMC's own NUTS: the rewritten model holds dpinfer's Python Ops (convolution
+            # likelihood, normalisers), which nutpie (PyMC's default when installed) cannot run
+            sample_kwargs.setdefault("nuts_sampler", "pymc")
             with fit.model:
                 idata = pm.sample(
                     draws,
