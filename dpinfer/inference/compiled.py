@@ -163,10 +163,9 @@ def compile_model(model, latents: list, exclude: list) -> CompiledModel:
         table = clone_replace(table, to_inputs).astype("float64")
         cell = pt.lvector("cell")  # (1,): numba takes tensors, not scalars
         value = pt.lvector("value")
-        cell_params = [pt.broadcast_to(p, latent_shapes[name]).ravel()[cell]
-                       for p in node.op.dist_params(node)]
+        cell_params = [_at_cell(p, cell[0], latent_shapes[name]) for p in node.op.dist_params(node)]
         _, one = node.op(*cell_params, rng=pt.random.rng(), return_next_rng=True)
-        [point] = model.replace_rvs_by_values([_logprob_helper(one, value)[0]])
+        [point] = model.replace_rvs_by_values([_logprob_helper(one, value[0])])
         point = clone_replace(point, to_inputs).astype("float64")
         prior_tables[name] = PriorTable.build(table, q, counts, grid, n, m, latent_shapes[name],
                                               point=(point, cell, value))
@@ -188,6 +187,20 @@ def compile_model(model, latents: list, exclude: list) -> CompiledModel:
         prior_tables=prior_tables, expand_fn=expand_fn, expand_names=expand_names,
         _initial_point=initial_point, _data=_shared_values(model),
     )
+
+
+def _at_cell(param, cell, shape: tuple):
+    """``param`` (broadcastable to the latent's ``shape``) at the flat cell index ``cell``, by
+    scalar indexing (0 on broadcast axes), so that PyTensor lifts the index into the
+    elementwise graph that computes the parameter and one cell costs O(1), not O(cells)."""
+    param = pt.as_tensor(param)
+    index, stride = [], 1
+    for size in reversed(shape):
+        index.append((cell // stride) % size)
+        stride *= size
+    index = index[::-1]
+    axes = index[len(index) - param.ndim:] if param.ndim else []
+    return param[tuple(0 if b else i for i, b in zip(axes, param.type.broadcastable))] if axes else param
 
 
 def _numba_function(inputs, outputs):
