@@ -25,14 +25,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpinfer.invariants import Invariants
+from dpinfer.lattice.invariants import Invariants
 from dpinfer.mechanisms.conditioned import Conditioned
 
 
 def log_normaliser(base, invariants: Invariants, true_values) -> float:
     """log P(A e = 0, x + e >= 0) under i.i.d. ``base`` noise: per group by convolution for
     totals and group totals, with each cell's noise set to 0 below -x_i; otherwise a sum over
-    the class-level noise lattice (:mod:`dpinfer.class_convolution`; noise tabulated to a tail
+    the class-level noise lattice (:mod:`dpinfer.lattice.class_convolution`; noise tabulated to a tail
     mass of 1e-20 per cell)."""
     return Conditioned(base, invariants, nonnegative=True).log_normaliser(true_values)
 

@@ -1,4 +1,4 @@
-"""Random-walk Metropolis on kernel lattices and its L-lag coupling (dpinfer.lattice_mcmc),
+"""Random-walk Metropolis on kernel lattices and its L-lag coupling (dpinfer.lattice.random_walk),
 against exact laws by enumeration."""
 
 import itertools
@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 import dpinfer as dp
-from dpinfer.lattice_mcmc import (
+from dpinfer.lattice.random_walk import (
     LatticeWalk,
     MeetingTimes,
     gaussian_log_target,

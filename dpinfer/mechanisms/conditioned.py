@@ -35,7 +35,7 @@ from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
 from dpinfer._validation import as_integer_array, check_probability, check_rng
-from dpinfer.invariants import Invariants
+from dpinfer.lattice.invariants import Invariants
 from dpinfer.mechanisms.base import AdditiveMechanism, Mechanism, PrivacyAudit, PrivacyGuarantee
 
 # The noise is tabulated on [-K, K] with per-cell tail mass below this: the truncated law is
@@ -65,7 +65,7 @@ class Conditioned(Mechanism):
     base
         A discrete additive mechanism (``DoubleGeometric``, ``DiscreteGaussian``).
     invariants
-        An :class:`~dpinfer.invariants.Invariants` on the released cells (flattened in C order).
+        An :class:`~dpinfer.lattice.invariants.Invariants` on the released cells (flattened in C order).
     nonnegative
         Condition on a non-negative release too. The normaliser P(A e = 0, x + e >= 0) then
         depends on the true counts x (reference note 000 §2.6) and the privacy loss grows to
@@ -83,7 +83,7 @@ class Conditioned(Mechanism):
       first and a release that would need more than ``max_proposals`` is refused.
     * ``release(x, rng, grade="simulation")`` and :meth:`sample_noise` are
       **simulation-grade**: exact joint draws from the noise tabulated to a tail mass of 1e-20
-      per cell (:mod:`dpinfer.class_convolution`) where the class lattice can be enumerated;
+      per cell (:mod:`dpinfer.lattice.class_convolution`) where the class lattice can be enumerated;
       otherwise MCMC (Gibbs along Markov moves from e = 0 for equality invariants, seed 000's
       Algorithm 1 from a data-free start for non-negativity). Use it for studies.
     """
@@ -273,7 +273,7 @@ class Conditioned(Mechanism):
         Exact to 1e-3 for discrete Gaussian noise (sigma >= 3) on small tables; for double
         geometric noise with few cells per constraint it is low by 1-1.7 nats (2 x 2 and 2 x 3
         margins), so the cost estimate errs high."""
-        from dpinfer.independence_sampler import unimodular_block
+        from dpinfer.lattice.independence_sampler import unimodular_block
 
         A = self.invariants.matrix
         try:
@@ -290,9 +290,9 @@ class Conditioned(Mechanism):
         return self._noise_table
 
     def class_lattice(self):
-        """The :class:`~dpinfer.class_convolution.ClassLattice` of the invariants and the
+        """The :class:`~dpinfer.lattice.class_convolution.ClassLattice` of the invariants and the
         tabulated base noise (cached)."""
-        from dpinfer.class_convolution import ClassLattice
+        from dpinfer.lattice.class_convolution import ClassLattice
 
         if self._lattice is None:
             k, log_f = self.noise_table()
@@ -306,7 +306,7 @@ class Conditioned(Mechanism):
     def sample_noise(self, rng: np.random.Generator, size=None, *, true_values=None) -> np.ndarray:
         """Simulation-grade noise e with A e = 0 (and x + e >= 0 for ``true_values`` x when
         ``nonnegative``): exact joint draws from the tabulated noise where the class lattice can
-        be enumerated (:mod:`dpinfer.class_convolution`); otherwise MCMC: ``burn_in_sweeps``
+        be enumerated (:mod:`dpinfer.lattice.class_convolution`); otherwise MCMC: ``burn_in_sweeps``
         sweeps of exact Gibbs updates along the invariants' Markov moves from e = 0, or, with
         non-negativity, seed 000's Algorithm 1 (:meth:`independence_chain_noise`)."""
         rng = check_rng(rng)
@@ -327,11 +327,11 @@ class Conditioned(Mechanism):
 
     def _gibbs_noise(self, rng, n: int) -> np.ndarray:
         """``n`` independent chains of ``burn_in_sweeps`` exact Gibbs sweeps along the
-        invariants' Markov moves from e = 0 (:class:`dpinfer.noise_gibbs.NoiseGibbs`)."""
-        from dpinfer.lattice_mcmc import LatticeTarget
+        invariants' Markov moves from e = 0 (:class:`dpinfer.lattice.noise_gibbs.NoiseGibbs`)."""
+        from dpinfer.lattice.random_walk import LatticeTarget
         from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
         from dpinfer.mechanisms.geometric import DoubleGeometric
-        from dpinfer.noise_gibbs import NoiseGibbs
+        from dpinfer.lattice.noise_gibbs import NoiseGibbs
 
         # log f(e) up to a constant: -rate |e| (double geometric) or -e^2 / (2 sigma^2)
         if isinstance(self.base, DoubleGeometric):
@@ -345,14 +345,14 @@ class Conditioned(Mechanism):
 
     def independence_chain_noise(self, true_values, rng, n: int, *, proposal_epsilon=None,
                                  burn_in: int = 20_000, thin: int = 50) -> np.ndarray:
-        """``n`` states of seed 000's Algorithm 1 (:mod:`dpinfer.independence_sampler`) for a
+        """``n`` states of seed 000's Algorithm 1 (:mod:`dpinfer.lattice.independence_sampler`) for a
         double geometric base, every ``thin``-th after ``burn_in`` iterations of one chain;
         proposal epsilon~ = ``proposal_epsilon`` (default 1.2 x the base's, the ratio of seed
         000 §3.2). Safe start: ``Invariants.feasible_point(A x)``, a function of the public
         invariants only, so the confidential x enters through the proposals' weights alone. No
         TV bound is computed: simulation-grade."""
-        from dpinfer.independence_sampler import run_independence_chain, unimodular_block
-        from dpinfer.lattice_mcmc import double_geometric_draws
+        from dpinfer.lattice.independence_sampler import run_independence_chain, unimodular_block
+        from dpinfer.lattice.random_walk import double_geometric_draws
         from dpinfer.mechanisms.geometric import DoubleGeometric
 
         if not isinstance(self.base, DoubleGeometric):
@@ -373,7 +373,7 @@ class Conditioned(Mechanism):
     def log_normaliser(self, true_values=None) -> float:
         """log P(A e = 0) under the base noise, or with ``nonnegative`` log P(A e = 0, x + e >= 0)
         for the true counts x = ``true_values``: a convolution per group for totals and group
-        totals, else a sum over the class-level noise lattice (:mod:`dpinfer.class_convolution`);
+        totals, else a sum over the class-level noise lattice (:mod:`dpinfer.lattice.class_convolution`);
         raises ValueError when that lattice is too large to enumerate."""
         if self.nonnegative:
             if true_values is None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpinfer.invariants import Invariants, column_classes, kernel_points_in_box
+from dpinfer.lattice.invariants import Invariants, column_classes, kernel_points_in_box
 
 MAX_LATTICE_POINTS = 5_000_000
 MAX_DIMENSION = 6  # a box of side >= 13 per coordinate exceeds MAX_LATTICE_POINTS beyond this
@@ -129,7 +129,7 @@ class ClassLattice:
 
     # --- the class-level lattice ----------------------------------------------------------------
     def lattice_points(self, sums: ClassSums) -> np.ndarray:
-        """Every w (n, m) with lows <= K w <= highs (:func:`dpinfer.invariants.kernel_points_in_box`).
+        """Every w (n, m) with lows <= K w <= highs (:func:`dpinfer.lattice.invariants.kernel_points_in_box`).
         Lattices of dimension above ``MAX_DIMENSION`` are refused without solving the LPs."""
         if self.dimension > MAX_DIMENSION:
             raise ValueError(f"the class-level noise lattice has dimension {self.dimension}: too many "
@@ -196,7 +196,7 @@ class ClassLattice:
 
 class NormaliserTracker:
     """log Z(x) = log P(A e = 0, x + e >= 0) along a chain of count vectors x, recomputing only
-    the classes whose cells changed (for Metropolis corrections, :mod:`dpinfer.lattice_gibbs`)."""
+    the classes whose cells changed (for Metropolis corrections, :mod:`dpinfer.lattice.fibre_gibbs`)."""
 
     def __init__(self, lattice: ClassLattice, x):
         self.lattice = lattice
