@@ -43,9 +43,10 @@ import pandas as pd
 
 import dpinfer as dp
 from dpinfer.lattice.independence_sampler import (independence_meeting_times, run_independence_chain,
-                                          unimodular_block)
-from dpinfer.lattice.random_walk import LatticeWalk, double_geometric_draws, laplace_log_target
+                                                  unimodular_block)
 from dpinfer.lattice.noise_gibbs import NoiseGibbs
+from dpinfer.lattice.random_walk import LatticeWalk, double_geometric_draws
+from dpinfer.lattice.targets import laplace_log_target
 
 TABLE1 = Path(__file__).resolve().parents[1] / "models" / "sex_by_age_congenial" / "release.csv"
 

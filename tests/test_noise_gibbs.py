@@ -12,7 +12,7 @@ import pytest
 
 import dpinfer as dp
 from dpinfer.lattice.invariants import MoveSet
-from dpinfer.lattice.random_walk import LatticeTarget, gaussian_log_target, laplace_log_target
+from dpinfer.lattice.targets import LatticeTarget, gaussian_log_target, laplace_log_target
 from dpinfer.lattice.noise_gibbs import NoiseGibbs, _l1_line_draw
 from law_checks import empirical_tv, iid_tv_quantile, kernel_lattice_law
 

@@ -9,5 +9,5 @@ Invariants ``A x = a`` on count vectors, their kernel lattice, Markov bases and 
 (:mod:`~dpinfer.lattice.independence_sampler`) with their L-lag couplings.
 
 Nothing here imports :mod:`dpinfer.mechanisms` or :mod:`dpinfer.inference`: noise laws come in
-as arrays (log pmfs), callables or :class:`~dpinfer.lattice.random_walk.LatticeTarget` values.
+as arrays (log pmfs), callables or :class:`~dpinfer.lattice.targets.LatticeTarget` values.
 """

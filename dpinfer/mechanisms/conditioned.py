@@ -328,7 +328,7 @@ class Conditioned(Mechanism):
     def _gibbs_noise(self, rng, n: int) -> np.ndarray:
         """``n`` independent chains of ``burn_in_sweeps`` exact Gibbs sweeps along the
         invariants' Markov moves from e = 0 (:class:`dpinfer.lattice.noise_gibbs.NoiseGibbs`)."""
-        from dpinfer.lattice.random_walk import LatticeTarget
+        from dpinfer.lattice.targets import LatticeTarget
         from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
         from dpinfer.mechanisms.geometric import DoubleGeometric
         from dpinfer.lattice.noise_gibbs import NoiseGibbs

@@ -41,12 +41,14 @@ import pytensor.tensor as pt
 from scipy import stats
 
 from dpinfer._validation import as_integer_array, check_epsilon, check_rng
+from dpinfer.lattice.coupling import MeetingTimes
 from dpinfer.lattice.invariants import Invariants
-from dpinfer.lattice.random_walk import LatticeWalk, MeetingTimes, laplace_log_target
+from dpinfer.lattice.noise_gibbs import NoiseGibbs
+from dpinfer.lattice.random_walk import LatticeWalk
+from dpinfer.lattice.targets import laplace_log_target
 from dpinfer.mechanisms.base import Mechanism, PrivacyAudit, PrivacyGuarantee
 from dpinfer.mechanisms.conditioned import Conditioned
 from dpinfer.mechanisms.geometric import DoubleGeometric
-from dpinfer.lattice.noise_gibbs import NoiseGibbs
 
 NORMS = ("l1", "l2")
 CHAINS = ("gibbs", "walk")
