@@ -517,7 +517,7 @@ class Conditioned(Mechanism):
         x with ``nonnegative``) for k in -K..K, exactly by convolution for a total or group
         totals: for a group of n cells, P(e_i = k | S_n = 0) = g_i(k) P(S_{-i} = -k) / P(S_n = 0)
         with g_i the (truncated) cell pmf (inference notes §2)."""
-        from dpinfer.inference.convolution import log_convolution_at
+        from dpinfer.lattice.convolution import log_convolution_at
 
         if self.invariants.group_codes is None:
             raise ValueError(
