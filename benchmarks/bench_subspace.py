@@ -42,10 +42,11 @@ import numpy as np
 import pandas as pd
 
 import dpinfer as dp
-from dpinfer.independence_sampler import (independence_meeting_times, run_independence_chain,
-                                          unimodular_block)
-from dpinfer.lattice_mcmc import LatticeWalk, double_geometric_draws, laplace_log_target
-from dpinfer.noise_gibbs import NoiseGibbs
+from dpinfer.lattice.independence_sampler import (independence_meeting_times, run_independence_chain,
+                                                  unimodular_block)
+from dpinfer.lattice.noise_gibbs import NoiseGibbs
+from dpinfer.lattice.random_walk import LatticeWalk, double_geometric_draws
+from dpinfer.lattice.targets import laplace_log_target
 
 TABLE1 = Path(__file__).resolve().parents[1] / "models" / "sex_by_age_congenial" / "release.csv"
 

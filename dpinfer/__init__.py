@@ -14,7 +14,7 @@ from dpinfer._kernel_cache import clear_if_stale
 clear_if_stale()  # before any cached kernel is loaded
 
 from dpinfer.inference import marginal_model, sample  # noqa: E402
-from dpinfer.invariants import Invariants  # noqa: E402
+from dpinfer.lattice.invariants import Invariants  # noqa: E402
 from dpinfer.mechanisms import (  # noqa: E402
     BITLaplace,
     ClampedGeometric,

@@ -111,6 +111,13 @@ def check_probability(value, name: str = "prob") -> float:
     return value
 
 
+def check_count(name: str, value, minimum: int) -> int:
+    """A whole number >= ``minimum`` (chains, steps, sweeps, runs, lags), returned as int."""
+    if isinstance(value, bool) or int(value) != value or int(value) < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
 def check_rng(rng) -> np.random.Generator:
     """Randomness only through a numpy Generator passed in (reproducible)."""
     if not isinstance(rng, np.random.Generator):

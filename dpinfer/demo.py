@@ -34,7 +34,7 @@ import pandas as pd
 import pymc as pm
 
 from dpinfer.inference import sample
-from dpinfer.invariants import Invariants
+from dpinfer.lattice.invariants import Invariants
 from dpinfer.mechanisms.conditioned import Conditioned
 from dpinfer.mechanisms.geometric import DoubleGeometric
 from dpinfer.postprocess import noise_only_intervals, nonnegative_least_squares, round_to_invariants

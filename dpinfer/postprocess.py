@@ -55,7 +55,7 @@ import scipy.optimize
 import scipy.sparse
 
 from dpinfer._validation import as_integer_array, as_real_array, check_probability
-from dpinfer.invariants import greedy_independent_rows
+from dpinfer.lattice.invariants import greedy_independent_rows
 
 __all__ = [
     "KKT_TOLERANCE",

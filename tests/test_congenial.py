@@ -1,5 +1,6 @@
 """Seed 000's Theorem 2.1 for noise conditioned on invariants and non-negativity
-(dpinfer.congenial): exact normalisers and the gamma* bound, attained on small cases."""
+(dpinfer.mechanisms.conditioned): exact normalisers and the gamma* bound, attained on small
+cases."""
 
 import math
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 import dpinfer as dp
-from dpinfer.congenial import congenial_privacy_audit, log_normaliser
+from dpinfer.mechanisms.conditioned import congenial_privacy_audit
 
 
 def brute_log_normaliser(base, A, x, k):
@@ -28,12 +29,14 @@ def test_log_normaliser_against_brute_force(inv, x, eps):
     base = dp.DoubleGeometric(eps)
     A = np.asarray(inv.constraint_matrix)
     want = brute_log_normaliser(base, A, np.array(x), k=40 if eps < 2 else 16)
-    assert log_normaliser(base, inv, x) == pytest.approx(want, abs=1e-12)
+    log_normaliser = dp.Conditioned(base, inv, nonnegative=True).log_normaliser(x)
+    assert log_normaliser == pytest.approx(want, abs=1e-12)
     # the convolution path (totals, groups) and the lattice enumeration of an explicit matrix
     # (kind "matrix": no group structure is detected) agree
     general = dp.Invariants.from_matrix(A)
     assert general.group_codes is None
-    assert log_normaliser(base, inv, x) == pytest.approx(log_normaliser(base, general, x), abs=1e-12)
+    assert log_normaliser == pytest.approx(
+        dp.Conditioned(base, general, nonnegative=True).log_normaliser(x), abs=1e-12)
 
 
 def test_gamma_closed_form_for_two_cells():
@@ -62,5 +65,6 @@ def test_theorem_2_1_holds_and_is_attained(inv):
 def test_errors():
     with pytest.raises(ValueError, match="at most 4 cells"):
         congenial_privacy_audit(dp.DoubleGeometric(1.0), dp.Invariants.total(5))
+    mechanism = dp.Conditioned(dp.DoubleGeometric(1.0), dp.Invariants.total(2), nonnegative=True)
     with pytest.raises(ValueError, match="non-negative"):
-        log_normaliser(dp.DoubleGeometric(1.0), dp.Invariants.total(2), [-1, 3])
+        mechanism.log_normaliser([-1, 3])

@@ -1,10 +1,11 @@
-"""dpinfer.inference.convolution against independent references.
+"""dpinfer.lattice.convolution and its PyTensor Op (dpinfer.inference.convolution_likelihood)
+against independent references.
 
 References: mpmath enumeration / dynamic programming on the exact float64 inputs (40-50
 digits), closed forms (sums of iid Poisson cells are Poisson; given the total, each cell is
 Binomial), and the enumerated conditional law for the sampler. The three internal paths --
 direct linear-space tree, FFT tree, log-space direct tree -- are each forced through the
-module's testing hooks and checked against the same references.
+package's testing hooks and checked against the same references.
 
 Sampler tests use fixed seeds (deterministic, cannot flake) and a chi-square goodness-of-fit
 with expected counts >= 5 (cells pooled); they assert p > 1e-3, i.e. the draws are
@@ -24,12 +25,10 @@ import pytest
 from pytensor.gradient import verify_grad
 from scipy import stats
 
-from dpinfer.inference import convolution as conv
-from dpinfer.inference.convolution import (
-    ConvolutionLogLikelihood,
-    log_convolution_at,
-    sample_given_sums,
-)
+import dpinfer.lattice.convolution.group_totals as conv
+import dpinfer.lattice.convolution.tree as conv_tree
+from dpinfer.inference.convolution_likelihood import ConvolutionLogLikelihood
+from dpinfer.lattice.convolution import log_convolution_at, sample_given_sums
 
 MODES = ["default", "fft", "direct", "log"]
 
@@ -38,9 +37,9 @@ MODES = ["default", "fft", "direct", "log"]
 def mode(request, monkeypatch):
     """Force one internal path: FFT at every level, direct at every level, or log space."""
     if request.param == "fft":
-        monkeypatch.setattr(conv, "_DIRECT_MAX_LEN", 0)
+        monkeypatch.setattr(conv_tree, "_DIRECT_MAX_LEN", 0)
     elif request.param == "direct":
-        monkeypatch.setattr(conv, "_DIRECT_MAX_LEN", 10**9)
+        monkeypatch.setattr(conv_tree, "_DIRECT_MAX_LEN", 10**9)
     elif request.param == "log":
         monkeypatch.setattr(conv, "_FORCE_LOG", True)
     return request.param
@@ -384,7 +383,7 @@ def test_sampler_redraws_dead_branches_exactly(monkeypatch):
     that draw is redone from the log-space tree; simulate it and check the law is unchanged."""
     lg, groups, targets = small_sampler_case()
     law = joint_law(brute_force(lg, groups, targets)[2], 5)
-    real_descend = conv._descend
+    real_descend = conv.descend
     calls = {"log": 0}
 
     def flaky(tree, tree_idx, t, rng):
@@ -395,7 +394,7 @@ def test_sampler_redraws_dead_branches_exactly(monkeypatch):
             out[::3] = -1
         return out
 
-    monkeypatch.setattr(conv, "_descend", flaky)
+    monkeypatch.setattr(conv, "descend", flaky)
     x = sample_given_sums(lg, groups, targets, rng=np.random.default_rng(5), size=30_000)
     assert calls["log"] > 0
     assert chi_square_p(config_counts(x, law), list(law.values())) > 1e-3

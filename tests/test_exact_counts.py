@@ -112,11 +112,11 @@ def test_group_totals_match_enumeration(half_width, monkeypatch):
 def test_a_large_group_is_drawn_in_random_blocks_with_the_exact_law(monkeypatch):
     """A group of 300 cells (more than BLOCK_CELLS) is updated in random blocks, each exact
     given the rest: every cell's marginal law given the total matches the exact marginal from
-    the convolution of the cells' laws (dpinfer.inference.convolution, itself tested against
+    the convolution of the cells' laws (dpinfer.lattice.convolution, itself tested against
     mpmath), within Monte Carlo error measured by the ESS."""
     import arviz as az
 
-    from dpinfer.inference.convolution import log_convolution_at
+    from dpinfer.lattice.convolution import log_convolution_at
     from dpinfer.inference.exact_counts import BLOCK_CELLS
 
     m = 300

@@ -1,11 +1,11 @@
-"""Seed 000's Algorithm 1 (dpinfer.independence_sampler) against exact enumeration."""
+"""Seed 000's Algorithm 1 (dpinfer.lattice.independence_sampler) against exact enumeration."""
 
 import math
 
 import numpy as np
 import pytest
 
-from dpinfer.independence_sampler import run_independence_chain, unimodular_block
+from dpinfer.lattice.independence_sampler import run_independence_chain, unimodular_block
 from law_checks import empirical_tv, iid_tv_quantile
 
 
@@ -102,7 +102,7 @@ def test_coupling_bound_covers_the_exact_tv_from_the_data_free_start():
     P(s -> s') = q(s') min(1, w(s') / w(s)) for s' != s, where q(s') is the proposal
     probability of s' (its free cells) and the rest of the mass (infeasible proposals,
     rejections) stays at s."""
-    from dpinfer.independence_sampler import independence_meeting_times
+    from dpinfer.lattice.independence_sampler import independence_meeting_times
 
     centre = np.array([2, 0, 3, 1, 4, 1])
     A = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 0, 1, 0, 0]])

@@ -1,4 +1,4 @@
-"""dpinfer.invariants: kernel lattices, Markov bases, feasible points and fibres, checked against
+"""dpinfer.lattice.invariants: kernel lattices, Markov bases, feasible points and fibres, checked against
 brute-force enumeration, closed-form Gram determinants (seed 001 §5.3) and Diaconis & Sturmfels'
 connectivity criterion."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dpinfer import invariants as inv_module
-from dpinfer.invariants import (
+from dpinfer.lattice.invariants import (
     InfeasibleInvariantsError,
     Invariants,
     MarkovBasisUnavailable,

@@ -1,4 +1,4 @@
-"""Exact Gibbs sampling of lattice noise (dpinfer.noise_gibbs): the closed-form l1 line draw
+"""Exact Gibbs sampling of lattice noise (dpinfer.lattice.noise_gibbs): the closed-form l1 line draw
 against brute-force inversion, the chains' laws against enumeration, and the coupling bound
 against the exact TV computed from the transition matrices."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import dpinfer as dp
-from dpinfer.invariants import MoveSet
-from dpinfer.lattice_mcmc import LatticeTarget, gaussian_log_target, laplace_log_target
-from dpinfer.noise_gibbs import NoiseGibbs, _l1_line_draw
+from dpinfer.lattice.invariants import MoveSet
+from dpinfer.lattice.targets import LatticeTarget, gaussian_log_target, laplace_log_target
+from dpinfer.lattice.noise_gibbs import NoiseGibbs, _l1_line_draw
 from law_checks import empirical_tv, iid_tv_quantile, kernel_lattice_law
 
 

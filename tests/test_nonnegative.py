@@ -13,8 +13,8 @@ from scipy import stats
 from scipy.special import gammaln
 
 import dpinfer as dp
-from dpinfer.class_convolution import NormaliserTracker
-from dpinfer.independence_sampler import unimodular_block
+from dpinfer.lattice.class_convolution import NormaliserTracker
+from dpinfer.lattice.independence_sampler import unimodular_block
 from law_checks import posterior_mean_z
 
 # a 2 x 3 "sex by age" table: total, first-row total, adult (last two columns) total

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 import dpinfer as dp
-from dpinfer.independence_sampler import run_independence_chain, unimodular_block
+from dpinfer.lattice.independence_sampler import run_independence_chain, unimodular_block
 from dpinfer.postprocess import nonnegative_least_squares
 
 SEED = 2020

@@ -42,9 +42,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from dpinfer.inference.gibbs import terms_depending_on
 from dpinfer.inference.marginal import NotMarginalisableError, _support, current_value
 from dpinfer.inference.window import initial_half_width, log_eta
-from dpinfer.invariants import Invariants, MoveSet
-from dpinfer.class_convolution import NormaliserTracker
-from dpinfer.lattice_gibbs import MovePlan, NormFactor, QueryRows, corrected_gibbs_sweep, gibbs_sweeps
+from dpinfer.lattice.invariants import Invariants, MoveSet
+from dpinfer.lattice.class_convolution import NormaliserTracker
+from dpinfer.lattice.fibre_gibbs import MovePlan, NormFactor, QueryRows, corrected_gibbs_sweep, gibbs_sweeps
 from dpinfer.mechanisms.conditioned import Conditioned
 from dpinfer.mechanisms.subspace import GeneralizedLaplace
 

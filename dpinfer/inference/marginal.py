@@ -216,7 +216,7 @@ def convolution_log_likelihood(terms, release, plan: MarginalPlan):
     sum over groups of log (g_1 * ... * g_n)(t_g) - log P(A e = 0), with g_i the cell's window
     terms and t_g the group total of s minus the windows' lower ends; spread evenly over the
     cells (only the sum is meaningful)."""
-    from dpinfer.inference.convolution import ConvolutionLogLikelihood
+    from dpinfer.inference.convolution_likelihood import ConvolutionLogLikelihood
 
     codes = plan.group_codes
     d = codes.size

@@ -38,7 +38,7 @@ import pymc as pm
 import xarray as xr
 
 from dpinfer._validation import check_probability
-from dpinfer.inference.convolution import log_convolution_at, sample_given_sums
+from dpinfer.lattice.convolution import log_convolution_at, sample_given_sums
 from dpinfer.inference.fibre import (
     MOVES_PER_CELL,
     FibreGibbs,

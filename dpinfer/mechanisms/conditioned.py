@@ -12,10 +12,21 @@ geometric f (a = exp(-epsilon)) this is seed 001's generalized l1 Laplace mechan
 kernel lattice, and seed 000's congenial mechanism restricted to equality invariants.
 
 With ``nonnegative=True`` the noise is also conditioned on x + e >= 0 (seed 000's congenial
-mechanism with non-negativity): p(s | x) = prod_i f(s_i - x_i) / P(A e = 0, x + e >= 0) on
-{A s = A x, s >= 0}; the normaliser now depends on x and the privacy loss is at most
-(1 + gamma) epsilon ||x - x'||_1 / Delta, gamma <= 1 (seed 000 Theorem 2.1,
-:mod:`dpinfer.congenial`).
+mechanism with non-negativity; reference note 000 §2.6): with S*(x) = {s : A s = A x, s >= 0},
+
+    p(s | x) = prod_i f(s_i - x_i) / P_x,      P_x = P(A e = 0, x + e >= 0),
+
+on S*(x). Unlike the equality-only case the normaliser P_x depends on x, so
+
+    log p(s | x) - log p(s | x') = [sum_i log f(s_i - x_i) - log f(s_i - x'_i)] + log(P_x' / P_x).
+
+Theorem 2.1: for a base that is epsilon-DP, both terms are at most epsilon per unit distance,
+so the conditioned mechanism is (1 + gamma) epsilon-DP with
+
+    gamma* = max over neighbours of log(P_x' / P_x) / (epsilon ||x - x'||_1 / Delta)  in [0, 1].
+
+:func:`congenial_privacy_audit` computes, by enumeration on small cases, the exact worst loss
+per unit distance and gamma*; :meth:`Conditioned.log_normaliser` gives log P_x exactly.
 
 Privacy: for data sets with equal invariants the log-ratio is
 log f(s - x) - log f(s - x') and the normaliser cancels; for a pure-DP base with noise
@@ -27,6 +38,7 @@ approximate-DP base (discrete Gaussian) changes its delta; that accounting is no
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import pymc as pm
@@ -35,8 +47,16 @@ from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
 from dpinfer._validation import as_integer_array, check_probability, check_rng
-from dpinfer.invariants import Invariants
+from dpinfer.lattice.class_convolution import ClassLattice
+from dpinfer.lattice.convolution import log_convolution_at
+from dpinfer.lattice.independence_sampler import run_independence_chain, unimodular_block
+from dpinfer.lattice.invariants import Invariants
+from dpinfer.lattice.noise_gibbs import NoiseGibbs
+from dpinfer.lattice.random_walk import double_geometric_draws
+from dpinfer.lattice.targets import LatticeTarget
 from dpinfer.mechanisms.base import AdditiveMechanism, Mechanism, PrivacyAudit, PrivacyGuarantee
+from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
+from dpinfer.mechanisms.geometric import DoubleGeometric
 
 # The noise is tabulated on [-K, K] with per-cell tail mass below this: the truncated law is
 # within d * P(|e| > K) / P(A e = 0) of the exact one in total variation.
@@ -65,11 +85,12 @@ class Conditioned(Mechanism):
     base
         A discrete additive mechanism (``DoubleGeometric``, ``DiscreteGaussian``).
     invariants
-        An :class:`~dpinfer.invariants.Invariants` on the released cells (flattened in C order).
+        An :class:`~dpinfer.lattice.invariants.Invariants` on the released cells (flattened in C order).
     nonnegative
         Condition on a non-negative release too. The normaliser P(A e = 0, x + e >= 0) then
         depends on the true counts x (reference note 000 §2.6) and the privacy loss grows to
-        (1 + gamma) epsilon, gamma <= 1 (Theorem 2.1); see :meth:`congenial`.
+        (1 + gamma) epsilon, gamma <= 1 (Theorem 2.1); see :meth:`congenial` and
+        :func:`congenial_privacy_audit`.
     burn_in_sweeps
         Sweeps of the simulation-grade noise chain used when the invariants' class lattice is
         too large to enumerate (see :meth:`sample_noise`).
@@ -83,7 +104,7 @@ class Conditioned(Mechanism):
       first and a release that would need more than ``max_proposals`` is refused.
     * ``release(x, rng, grade="simulation")`` and :meth:`sample_noise` are
       **simulation-grade**: exact joint draws from the noise tabulated to a tail mass of 1e-20
-      per cell (:mod:`dpinfer.class_convolution`) where the class lattice can be enumerated;
+      per cell (:mod:`dpinfer.lattice.class_convolution`) where the class lattice can be enumerated;
       otherwise MCMC (Gibbs along Markov moves from e = 0 for equality invariants, seed 000's
       Algorithm 1 from a data-free start for non-negativity). Use it for studies.
     """
@@ -117,8 +138,6 @@ class Conditioned(Mechanism):
         """Seed 000's recipe for a target epsilon: ``DoubleGeometric(epsilon / 2)`` conditioned
         on the invariants and non-negativity, which is (1 + gamma) epsilon / 2 <= epsilon-DP
         (Theorem 2.1, gamma <= 1) between data sets with equal invariants."""
-        from dpinfer.mechanisms.geometric import DoubleGeometric
-
         epsilon = float(epsilon)
         if not np.isfinite(epsilon) or epsilon <= 0:
             raise ValueError(f"epsilon must be a positive number, got {epsilon!r}")
@@ -140,7 +159,8 @@ class Conditioned(Mechanism):
                 note=(
                     f"seed 000 Theorem 2.1: loss <= (1 + gamma) {base.epsilon:g} ||x - x'||_1 / "
                     f"{base.sensitivity:g} with gamma <= 1 (the normaliser P(A e = 0, x + e >= 0) "
-                    "depends on x); gamma* on small cases: dpinfer.congenial.congenial_privacy_audit"
+                    "depends on x); gamma* on small cases: "
+                    "dpinfer.mechanisms.conditioned.congenial_privacy_audit"
                 ),
             )
         return PrivacyGuarantee(
@@ -157,8 +177,6 @@ class Conditioned(Mechanism):
         invariants, every release s with |s_i - x_i| <= margin on the fibre (and s >= 0 with
         ``nonnegative``, both normalisers included); the measured epsilon is the largest
         log p(s|x)/p(s|x') divided by ||x - x'||_1 / sensitivity."""
-        from dpinfer.congenial import congenial_privacy_audit
-
         inv = self.invariants if self.invariants.n_cells <= 4 else Invariants.total(3)
         claim = self.privacy
         if self.nonnegative:
@@ -273,8 +291,6 @@ class Conditioned(Mechanism):
         Exact to 1e-3 for discrete Gaussian noise (sigma >= 3) on small tables; for double
         geometric noise with few cells per constraint it is low by 1-1.7 nats (2 x 2 and 2 x 3
         margins), so the cost estimate errs high."""
-        from dpinfer.independence_sampler import unimodular_block
-
         A = self.invariants.matrix
         try:
             unimodular_block(A)
@@ -290,10 +306,8 @@ class Conditioned(Mechanism):
         return self._noise_table
 
     def class_lattice(self):
-        """The :class:`~dpinfer.class_convolution.ClassLattice` of the invariants and the
+        """The :class:`~dpinfer.lattice.class_convolution.ClassLattice` of the invariants and the
         tabulated base noise (cached)."""
-        from dpinfer.class_convolution import ClassLattice
-
         if self._lattice is None:
             k, log_f = self.noise_table()
             # the table's K is rounded up to 16 * 2^j; the class sums need only the 1e-20 tails
@@ -306,7 +320,7 @@ class Conditioned(Mechanism):
     def sample_noise(self, rng: np.random.Generator, size=None, *, true_values=None) -> np.ndarray:
         """Simulation-grade noise e with A e = 0 (and x + e >= 0 for ``true_values`` x when
         ``nonnegative``): exact joint draws from the tabulated noise where the class lattice can
-        be enumerated (:mod:`dpinfer.class_convolution`); otherwise MCMC: ``burn_in_sweeps``
+        be enumerated (:mod:`dpinfer.lattice.class_convolution`); otherwise MCMC: ``burn_in_sweeps``
         sweeps of exact Gibbs updates along the invariants' Markov moves from e = 0, or, with
         non-negativity, seed 000's Algorithm 1 (:meth:`independence_chain_noise`)."""
         rng = check_rng(rng)
@@ -327,12 +341,7 @@ class Conditioned(Mechanism):
 
     def _gibbs_noise(self, rng, n: int) -> np.ndarray:
         """``n`` independent chains of ``burn_in_sweeps`` exact Gibbs sweeps along the
-        invariants' Markov moves from e = 0 (:class:`dpinfer.noise_gibbs.NoiseGibbs`)."""
-        from dpinfer.lattice_mcmc import LatticeTarget
-        from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
-        from dpinfer.mechanisms.geometric import DoubleGeometric
-        from dpinfer.noise_gibbs import NoiseGibbs
-
+        invariants' Markov moves from e = 0 (:class:`dpinfer.lattice.noise_gibbs.NoiseGibbs`)."""
         # log f(e) up to a constant: -rate |e| (double geometric) or -e^2 / (2 sigma^2)
         if isinstance(self.base, DoubleGeometric):
             target = LatticeTarget(0, -np.log(self.base.alpha))
@@ -345,16 +354,12 @@ class Conditioned(Mechanism):
 
     def independence_chain_noise(self, true_values, rng, n: int, *, proposal_epsilon=None,
                                  burn_in: int = 20_000, thin: int = 50) -> np.ndarray:
-        """``n`` states of seed 000's Algorithm 1 (:mod:`dpinfer.independence_sampler`) for a
+        """``n`` states of seed 000's Algorithm 1 (:mod:`dpinfer.lattice.independence_sampler`) for a
         double geometric base, every ``thin``-th after ``burn_in`` iterations of one chain;
         proposal epsilon~ = ``proposal_epsilon`` (default 1.2 x the base's, the ratio of seed
         000 §3.2). Safe start: ``Invariants.feasible_point(A x)``, a function of the public
         invariants only, so the confidential x enters through the proposals' weights alone. No
         TV bound is computed: simulation-grade."""
-        from dpinfer.independence_sampler import run_independence_chain, unimodular_block
-        from dpinfer.lattice_mcmc import double_geometric_draws
-        from dpinfer.mechanisms.geometric import DoubleGeometric
-
         if not isinstance(self.base, DoubleGeometric):
             raise TypeError("Algorithm 1 is implemented for a DoubleGeometric base")
         x = self._check_truth(true_values).reshape(-1)
@@ -373,7 +378,7 @@ class Conditioned(Mechanism):
     def log_normaliser(self, true_values=None) -> float:
         """log P(A e = 0) under the base noise, or with ``nonnegative`` log P(A e = 0, x + e >= 0)
         for the true counts x = ``true_values``: a convolution per group for totals and group
-        totals, else a sum over the class-level noise lattice (:mod:`dpinfer.class_convolution`);
+        totals, else a sum over the class-level noise lattice (:mod:`dpinfer.lattice.class_convolution`);
         raises ValueError when that lattice is too large to enumerate."""
         if self.nonnegative:
             if true_values is None:
@@ -517,8 +522,6 @@ class Conditioned(Mechanism):
         x with ``nonnegative``) for k in -K..K, exactly by convolution for a total or group
         totals: for a group of n cells, P(e_i = k | S_n = 0) = g_i(k) P(S_{-i} = -k) / P(S_n = 0)
         with g_i the (truncated) cell pmf (inference notes §2)."""
-        from dpinfer.inference.convolution import log_convolution_at
-
         if self.invariants.group_codes is None:
             raise ValueError(
                 "the conditioned noise marginals are computed for one total or group totals only, "
@@ -563,6 +566,59 @@ class Conditioned(Mechanism):
     def __repr__(self) -> str:
         extra = ", nonnegative=True" if self.nonnegative else ""
         return f"Conditioned({self.base!r}, {self.invariants!r}{extra})"
+
+
+# --- seed 000's Theorem 2.1 --------------------------------------------------------------------
+@dataclass(frozen=True)
+class CongenialAudit:
+    """Exact privacy of the non-negativity-conditioned mechanism on a small case."""
+
+    epsilon: float            # the base's epsilon (per unit of ||x - x'||_1 / Delta)
+    measured_epsilon: float   # worst log p(s|x)/p(s|x') per unit distance
+    gamma: float              # gamma*: worst log(P_x'/P_x) per unit distance, over epsilon
+    worst_pair: tuple         # (x, x', s) attaining measured_epsilon
+
+    @property
+    def holds(self) -> bool:
+        """Theorem 2.1: measured <= (1 + gamma*) epsilon <= 2 epsilon."""
+        return self.measured_epsilon <= (1 + self.gamma) * self.epsilon * (1 + 1e-9) + 1e-12 and \
+            self.gamma <= 1 + 1e-9
+
+
+def congenial_privacy_audit(base, invariants: Invariants, *, max_true: int = 4,
+                            margin: int = 12) -> CongenialAudit:
+    """Seed 000's Theorem 2.1 checked exactly for ``base`` noise conditioned on ``invariants``
+    and non-negativity (module docstring): every pair x != x' in {0..max_true}^d with equal
+    invariants, every release s in S*(x) with |s_i - x_i| <= ``margin``: the exact loss (with
+    both normalisers) divided by ||x - x'||_1 / Delta, and gamma*. For at most 4 cells."""
+    d = invariants.n_cells
+    if d > 4:
+        raise ValueError(f"the audit enumerates all tables: at most 4 cells, got {d}")
+    claim = base.privacy
+    if claim.delta != 0:
+        raise ValueError("Theorem 2.1 needs a pure-DP base (delta = 0)")
+    grid = np.indices((max_true + 1,) * d).reshape(d, -1).T
+    values = invariants.values(grid)
+    mechanism = Conditioned(base, invariants, nonnegative=True)
+    log_p = {tuple(x): mechanism.log_normaliser(x) for x in grid}
+    box = np.indices((2 * margin + 1,) * d).reshape(d, -1).T - margin
+    lattice = box[np.all(invariants.values(box) == 0, axis=1)]
+    worst, gamma, pair = 0.0, 0.0, None
+    for i, x in enumerate(grid):
+        s = x + lattice
+        s = s[np.all(s >= 0, axis=1)]
+        for x2 in grid[np.all(values == values[i], axis=1)]:
+            dist = np.abs(x - x2).sum() / claim.sensitivity
+            if dist == 0:
+                continue
+            norm_gap = log_p[tuple(x2)] - log_p[tuple(x)]
+            gamma = max(gamma, norm_gap / (claim.epsilon * dist))
+            loss = (base.noise_logpdf(s - x).sum(axis=1) - base.noise_logpdf(s - x2).sum(axis=1)
+                    + norm_gap) / dist
+            j = int(np.argmax(loss))
+            if loss[j] > worst:
+                worst, pair = float(loss[j]), (tuple(x), tuple(x2), tuple(s[j]))
+    return CongenialAudit(epsilon=claim.epsilon, measured_epsilon=worst, gamma=gamma, worst_pair=pair)
 
 
 # the normaliser Op runs Python (convolutions over classes) by design; PyTensor's numba backend

@@ -32,7 +32,7 @@ import math
 import numpy as np
 
 from dpinfer._validation import as_integer_array, check_epsilon, check_positive
-from dpinfer.invariants import Invariants, kernel_points_in_box
+from dpinfer.lattice.invariants import Invariants, kernel_points_in_box
 from dpinfer.mechanisms.base import Mechanism, PrivacyAudit, PrivacyGuarantee
 from dpinfer.mechanisms.conditioned import Conditioned, tabulated_noise
 from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian

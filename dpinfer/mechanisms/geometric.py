@@ -34,6 +34,7 @@ from dpinfer._validation import (
     check_probability,
     check_within,
 )
+from dpinfer.distributions import DiscreteLaplace
 from dpinfer.mechanisms.base import (
     AdditiveMechanism,
     Mechanism,
@@ -175,8 +176,6 @@ class DoubleGeometric(AdditiveMechanism):
     # --- likelihood --------------------------------------------------------------------------
     def dist(self, true_values):
         """``DiscreteLaplace.dist(mu=true_values, b=sensitivity/epsilon)``."""
-        from dpinfer.distributions import DiscreteLaplace
-
         return DiscreteLaplace.dist(mu=true_values, b=np.float64(self.scale))
 
 
@@ -371,8 +370,6 @@ class ClampedGeometric(Mechanism):
         """``pm.Censored(DiscreteLaplace.dist(mu=x, b=sensitivity/epsilon), lower, upper)``:
         PyMC's censoring puts P(Y <= lower) at lower and P(Y >= upper) at upper (reference
         notes §3.3), which is exactly the clamped law."""
-        from dpinfer.distributions import DiscreteLaplace
-
         base = DiscreteLaplace.dist(mu=true_values, b=np.float64(self.noise.scale))
         upper = None if self.upper is None else np.int64(self.upper)
         return pm.Censored.dist(base, lower=np.int64(self.lower), upper=upper)

@@ -20,15 +20,15 @@ double geometric noise conditioned on ``A z = 0`` (reference note 001 §5.4), i.
 class lattice can be enumerated (totals, group totals, small tables), the exact normaliser and
 exact joint draws (noise tabulated to a tail of 1e-20 per cell).
 Otherwise releases are drawn by MCMC from z = 0 (a data-free start): by default exact Gibbs
-sweeps along the invariants' Markov moves (:mod:`dpinfer.noise_gibbs`; l1 lines sampled in
-closed form), or seed 001's random-walk Metropolis (Algorithm 1, :mod:`dpinfer.lattice_mcmc`,
+sweeps along the invariants' Markov moves (:mod:`dpinfer.lattice.noise_gibbs`; l1 lines sampled in
+closed form), or seed 001's random-walk Metropolis (Algorithm 1, :mod:`dpinfer.lattice.random_walk`,
 ``chain="walk"``). Either chain's convergence is estimated by L-lag coupling, and
 :meth:`GeneralizedLaplace.certify` turns the estimate into the release's (epsilon, delta).
 l2 norm: not a product. Its likelihood
 exp(-epsilon ||s - x||_2) / Z is used up to the constant Z (a sum over the lattice with no
 closed form; it depends on neither x nor the model's parameters): ``dpinfer.sample`` updates
 the counts on the fibre with exact line conditionals of the full l2 factor
-(:class:`dpinfer.lattice_gibbs.NormFactor`).
+(:class:`dpinfer.lattice.fibre_gibbs.NormFactor`).
 """
 
 from __future__ import annotations
@@ -41,12 +41,14 @@ import pytensor.tensor as pt
 from scipy import stats
 
 from dpinfer._validation import as_integer_array, check_epsilon, check_rng
-from dpinfer.invariants import Invariants
-from dpinfer.lattice_mcmc import LatticeWalk, MeetingTimes, laplace_log_target
+from dpinfer.lattice.coupling import MeetingTimes
+from dpinfer.lattice.invariants import Invariants
+from dpinfer.lattice.noise_gibbs import NoiseGibbs
+from dpinfer.lattice.random_walk import LatticeWalk
+from dpinfer.lattice.targets import laplace_log_target
 from dpinfer.mechanisms.base import Mechanism, PrivacyAudit, PrivacyGuarantee
 from dpinfer.mechanisms.conditioned import Conditioned
 from dpinfer.mechanisms.geometric import DoubleGeometric
-from dpinfer.noise_gibbs import NoiseGibbs
 
 NORMS = ("l1", "l2")
 CHAINS = ("gibbs", "walk")
@@ -63,7 +65,7 @@ class GeneralizedLaplace(Mechanism):
     epsilon
         Privacy loss per unit of ``||x - x'||`` between data sets with equal invariants.
     invariants
-        :class:`~dpinfer.invariants.Invariants` of the released cells (flattened in C order).
+        :class:`~dpinfer.lattice.invariants.Invariants` of the released cells (flattened in C order).
     norm
         ``"l1"`` or ``"l2"``: the norm of the target and of the privacy guarantee.
     iterations
@@ -76,7 +78,7 @@ class GeneralizedLaplace(Mechanism):
         table).
     chain
         ``"gibbs"`` (default): exact Gibbs sweeps along the invariants' Markov moves
-        (:mod:`dpinfer.noise_gibbs`); ``"walk"``: seed 001's Algorithm 1.
+        (:mod:`dpinfer.lattice.noise_gibbs`); ``"walk"``: seed 001's Algorithm 1.
     """
 
     discrete = True
@@ -169,7 +171,7 @@ class GeneralizedLaplace(Mechanism):
     @property
     def sampler(self) -> str:
         """``"exact"`` for l1 where the invariants' class lattice can be enumerated (totals,
-        group totals, small tables: joint draws by convolution, :mod:`dpinfer.class_convolution`),
+        group totals, small tables: joint draws by convolution, :mod:`dpinfer.lattice.class_convolution`),
         else the chain: ``"gibbs"`` or ``"walk"``."""
         if self._product is not None and self._product.normaliser_is_exact():
             return "exact"
@@ -217,7 +219,7 @@ class GeneralizedLaplace(Mechanism):
     def coupling(self, n_runs: int = 300, lag: int | None = None, *, rng=None,
                  max_iterations: int = 10**6, progress=None) -> MeetingTimes:
         """Meeting times of ``n_runs`` L-lag coupled pairs of this mechanism's chain (Gibbs:
-        common random numbers, :mod:`dpinfer.noise_gibbs`; walk: seed 001's Algorithms 2-3);
+        common random numbers, :mod:`dpinfer.lattice.noise_gibbs`; walk: seed 001's Algorithms 2-3);
         their ``tv_upper_bound(l)`` bounds the TV distance after l sweeps or steps. ``lag``
         defaults to 10 sweeps or 1000 steps."""
         lag = DEFAULT_LAG[self.chain] if lag is None else lag

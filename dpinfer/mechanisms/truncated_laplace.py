@@ -46,6 +46,7 @@ from dpinfer._validation import (
     check_within,
 )
 from dpinfer.mechanisms.base import Mechanism, PrivacyAudit, PrivacyGuarantee, check_neighbour
+from dpinfer.privacy import max_privacy_loss
 
 LOG2 = math.log(2.0)
 
@@ -351,8 +352,6 @@ class TruncatedLaplace(_BoundedLaplace):
         """Worst-case loss by a dense grid of log-ratios over (s, s ± Δ, r) — s on a grid over
         [l - Δ, u + Δ] containing l, u, l + Δ, u - Δ; r on a grid over [l, u] with both ends —
         and by the closed form ε_eff(b); the larger of the two is compared with the claim."""
-        from dpinfer.privacy import max_privacy_loss
-
         lo, hi, step = self.lower, self.upper, self.sensitivity
         s = np.union1d(np.linspace(lo - step, hi + step, n_true), [lo, hi, lo + step, hi - step])
         pairs = [(a, a + sign * step) for a in s for sign in (-1.0, 1.0)]
@@ -447,8 +446,6 @@ class BITLaplace(_BoundedLaplace):
     def audit(self, n_true: int = 201, n_release: int = 401) -> PrivacyAudit:
         """Largest log-ratio over neighbours (s, s ± Δ), s on a grid over [l - 2Δ, u + 2Δ]
         (one-sided: up to l + 10 b) and releases on a grid over [l, u] that includes the atoms."""
-        from dpinfer.privacy import max_privacy_loss
-
         lo, step = self.lower, self.sensitivity
         hi = self.upper if math.isfinite(self.upper) else lo + 10 * self.scale
         s = np.linspace(lo - 2 * step, hi + 2 * step, n_true)

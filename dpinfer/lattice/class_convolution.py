@@ -14,7 +14,7 @@ is conditioned on non-negativity, l_i = -x_i; reference note 000 §2.6),
 
 and an exact joint draw of e given A e = 0, e >= l is: w from the (finite) law proportional to
 prod_c G_c((K w)_c), then the cells of every class given their sum (backward sampling,
-:func:`dpinfer.inference.convolution.sample_given_sums`).
+:func:`dpinfer.lattice.convolution.sample_given_sums`).
 
 Group totals are the case m = 0 (one class per group, E = 0). Seed 000's 2 x 23 table with a
 total, a female total and a voting-age total has 4 classes (sex x voting age) and m = 1. When
@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpinfer.invariants import Invariants, column_classes, kernel_points_in_box
+from dpinfer.lattice.convolution import log_convolution_at, sample_given_sums
+from dpinfer.lattice.invariants import Invariants, column_classes, kernel_points_in_box
 
 MAX_LATTICE_POINTS = 5_000_000
 MAX_DIMENSION = 6  # a box of side >= 13 per coordinate exceeds MAX_LATTICE_POINTS beyond this
@@ -129,7 +130,7 @@ class ClassLattice:
 
     # --- the class-level lattice ----------------------------------------------------------------
     def lattice_points(self, sums: ClassSums) -> np.ndarray:
-        """Every w (n, m) with lows <= K w <= highs (:func:`dpinfer.invariants.kernel_points_in_box`).
+        """Every w (n, m) with lows <= K w <= highs (:func:`dpinfer.lattice.invariants.kernel_points_in_box`).
         Lattices of dimension above ``MAX_DIMENSION`` are refused without solving the LPs."""
         if self.dimension > MAX_DIMENSION:
             raise ValueError(f"the class-level noise lattice has dimension {self.dimension}: too many "
@@ -151,10 +152,8 @@ class ClassLattice:
     def zero_sum_log_masses(self, lower=None) -> np.ndarray:
         """Dimension 0 only (A e = 0 iff every class sum is 0, e.g. group totals): per class,
         log P(E_c = 0, e >= lower), by the tilted FFT convolution of
-        :func:`dpinfer.inference.convolution.log_convolution_at` (cost ~ n log n per class, where
+        :func:`dpinfer.lattice.convolution.log_convolution_at` (cost ~ n log n per class, where
         :meth:`class_sums` costs n^2)."""
-        from dpinfer.inference.convolution import log_convolution_at
-
         if self.dimension:
             raise ValueError("zero_sum_log_masses needs a class lattice of dimension 0")
         targets = self.k * np.array([c.size for c in self.members])
@@ -174,8 +173,6 @@ class ClassLattice:
 
     def sample(self, rng: np.random.Generator, size: int, lower=None) -> np.ndarray:
         """``size`` exact joint draws (size, d) of e given A e = 0 and e >= lower."""
-        from dpinfer.inference.convolution import sample_given_sums
-
         table = np.ascontiguousarray(self.cell_log_pmfs(lower))
         counts = np.array([c.size for c in self.members])
         if self.dimension == 0:  # every class sum is 0
@@ -196,7 +193,7 @@ class ClassLattice:
 
 class NormaliserTracker:
     """log Z(x) = log P(A e = 0, x + e >= 0) along a chain of count vectors x, recomputing only
-    the classes whose cells changed (for Metropolis corrections, :mod:`dpinfer.lattice_gibbs`)."""
+    the classes whose cells changed (for Metropolis corrections, :mod:`dpinfer.lattice.fibre_gibbs`)."""
 
     def __init__(self, lattice: ClassLattice, x):
         self.lattice = lattice

@@ -6,7 +6,7 @@ The target is a law on the kernel lattice ``Lambda = {z in Z^d : A z = 0}`` of t
     q(z) ∝ exp(-scale ||z||_2)       (generalized Laplace, l2),
     q(z) ∝ exp(-scale ||z||_2^2)     (lattice Gaussian, scale = 1 / (2 sigma^2); seed 001 Eq. 8),
 
-given as a :class:`dpinfer.lattice_mcmc.LatticeTarget`. A sweep updates z along moves m of a
+given as a :class:`dpinfer.lattice.targets.LatticeTarget`. A sweep updates z along moves m of a
 Markov basis of the invariants (every move keeps A z = 0, and the moves connect every fibre;
 :meth:`dpinfer.Invariants.markov_basis`): z <- z + t m with t drawn from the exact conditional
 q(z + t m) / sum_t' q(z + t' m) (a Gibbs update, so q is invariant; inference notes §3). Along
@@ -37,7 +37,7 @@ make the same updates with common random numbers: the same move order and one un
 update, used by both for inversion of their line conditionals, enumerated in increasing order
 along the line. Each chain's own kernel is unchanged, and chains that are equal stay equal, so
 the meeting time gives the bound of Biswas, Jacob & Vanetti (2019), Theorem 2.5 (as for seed
-001's Algorithm 3, :class:`dpinfer.lattice_mcmc.MeetingTimes`), in sweeps. For the l1 norm and
+001's Algorithm 3, :class:`dpinfer.lattice.coupling.MeetingTimes`), in sweeps. For the l1 norm and
 the lattice Gaussian (products over cells), two chains whose move cells differ by a multiple of
 m see the same weights on the same points, so that update makes them agree on those cells.
 """
@@ -49,9 +49,10 @@ import math
 import numba
 import numpy as np
 
-from dpinfer._validation import check_rng
-from dpinfer.invariants import MoveSet
-from dpinfer.lattice_mcmc import LatticeTarget, MeetingTimes, _count
+from dpinfer._validation import check_count, check_rng
+from dpinfer.lattice.coupling import MeetingTimes
+from dpinfer.lattice.invariants import MoveSet
+from dpinfer.lattice.targets import LatticeTarget
 
 CUT = 50.0  # log-weight drop at which a line's enumeration stops
 MOVES_PER_CELL = 20  # updates per sweep: all moves, at most this many per cell
@@ -286,11 +287,11 @@ def _meeting_kernel(n_runs, d, cells, steps, kind, scale, lag, max_sweeps, per_s
 
 class NoiseGibbs:
     """Exact Gibbs sweeps along the moves of ``moves`` (a Markov basis of the invariants) for a
-    :class:`~dpinfer.lattice_mcmc.LatticeTarget` (module docstring)."""
+    :class:`~dpinfer.lattice.targets.LatticeTarget` (module docstring)."""
 
     def __init__(self, moves: MoveSet, target: LatticeTarget):
         if not isinstance(target, LatticeTarget):
-            raise TypeError(f"target must be a dpinfer.lattice_mcmc.LatticeTarget, got {type(target).__name__}")
+            raise TypeError(f"target must be a dpinfer.lattice.targets.LatticeTarget, got {type(target).__name__}")
         if not isinstance(moves, MoveSet) or len(moves) == 0:
             raise ValueError("moves must be a non-empty dpinfer MoveSet (a Markov basis of the invariants)")
         self.moves = moves
@@ -305,7 +306,7 @@ class NoiseGibbs:
         (z (n_chains, d), the largest per-chain bound on the TV distance added by truncating
         the lines)."""
         rng = check_rng(rng)
-        n_chains, n_sweeps = _count("n_chains", n_chains, 1), _count("n_sweeps", n_sweeps, 0)
+        n_chains, n_sweeps = check_count("n_chains", n_chains, 1), check_count("n_sweeps", n_sweeps, 0)
         z = np.zeros((n_chains, self.n_cells), dtype=np.int64)
         lost = _run_kernel(z, self.cells, self.steps, self.target.kind, float(self.target.scale),
                            n_sweeps, self.updates_per_sweep, int(rng.integers(2**62)))
@@ -315,9 +316,9 @@ class NoiseGibbs:
         """Meeting times, in sweeps, of ``n_runs`` independent L-lag coupled pairs (module
         docstring); their ``tv_upper_bound(l)`` bounds the TV distance after l sweeps."""
         rng = check_rng(rng)
-        lag = _count("lag", lag, 1)
-        n_runs = _count("n_runs", n_runs, 1)
-        max_sweeps = _count("max_sweeps", max_sweeps, lag + 1)
+        lag = check_count("lag", lag, 1)
+        n_runs = check_count("n_runs", n_runs, 1)
+        max_sweeps = check_count("max_sweeps", max_sweeps, lag + 1)
         tau = _meeting_kernel(n_runs, self.n_cells, self.cells, self.steps, self.target.kind,
                               float(self.target.scale), lag, max_sweeps, self.updates_per_sweep,
                               int(rng.integers(2**62)))

@@ -1,5 +1,5 @@
-"""Random-walk Metropolis on kernel lattices and its L-lag coupling (dpinfer.lattice_mcmc),
-against exact laws by enumeration."""
+"""Random-walk Metropolis on kernel lattices and its L-lag coupling (dpinfer.lattice.random_walk),
+against exact laws by enumeration; targets from dpinfer.lattice.targets."""
 
 import itertools
 import math
@@ -9,12 +9,8 @@ import pytest
 from scipy import stats
 
 import dpinfer as dp
-from dpinfer.lattice_mcmc import (
-    LatticeWalk,
-    MeetingTimes,
-    gaussian_log_target,
-    laplace_log_target,
-)
+from dpinfer.lattice.random_walk import LatticeWalk
+from dpinfer.lattice.targets import gaussian_log_target, laplace_log_target
 
 
 def exact_law(C, log_target, radius):
@@ -103,17 +99,6 @@ def test_meeting_times_and_tv_bound():
     tv0 = 0.5 * np.abs(q - p).sum()
     assert bound.estimate[0] >= tv0 - 0.02
     assert times.iterations_for(0.01) <= int(times.tau.max())
-
-
-def test_tv_bound_by_hand_and_censoring():
-    times = MeetingTimes(tau=np.array([5, 9, 13]), lag=2, max_iterations=100)
-    # terms at l = 0: ceil(3/2)=2, ceil(7/2)=4, ceil(11/2)=6 -> mean 4
-    assert times.tv_upper_bound(0).estimate[0] == pytest.approx(4.0)
-    # at l = 8: 0, 0, ceil(3/2) = 2 -> 2/3
-    assert times.tv_upper_bound(8).estimate[0] == pytest.approx(2 / 3)
-    censored = MeetingTimes(tau=np.array([5, -1]), lag=2, max_iterations=100)
-    b = censored.tv_upper_bound([0, 200])
-    assert b.n_censored == 1 and np.isinf(b.upper[0]) and b.upper[1] < 1
 
 
 @pytest.mark.parametrize("kwargs, pattern", [

@@ -32,6 +32,7 @@ import numba
 import numpy as np
 
 from dpinfer._validation import check_rng
+from dpinfer.lattice.coupling import MeetingTimes
 
 
 @dataclass(frozen=True)
@@ -211,9 +212,7 @@ def independence_meeting_times(centre, A, log_f, log_f_proposal, sample_proposal
     Each chain alone is Algorithm 1; an independence sampler's state is always the start or a
     past proposal, and once both hold the same one they move together. The meeting time tau
     is X's first step t with X_t = Y_{t-L} (same proposal, a conservative test). Returns a
-    :class:`dpinfer.lattice_mcmc.MeetingTimes` (its ``tv_upper_bound`` and ``iterations_for``)."""
-    from dpinfer.lattice_mcmc import MeetingTimes
-
+    :class:`dpinfer.lattice.coupling.MeetingTimes` (its ``tv_upper_bound`` and ``iterations_for``)."""
     rng = check_rng(rng)
     centre = np.asarray(centre, dtype=np.int64).reshape(-1)
     A = np.asarray(A, dtype=np.int64)

@@ -1,10 +1,10 @@
-r"""Random-walk Metropolis on an integer kernel lattice, its L-lag coupling and the coupling
-bound on the total-variation distance to the target (seed 001, Algorithms 1-3; reference note
-001 §7).
+r"""Random-walk Metropolis on an integer kernel lattice and its L-lag coupling (seed 001,
+Algorithms 1-3; reference note 001 §7).
 
 The target is a law on the lattice ``Lambda = {z in Z^d : A z = 0} = {C w : w in Z^m}``
 (``C``: :meth:`dpinfer.Invariants.kernel_basis`), given by an unnormalised log pmf
-``log_target(z)``. The chain lives on the coordinates ``w``:
+``log_target(z)`` (a :class:`~dpinfer.lattice.targets.LatticeTarget` or any callable). The
+chain lives on the coordinates ``w``:
 
 * **Algorithm 1 (one step).** Propose ``w' = w + e`` with ``e_j`` i.i.d. double geometric,
   ``eta(e) = (1 - a)/(1 + a) a^|e|`` (symmetric, so the Metropolis ratio is the target ratio),
@@ -20,13 +20,9 @@ The target is a law on the lattice ``Lambda = {z in Z^d : A z = 0} = {C w : w in
   Algorithm 1's.
 * **Algorithm 3 (meeting time).** ``v`` runs ``L`` steps of Algorithm 1 from its own draw of
   ``pi_0``; then coupled steps from ``(v_L, w_0)`` until ``v_t = w_{t-L}``: the meeting time
-  ``tau``. Runs are capped at ``max_iterations`` and reported as censored.
-* **TV bound** (Biswas, Jacob & Vanetti 2019, Theorem 2.5):
-  ``TV(law of the chain at iteration l, target) <= E[max(0, ceil((tau - L - l) / L))]``,
-  estimated by the average over independent runs.
-
-The estimate is an estimate: it is not a proof of convergence and it is only as good as the
-number of runs (see :func:`tv_upper_bound` for the confidence limit).
+  ``tau``. Runs are capped at ``max_iterations`` and reported as censored. The meeting times
+  give the coupling bound on the TV distance to the target
+  (:class:`~dpinfer.lattice.coupling.MeetingTimes`).
 """
 
 from __future__ import annotations
@@ -38,47 +34,17 @@ from collections.abc import Callable
 import numba
 import numpy as np
 import scipy.sparse
-from scipy.stats import norm
 
-from dpinfer._validation import check_rng
+from dpinfer._validation import check_count, check_rng
+from dpinfer.lattice.coupling import MeetingTimes
+from dpinfer.lattice.targets import LatticeTarget
 
 LogTarget = Callable[[np.ndarray], np.ndarray]  # e.g. a LatticeTarget
 
 
-# --- targets ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LatticeTarget:
-    """An unnormalised log pmf on the lattice, row-wise: ``kind`` 0 is ``-scale ||z||_1``,
-    1 is ``-scale ||z||_2``, 2 is ``-||z||_2^2 * scale`` (scale = 1 / (2 sigma^2)). Known kinds
-    let :meth:`LatticeWalk.run` use its compiled kernel; any other callable works too."""
-
-    kind: int
-    scale: float
-
-    def __call__(self, z: np.ndarray) -> np.ndarray:
-        if self.kind == 0:
-            return -self.scale * np.abs(z).sum(axis=-1)
-        if self.kind == 1:
-            return -self.scale * np.sqrt(np.square(z, dtype=float).sum(axis=-1))
-        return -self.scale * np.square(z, dtype=float).sum(axis=-1)
-
-
-def laplace_log_target(epsilon: float, norm_name: str) -> LatticeTarget:
-    """``log q(z) = -epsilon ||z||`` in the l1 or l2 norm (seed 001, Eq. 5), row-wise."""
-    epsilon = _positive("epsilon", epsilon)
-    if norm_name not in ("l1", "l2"):
-        raise ValueError(f"norm must be 'l1' or 'l2', got {norm_name!r}")
-    return LatticeTarget(0 if norm_name == "l1" else 1, epsilon)
-
-
-def gaussian_log_target(sigma: float) -> LatticeTarget:
-    """``log q(z) = -||z||_2^2 / (2 sigma^2)``: the lattice Gaussian centred at 0 (seed 001, Eq. 8)."""
-    sigma = _positive("sigma", sigma)
-    return LatticeTarget(2, 1.0 / (2.0 * sigma * sigma))
-
-
 @numba.njit(cache=True)
 def _log_target_of(z, kind, scale):
+    """A :class:`LatticeTarget` of ``kind`` and ``scale`` at one lattice point z (compiled)."""
     total = 0.0
     for i in range(z.shape[0]):
         v = float(z[i])
@@ -182,12 +148,12 @@ class LatticeWalk:
 
     def run(self, n_chains: int, n_steps: int, rng, w0: np.ndarray | None = None):
         """``n_chains`` independent chains, ``n_steps`` steps each, from ``w0`` or pi_0.
-        Returns (z (n_chains, d), acceptance rate over all steps). For the targets of
-        :func:`laplace_log_target` and :func:`gaussian_log_target` the steps run in a compiled
+        Returns (z (n_chains, d), acceptance rate over all steps). For a
+        :class:`~dpinfer.lattice.targets.LatticeTarget` the steps run in a compiled
         kernel (chain by chain, the state z updated through the nonzeros of the proposal's
         columns of C); other targets step all chains together in numpy."""
         rng = check_rng(rng)
-        n_chains, n_steps = _count("n_chains", n_chains, 1), _count("n_steps", n_steps, 0)
+        n_chains, n_steps = check_count("n_chains", n_chains, 1), check_count("n_steps", n_steps, 0)
         w = self.initial(n_chains, rng) if w0 is None else np.array(w0, dtype=np.int64)
         if isinstance(self.log_target, LatticeTarget) and n_steps:
             z = self.to_lattice(w)
@@ -234,9 +200,9 @@ class LatticeWalk:
         """Algorithm 3 for ``n_runs`` independent pairs (vectorised over the pairs still apart).
         ``tau`` is the iteration of the leading chain at which it meets the lagging one."""
         rng = check_rng(rng)
-        lag = _count("lag", lag, 1)
-        n_runs = _count("n_runs", n_runs, 1)
-        max_iterations = _count("max_iterations", max_iterations, lag + 1)
+        lag = check_count("lag", lag, 1)
+        n_runs = check_count("n_runs", n_runs, 1)
+        max_iterations = check_count("max_iterations", max_iterations, lag + 1)
         v = self.initial(n_runs, rng)
         log_qv = self.log_target(self.to_lattice(v))
         for _ in range(lag):
@@ -261,104 +227,3 @@ class LatticeWalk:
         return MeetingTimes(tau=tau, lag=lag, max_iterations=max_iterations)
 
 
-@dataclass(frozen=True)
-class MeetingTimes:
-    """Meeting times of independent L-lag coupled runs (``tau = -1``: not met by ``max_iterations``)."""
-
-    tau: np.ndarray
-    lag: int
-    max_iterations: int
-
-    @property
-    def n_censored(self) -> int:
-        return int(np.sum(self.tau < 0))
-
-    def tv_upper_bound(self, iterations, *, level: float = 0.95) -> TVBound:
-        """Biswas et al. (2019) Theorem 2.5 at each iteration ``l``:
-        TV(l) <= E[max(0, ceil((tau - L - l) / L))], estimated by the mean over the runs.
-
-        Upper confidence limit: the mean plus ``z_level`` standard errors (normal approximation
-        for the mean of the i.i.d. terms); where no run has a positive term it is the exact
-        Clopper-Pearson upper limit of P(term >= 1), 1 - (1 - level)^(1/N), a floor for the
-        mean's limit and the best available without a tail assumption. A censored run's term is
-        unknown (at least its value at the cap), so with censored runs the estimate is a lower
-        bound and the confidence limit is infinite at every ``l`` the cap could affect."""
-        ls = np.atleast_1d(np.asarray(iterations, dtype=np.int64))
-        if np.any(ls < 0):
-            raise ValueError("iterations must be >= 0")
-        if not 0.0 < level < 1.0:
-            raise ValueError(f"level must lie in (0, 1), got {level!r}")
-        L, tau = self.lag, self.tau
-        cap = np.where(tau < 0, self.max_iterations + 1, tau)
-        terms = np.maximum(0, np.ceil((cap[None, :] - L - ls[:, None]) / L))  # (n_l, N)
-        n = tau.size
-        mean = terms.mean(axis=1)
-        se = terms.std(axis=1, ddof=1) / math.sqrt(n) if n > 1 else np.full(ls.size, np.inf)
-        ucl = mean + norm.ppf(level) * se
-        floor = 1.0 - (1.0 - level) ** (1.0 / n)
-        ucl = np.where(terms.max(axis=1) == 0, floor, ucl)
-        if self.n_censored:
-            affected = self.max_iterations + 1 - L - ls > 0
-            ucl = np.where(affected, np.inf, ucl)
-        return TVBound(iterations=ls, estimate=mean, upper=ucl, level=level, n_runs=n,
-                       n_censored=self.n_censored)
-
-    def iterations_for(self, target_tv: float, *, level: float = 0.95) -> int:
-        """The smallest iteration l whose upper confidence limit on TV is <= ``target_tv``."""
-        if not 0.0 < target_tv < 1.0:
-            raise ValueError(f"target_tv must lie in (0, 1), got {target_tv!r}")
-        taus = np.where(self.tau < 0, self.max_iterations + 1, self.tau)
-        hi = int(taus.max())
-        # scan l in chunks: the (len(l), runs) table of terms for every l at once could take
-        # gigabytes when the meeting times reach 10^6
-        chunk = max(1, 2_000_000 // taus.size)
-        for start in range(0, hi + 1, chunk):
-            ls = np.arange(start, min(start + chunk, hi + 1))
-            ok = np.flatnonzero(self.tv_upper_bound(ls, level=level).upper <= target_tv)
-            if ok.size:
-                return int(ls[ok[0]])
-        raise ValueError(
-            f"no iteration reaches an upper limit of {target_tv} with {self.tau.size} runs: the "
-            f"Clopper-Pearson floor is {1 - (1 - level) ** (1 / self.tau.size):.3g}; use more runs"
-        )
-
-
-@dataclass(frozen=True)
-class TVBound:
-    """Coupling estimates of the TV distance to the target after each of ``iterations``."""
-
-    iterations: np.ndarray
-    estimate: np.ndarray
-    upper: np.ndarray
-    level: float
-    n_runs: int
-    n_censored: int
-
-    def plot(self, ax=None, *, label: str | None = None):
-        """Estimate and upper confidence limit against the iteration (log x axis)."""
-        import matplotlib.pyplot as plt
-
-        ax = ax or plt.gca()
-        x = np.maximum(self.iterations, 1)
-        line, = ax.plot(x, self.estimate, label=label or "coupling estimate")
-        ax.plot(x, np.minimum(self.upper, 1.0), ls="--", color=line.get_color(),
-                label=f"{self.level:.0%} upper limit ({self.n_runs} runs)")
-        ax.set_xscale("log")
-        ax.set_xlabel("iteration")
-        ax.set_ylabel("TV bound")
-        ax.set_ylim(0, 1.05)
-        ax.legend()
-        return ax
-
-
-def _positive(name: str, value) -> float:
-    value = float(value)
-    if not value > 0 or not math.isfinite(value):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return value
-
-
-def _count(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or int(value) != value or int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)

@@ -1,4 +1,5 @@
-"""Exact Gibbs updates of an integer vector along lattice moves, inside a box (numba kernel).
+"""Exact Gibbs sampling on a boxed fibre: line updates of an integer vector along lattice moves
+(numba kernel).
 
 The target on {x integer : A x = a, lo <= x <= hi} is
 
@@ -10,7 +11,7 @@ move z with A z = 0 the line {x + t z} keeps the invariants; its conditional law
 integers t that keep x inside the box is enumerated exactly and sampled by inversion
 (inference notes §3). Moves must form a Markov basis of the fibre for the chain to be
 irreducible (all pair moves for totals, all 2x2 moves for two-way margins; see
-:class:`dpinfer.invariants.Invariants`).
+:class:`dpinfer.lattice.invariants.Invariants`).
 
 Neglected-mass bound. The box cuts values a cell could take outside it. For a move line, the
 mass lost is at most sum_{c in supp z} eta_c prod_{c' != c} sup_v g_{c'}(v), where eta_c bounds
@@ -263,7 +264,7 @@ def corrected_gibbs_sweep(x, lo, table, log_eta, moves: MovePlan, queries: Query
     """One sweep of ``moves_per_sweep`` line updates towards pi(x) exp(W(x)) with
     W = -``tracker``.log_z (module docstring): palindromic blocks of ``block_moves`` moves,
     each accepted or rejected as a whole. ``tracker`` (e.g.
-    :class:`dpinfer.class_convolution.NormaliserTracker`) must hold ``x``.
+    :class:`dpinfer.lattice.class_convolution.NormaliserTracker`) must hold ``x``.
 
     Returns (x, largest block bound on the neglected relative mass, fraction of updates that
     changed x in accepted blocks, fraction of blocks accepted)."""
