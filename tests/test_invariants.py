@@ -11,7 +11,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from dpinfer import invariants as inv_module
+from dpinfer.lattice import invariants as inv_module
 from dpinfer.lattice.invariants import (
     InfeasibleInvariantsError,
     Invariants,

@@ -7,21 +7,21 @@ A latent count vector x can carry releases of three kinds (recorded by ``observe
   likelihood prod_i f(s_i - x_i) on the fibre A x = A s (inference notes §2);
 - a generalized Laplace release in the l2 norm (``GeneralizedLaplace(eps, inv, "l2")``): the
   likelihood exp(-eps ||s - x||_2) on the same fibre, a factor that is not a product over
-  cells but is exact along every move line (:class:`dpinfer.lattice_gibbs.NormFactor`);
+  cells but is exact along every move line (:class:`dpinfer.lattice.fibre_gibbs.NormFactor`);
 - a release of a linear query (``mech.observe(name, Q @ x, s)``), a likelihood term per row.
 
 :func:`plan_fibre` reads them and chooses
 - ``"convolution"`` when the only release is conditioned on one total or disjoint group totals
   and the counts have no other child: the counts are summed out exactly by convolution
-  (:mod:`dpinfer.inference.totals`), NUTS runs on the parameters, the counts are drawn exactly;
+  (:mod:`dpinfer.lattice.convolution`), NUTS runs on the parameters, the counts are drawn exactly;
 - ``"fibre"`` otherwise: :class:`FibreGibbs` updates x along the moves of a Markov basis of
-  the combined invariants with exact line conditionals (:mod:`dpinfer.lattice_gibbs`), next to
+  the combined invariants with exact line conditionals (:mod:`dpinfer.lattice.fibre_gibbs`), next to
   NUTS on the parameters. Per sweep, the prior's log-pmf table over every cell's window is one
   compiled call; the releases' tables are computed once. A release conditioned on
   non-negativity (``Conditioned(..., nonnegative=True)``) always takes this path: its
   normaliser Z(x) is not a product over cells, so when it varies by more than ``tol`` over the
   window the line updates come in palindromic blocks accepted by Metropolis-Hastings on
-  Z(x) / Z(x') (:func:`dpinfer.lattice_gibbs.corrected_gibbs_sweep`).
+  Z(x) / Z(x') (:func:`dpinfer.lattice.fibre_gibbs.corrected_gibbs_sweep`).
 
 Cells with no release of their own are bounded by their prior's support (a Binomial's n);
 latent counts with unbounded support need a release of each cell (a window needs a noise tail).

@@ -26,8 +26,9 @@ from pytensor.graph.basic import Constant
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.tensor.random.op import RandomVariable
 
+from dpinfer.inference.convolution_likelihood import ConvolutionLogLikelihood
 from dpinfer.inference.gibbs import terms_depending_on
-from dpinfer.inference.records import ReleaseRecord
+from dpinfer.mechanisms.records import ReleaseRecord
 from dpinfer.inference.window import Window
 
 # Lowest count each of PyMC's count distributions supports (RandomVariable.name -> value).
@@ -216,8 +217,6 @@ def convolution_log_likelihood(terms, release, plan: MarginalPlan):
     sum over groups of log (g_1 * ... * g_n)(t_g) - log P(A e = 0), with g_i the cell's window
     terms and t_g the group total of s minus the windows' lower ends; spread evenly over the
     cells (only the sum is meaningful)."""
-    from dpinfer.inference.convolution_likelihood import ConvolutionLogLikelihood
-
     codes = plan.group_codes
     d = codes.size
     lower = symbolic_centres(release, plan.support).reshape((-1,)) - plan.window.half_width

@@ -14,21 +14,14 @@ from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors
 
 from dpinfer.inference.marginal import NotMarginalisableError
+from dpinfer.mechanisms.records import latent_candidates
 
 _LINEARITY_CHECKS = 3
 
 
 def latent_of(model, true_values):
     """The free integer random variable whose values ``true_values`` is computed from."""
-    if true_values in model.free_RVs:
-        return true_values
-    found = [
-        v for v in model.free_RVs
-        if v.type.dtype.startswith("int") and v in ancestors([true_values])
-    ]
-    # an integer RV can be an ancestor only through another one (x -> y -> Q y): keep the
-    # closest, i.e. the one no other candidate depends on
-    found = [v for v in found if not any(v in ancestors([w]) for w in found if w is not v)]
+    found = latent_candidates(model, true_values)
     if len(found) != 1:
         names = [v.name for v in found]
         raise NotMarginalisableError(

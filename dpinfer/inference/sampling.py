@@ -66,7 +66,7 @@ from dpinfer.inference.count_blocks import (
 )
 from dpinfer.inference.engine import compiled_model_for, fit as fit_compiled
 from dpinfer.inference.queries import resolve_query
-from dpinfer.inference.records import releases_of
+from dpinfer.mechanisms.records import releases_of
 from dpinfer.inference.window import (
     initial_half_width,
     make_window,

@@ -14,6 +14,7 @@ import numpy as np
 import pymc as pm
 
 from dpinfer._validation import as_integer_array, as_real_array, check_rng, check_same_shape
+from dpinfer.mechanisms.records import latent_candidates, record_release
 
 NEIGHBOUR_RELATIONS = ("add-remove", "substitution")
 
@@ -127,8 +128,6 @@ class Mechanism(abc.ABC):
         current PyMC model, and record it so that :func:`dpinfer.sample` can marginalise or
         Gibbs-sample the latent true values exactly. ``true_values`` is latent counts x or a
         linear query of them (``Q @ x``, margins, totals)."""
-        from dpinfer.inference.records import record_release
-
         model = pm.modelcontext(model)
         if hasattr(observed, "get_value"):  # pm.Data: validate its value, keep it symbolic
             value = self.check_release(observed.get_value())
@@ -143,12 +142,9 @@ class Mechanism(abc.ABC):
             )
         rv = model.register_rv(rv, name, observed=observed, dims=dims)
         if hasattr(true_values, "owner"):  # tag the latent counts (also behind a query Q @ x)
-            from dpinfer.inference.queries import latent_of
-
-            try:
-                latent_of(model, true_values).tag.dpinfer_release = name
-            except ValueError:
-                pass  # not latent counts: dpinfer.sample reports it
+            latents = latent_candidates(model, true_values)
+            if len(latents) == 1:  # otherwise not latent counts: dpinfer.sample reports it
+                latents[0].tag.dpinfer_release = name
         record_release(model, name=name, release_rv=rv, latent=true_values, mechanism=self)
         return rv
 

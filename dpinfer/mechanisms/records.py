@@ -1,0 +1,54 @@
+"""The record that ``Mechanism.observe`` leaves on a PyMC model for :func:`dpinfer.sample`.
+
+This is the interface between the two sides: mechanisms write it (``observe``), the inference
+engine reads it (``releases_of``). It lives with the mechanisms so that they never import the
+inference layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pytensor.graph.traversal import ancestors
+
+_ATTRIBUTE = "_dpinfer_releases"
+
+
+@dataclass(frozen=True)
+class ReleaseRecord:
+    """One observed release: its model variable, the symbolic true values it privatises, and
+    the mechanism that made it."""
+
+    name: str
+    release_rv: Any
+    latent: Any
+    mechanism: Any
+
+
+def record_release(model, *, name, release_rv, latent, mechanism) -> ReleaseRecord:
+    record = ReleaseRecord(name=name, release_rv=release_rv, latent=latent, mechanism=mechanism)
+    records = getattr(model, _ATTRIBUTE, None)
+    if records is None:
+        records = []
+        setattr(model, _ATTRIBUTE, records)
+    records.append(record)
+    return record
+
+
+def releases_of(model) -> list[ReleaseRecord]:
+    """The releases recorded on ``model`` (empty if none)."""
+    return list(getattr(model, _ATTRIBUTE, []))
+
+
+def latent_candidates(model, true_values) -> list:
+    """The free integer random variables ``true_values`` is computed from, keeping only the
+    closest (an integer variable can be an ancestor through another one, x -> y -> Q y): one
+    element for a release of latent counts x or of a query Q @ x."""
+    if true_values in model.free_RVs:
+        return [true_values]
+    found = [
+        v for v in model.free_RVs
+        if v.type.dtype.startswith("int") and v in ancestors([true_values])
+    ]
+    return [v for v in found if not any(v in ancestors([w]) for w in found if w is not v)]
