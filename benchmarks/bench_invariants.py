@@ -9,10 +9,11 @@ Illinois (102 counties, one total), every method timed in this one run, 2 chains
 (``cores=1``), default PyMC initialisation, bulk ESS from ``arviz.ess``, the minimum over ALL
 quantities (mu, sigma, every log_rate, every count):
 
-1. ``dpinfer.sample`` (auto): the counts summed out exactly by convolution over the total,
-   NUTS on (mu, sigma, log_rate), exact joint draws of the counts for every posterior draw;
-2. ``dpinfer.sample(counts_sampler="fibre")``: exact Gibbs line updates along the pair moves
-   (a Markov basis of the fibre) next to NUTS;
+1. ``dpinfer.sample`` (auto: the compiled exact Gibbs engine): every sweep draws the counts
+   exactly and jointly on the total given (mu, sigma, log_rate), then one NUTS transition of
+   the parameters given the counts;
+2. ``dpinfer.sample(method="fibre")`` (the PyMC engine): exact Gibbs line updates along the
+   pair moves (a Markov basis of the fibre) next to PyMC's NUTS;
 3. baseline (i): plain ``pm.sample`` on the counts as a latent Multinomial given the total,
    x ~ Multinomial(T, softmax(log_rate)), with the release likelihood sum_i log f(s_i - x_i)
    and the Poisson law of the total, log Poisson(T; sum_i exp(log_rate_i)), as Potentials:
@@ -215,8 +216,7 @@ def run(method: str, model, draws: int, tune: int, seed: int, release, *, chains
         t0 = time.perf_counter()
         common = dict(tune=tune, chains=chains, cores=1, random_seed=seed, progressbar=False, **kwargs)
         if method in ("dpinfer", "fibre"):
-            sampler = "fibre" if method == "fibre" else "auto"
-            idata = dp.sample(draws, model=model, counts_sampler=sampler, **common)
+            idata = dp.sample(draws, model=model, method="fibre" if method == "fibre" else "auto", **common)
         else:
             with model:
                 step = None
@@ -237,7 +237,7 @@ def warm_up(method: str, build, release, seed: int, draws: int = 50, tune: int =
     if method in ("dpinfer", "fibre") and "log_rate" in model.named_vars:
         log_s = np.log(np.maximum(release, 1.0))
         states = len(model.coords["state"])
-        kwargs = dict(init="adapt_diag", initvals={
+        kwargs = dict(initvals={
             "log_rate": log_s, "mu": np.full(states, log_s.mean()), "sigma": float(log_s.std())})
     return run(method, model, draws, tune, seed, release, chains=1, **kwargs)
 
@@ -336,8 +336,8 @@ def main(argv=None) -> dict:
 
     # 1-2: dpinfer, auto and fibre
     rows = []
-    for label, method in (("dpinfer.sample (convolution + exact draws)", "dpinfer"),
-                          ("dpinfer.sample(counts_sampler='fibre')", "fibre")):
+    for label, method in (("dpinfer.sample (compiled exact Gibbs)", "dpinfer"),
+                          ("dpinfer.sample(method='fibre')", "fibre")):
         progress(f"{label}: warm-up on a copy of the model (1 chain, 50 tune + 50 draws)")
         _, warm_s = warm_up(method, lambda: dpinfer_model(il), release, seed + 1)
         progress(f"{label}: warm-up took {warm_s:.0f} s; timed run 2 x ({tune} tune + {draws} draws)")
@@ -381,7 +381,7 @@ def main(argv=None) -> dict:
     fixed_rows = []
     fixed_tune = min(tune, 100)
     for label, method, t in (("exact i.i.d. draws (dpinfer auto)", "dpinfer", 0),
-                             ("fibre sampler alone (counts_sampler='fibre')", "fibre", fixed_tune)):
+                             ("fibre sampler alone (method='fibre')", "fibre", fixed_tune)):
         progress(f"fixed hyperparameters, {label}: warm-up")
         warm_up(method, lambda: dpinfer_model(il, fixed_log_rate=fixed), release, seed + 1)
         idata, seconds = run(method, dpinfer_model(il, fixed_log_rate=fixed), draws, t, seed, release)

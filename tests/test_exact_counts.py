@@ -21,9 +21,9 @@ RATES = np.array([3.0, 40.0, 7.5, 12.0, 0.8, 25.0])
 
 
 def _fit(mechanism, release, draws, seed, half_width, monkeypatch, prior=pm.Poisson):
-    import dpinfer.inference.sampling as sample_module
+    import dpinfer.inference.plans as plans_module
 
-    monkeypatch.setattr(sample_module, "tail_half_width", lambda mech: half_width)
+    monkeypatch.setattr(plans_module, "tail_half_width", lambda mech: half_width)
     with pm.Model() as model:
         x = prior("x", RATES[: len(release)])
         mechanism.observe("release", x, observed=release)
@@ -126,9 +126,9 @@ def test_a_large_group_is_drawn_in_random_blocks_with_the_exact_law(monkeypatch)
     base = dp.DoubleGeometric(epsilon=0.5)
     mech = dp.Conditioned(base, dp.Invariants.total(m))
     release = mech.release(rng.poisson(rates), rng)
-    import dpinfer.inference.sampling as sample_module
+    import dpinfer.inference.plans as plans_module
 
-    monkeypatch.setattr(sample_module, "tail_half_width", lambda mech: 25)
+    monkeypatch.setattr(plans_module, "tail_half_width", lambda mech: 25)
     with pm.Model() as model:
         x = pm.Poisson("x", rates)
         mech.observe("release", x, observed=release)

@@ -197,9 +197,9 @@ def test_window_bound_is_valid_against_the_full_sum():
 
 def test_window_widens_when_the_check_fails(monkeypatch):
     """The PyMC engine's marginal path: a window too narrow for tol is widened and refitted."""
-    import dpinfer.inference.sampling as sample_module
+    from dpinfer.inference.plans import CellsPlan
 
-    monkeypatch.setattr(sample_module, "_initial_half_width", lambda plan, tol: 1)
+    monkeypatch.setattr(CellsPlan, "first_half_width", lambda plan, tol, compiled: 1)
     model = beta_binomial_model()
     idata = sample(50, tune=50, chains=1, random_seed=3, progressbar=False, model=model,
                    method="marginal")
@@ -212,9 +212,9 @@ def test_exact_tails_make_a_narrow_window_exact(monkeypatch):
     """The compiled engine draws the counts exactly beyond the window (geometric envelopes):
     with a window of +-8 around s = 612 at epsilon = 0.1 (noise sd 14) about half of the
     count draws come from the tails, and the posterior still matches enumeration."""
-    import dpinfer.inference.sampling as sample_module
+    import dpinfer.inference.plans as plans_module
 
-    monkeypatch.setattr(sample_module, "tail_half_width", lambda mech: 8)
+    monkeypatch.setattr(plans_module, "tail_half_width", lambda mech: 8)
     x_draws_total = 2 * 2000
     model = beta_binomial_model()
     idata = sample(2000, tune=1000, chains=2, random_seed=5, progressbar=False, model=model)
@@ -322,14 +322,14 @@ def test_fixed_prior_gives_exact_iid_count_draws():
 
 
 def test_binomial_upper_support_is_read_through_broadcasting():
-    from dpinfer.inference.marginal import _support
+    from dpinfer.inference.latents import prior_support
 
     with pm.Model():
         a = pm.Binomial("a", 20, 0.3, shape=3)
         b = pm.Binomial("b", np.array([10, 20]), 0.3)
         c = pm.Binomial("c", pm.Data("n", np.array([5, 7])), 0.3)
         d = pm.Poisson("d", 2.0)
-    assert [_support(v.owner) for v in (a, b, c, d)] == [(0, 20), (0, 20), (0, None), (0, None)]
+    assert [prior_support(v.owner) for v in (a, b, c, d)] == [(0, 20), (0, 20), (0, None), (0, None)]
 
 
 def test_two_releases_of_the_same_counts():
@@ -424,3 +424,20 @@ def test_grandchildren_do_not_block_the_count_methods():
     idata = sample(100, tune=100, chains=1, random_seed=1, progressbar=False, model=model)
     assert json.loads(idata.posterior.attrs["dpinfer"])["x"]["method"].startswith("windowed exact Gibbs")
     assert (idata.posterior["x"].values >= idata.posterior["y"].values).all()
+
+
+def test_compiled_engine_takes_initvals_in_the_constrained_space():
+    """initvals name the variables as pm.sample does (sigma, not sigma_log__) and are not
+    jittered; the others keep PyMC's jittered start; a start for the counts is not used."""
+    from dpinfer.inference.compiled_engine import compiled_model_for
+
+    with pm.Model() as model:
+        sigma = pm.HalfNormal("sigma", 1.0)
+        mu = pm.Normal("mu", 0.0, 1.0)
+        x = pm.Poisson("x", 50.0 * sigma * pm.math.exp(mu), shape=3)
+        DoubleGeometric(epsilon=1.0).observe("release", x, observed=[48, 52, 50])
+    compiled = compiled_model_for(model, [model["x"]], [model["release"]])
+    q = {n: compiled.initial_q(7, model, {"sigma": 2.5, "x": [1, 2, 3]})[s]
+         for n, s in zip(compiled.names, compiled.slices)}
+    assert q["sigma_log__"] == pytest.approx([np.log(2.5)], abs=1e-12)
+    assert 0 < abs(q["mu"][0]) <= 1.0  # jittered around 0

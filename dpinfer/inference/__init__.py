@@ -1,7 +1,7 @@
 """Inference for latent true counts behind privatised releases."""
 
 from dpinfer.inference.guard import install as _install_guard
-from dpinfer.inference.sampling import marginal_model, sample
+from dpinfer.inference.sample import marginal_model, sample
 
 _install_guard()
 

@@ -75,10 +75,20 @@ class CompiledModel:
     def logp_grad_address(self) -> int:
         return self.logp_grad.address
 
-    def initial_q(self, seed) -> np.ndarray:
+    def initial_q(self, seed, model=None, initvals: dict | None = None) -> np.ndarray:
         """PyMC's initial point of the parameters with U(-1, 1) jitter in the unconstrained
-        space (PyMC's default ``jitter+adapt_diag`` start), flattened."""
-        point = self._initial_point(seed)
+        space (PyMC's default ``jitter+adapt_diag`` start), flattened; ``initvals`` (values
+        or strategies by variable name in the constrained space, as ``pm.sample`` takes them)
+        override it through PyMC's own initial-point function. Start values given for the
+        latent counts are not used (the engine starts them on the releases' fibre)."""
+        overrides = {k: v for k, v in (initvals or {}).items() if k not in self.latent_shapes}
+        if overrides:
+            jitter = {rv for rv in model.free_RVs if model.rvs_to_values[rv].name in self.names
+                      and rv.name not in overrides}
+            point = make_initial_point_fn(model=model, overrides=overrides, jitter_rvs=jitter,
+                                          return_transformed=True)(seed)
+        else:
+            point = self._initial_point(seed)
         if not self.names:
             return np.zeros(0)
         return np.concatenate([np.asarray(point[n], dtype=float).ravel() for n in self.names])

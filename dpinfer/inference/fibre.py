@@ -30,6 +30,7 @@ latent counts with unbounded support need a release of each cell (a window needs
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import pytensor.tensor as pt
@@ -40,7 +41,7 @@ from pymc.util import get_random_generator
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from dpinfer.inference.gibbs import terms_depending_on
-from dpinfer.inference.marginal import NotMarginalisableError, _support, current_value
+from dpinfer.inference.latents import NotMarginalisableError, current_value, prior_support
 from dpinfer.inference.window import initial_half_width, log_eta
 from dpinfer.lattice.invariants import Invariants, MoveSet
 from dpinfer.lattice.class_convolution import NormaliserTracker
@@ -93,6 +94,9 @@ class Entry:
 
 @dataclass
 class FibrePlan:
+    """Latent counts on a fibre: exact Gibbs updates along Markov moves (module docstring)."""
+
+    kind: ClassVar[str] = "fibre"
     latent_name: str
     shape: tuple
     support: tuple
@@ -131,6 +135,36 @@ class FibrePlan:
         return self.entries[0].record
 
     # --- windows -----------------------------------------------------------------------------
+    def first_half_width(self, tol: float, compiled: bool = False) -> int:
+        """Smallest half-width whose every cell tail bound is tol / (1e8 MOVES_PER_CELL
+        n_cells) of the likelihood at the window centre (then checked on every step); it also
+        sets the tolerance of the normaliser correction. Fibres run on the PyMC engine only."""
+        self.tol = tol
+        if not self.identity:
+            return 0
+        e = self.identity[0]
+        mech = cell_mechanism(e.record.mechanism)
+        if mech is None:  # l2: the factor at a typical count vector, exp(-eps ||s - x||_2)
+            log_peak = -e.record.mechanism.epsilon * e.record.mechanism.typical_noise_norm()
+        else:
+            log_peak = float(np.min(mech.log_likelihood(e.value, self.centres())))
+        target = np.log(tol) - np.log(self.n_cells) - np.log(1e8 * MOVES_PER_CELL) + log_peak
+        return initial_half_width(tail_mechanism(e.record.mechanism), e.value, log_target=target,
+                                  support=self.support)
+
+    def set_half_width(self, k: int) -> None:
+        self.half_width = int(k)
+
+    def widened_half_width(self, bound: float, tol: float) -> int:
+        """A half-width whose tail bounds are tol / (10 bound) of the current ones (every bound
+        here is proportional to them when small); double it where the bound is infinite."""
+        if not np.isfinite(bound):
+            return 2 * self.half_width
+        e = self.identity[0]
+        target = float(np.max(self.log_eta())) + np.log(tol / (10.0 * bound))
+        k = initial_half_width(tail_mechanism(e.record.mechanism), e.value, log_target=target,
+                               support=self.support)
+        return max(self.half_width + 1, k)
     def centres(self) -> np.ndarray:
         """Window centres: the first release of the counts themselves, clipped to the support;
         cells without one start at the support's lower end."""
@@ -288,7 +322,7 @@ def plan_fibre(model, latent, entries: list[Entry], *, allow_convolution: bool =
         len(entries) == 1 and single.query is None and isinstance(single.record.mechanism, Conditioned)
         and single.record.mechanism.invariants.group_codes is not None
     )
-    support = _support(node)
+    support = prior_support(node)
     plan = FibrePlan(name, shape, support, entries, "convolution" if convolution else "fibre",
                      constraint, constraint_values,
                      normaliser=nonnegative[0].record.mechanism if nonnegative else None,
@@ -312,35 +346,6 @@ def entries_from(model, records, resolve) -> dict:
         value = current_value(model.rvs_to_values[record.release_rv]).reshape(-1)
         groups.setdefault(latent, []).append(Entry(record, query, value))
     return groups
-
-
-def initial_half_width_for(plan: FibrePlan, tol: float, log_margin: float) -> int:
-    """Smallest half-width whose every cell tail bound is tol e^-log_margin / n_cells of the
-    likelihood at the window centre (then checked on every draw or step)."""
-    if not plan.identity:
-        return 0
-    e = plan.identity[0]
-    mech = cell_mechanism(e.record.mechanism)
-    centre = plan.centres()
-    if mech is None:  # l2: the factor at a typical count vector, exp(-eps ||s - x||_2)
-        log_peak = -e.record.mechanism.epsilon * e.record.mechanism.typical_noise_norm()
-    else:
-        log_peak = float(np.min(mech.log_likelihood(e.value, centre)))
-    target = np.log(tol) - np.log(plan.n_cells) - log_margin + log_peak
-    return initial_half_width(tail_mechanism(e.record.mechanism), e.value, log_target=target,
-                              support=plan.support)
-
-
-def widened_half_width(plan: FibrePlan, bound: float, tol: float) -> int:
-    """A half-width whose tail bounds are tol / (10 bound) of the current ones (every bound
-    here is proportional to them when small); double it where the bound is infinite."""
-    if not np.isfinite(bound):
-        return 2 * plan.half_width
-    e = plan.identity[0]
-    target = float(np.max(plan.log_eta())) + np.log(tol / (10.0 * bound))
-    k = initial_half_width(tail_mechanism(e.record.mechanism), e.value, log_target=target,
-                           support=plan.support)
-    return max(plan.half_width + 1, k)
 
 
 class FibreGibbs(BlockedStep):

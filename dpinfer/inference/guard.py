@@ -9,10 +9,23 @@ PyMC picks a step method for each free variable by asking every class in
 
 from __future__ import annotations
 
+import warnings
+
 import pymc.step_methods as step_methods
 from pymc.step_methods.compound import BlockedStep, Competence
 
-from dpinfer.inference.sampling import warn_if_latent
+
+def warn_if_latent(var) -> None:
+    """Called by PyMC's step assignment (via :class:`LatentCountGuard`) for every variable."""
+    name = getattr(var.tag, "dpinfer_release", None)
+    if name is not None:
+        warnings.warn(
+            f"{var.name!r} are true counts behind the privatised release {name!r}: PyMC's default "
+            "Metropolis mixes poorly on them. Use dpinfer.sample() instead of pm.sample(), which "
+            "draws them exactly.",
+            UserWarning,
+            stacklevel=2,
+        )
 
 
 class LatentCountGuard(BlockedStep):

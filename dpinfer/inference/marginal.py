@@ -13,113 +13,13 @@ then release it). Given theta, x is then drawn exactly from the normalised windo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 from pymc.logprob.abstract import _logprob_helper
 from pymc.model.fgraph import fgraph_from_model, model_from_fgraph, model_observed_rv
-from pytensor.graph.traversal import graph_inputs
-from pytensor.graph.basic import Constant
 from pytensor.graph.replace import clone_replace, vectorize_graph
-from pytensor.tensor.random.op import RandomVariable
-
-from dpinfer.inference.convolution_likelihood import ConvolutionLogLikelihood
-from dpinfer.inference.gibbs import terms_depending_on
-from dpinfer.mechanisms.records import ReleaseRecord
-from dpinfer.inference.window import Window
-
-# Lowest count each of PyMC's count distributions supports (RandomVariable.name -> value).
-_SUPPORT_LOWER = {
-    "poisson": 0,
-    "binomial": 0,
-    "nbinom": 0,
-    "beta_binomial": 0,
-    "betabinom": 0,
-    "hypergeometric": 0,
-    "geometric": 1,
-}
-
-
-def _support(node) -> tuple:
-    """(lowest, highest) count the prior supports, where known: the lower end from the
-    distribution, the upper end from a Binomial's or BetaBinomial's constant n."""
-    lower = _SUPPORT_LOWER.get(node.op.name)
-    upper = None
-    if node.op.name in ("binomial", "beta_binomial", "betabinom"):
-        n = node.op.dist_params(node)[0]
-        if all(isinstance(v, Constant) for v in graph_inputs([n])):  # n is fixed: evaluate it
-            upper = int(np.max(n.eval()))
-    return lower, upper
-
-
-class NotMarginalisableError(ValueError):
-    """The latent counts of a release cannot be marginalised exactly by a window."""
-
-
-@dataclass
-class MarginalPlan:
-    """What :func:`marginalise` needs for one release."""
-
-    record: ReleaseRecord
-    latent_name: str
-    release_value: np.ndarray
-    support: tuple  # (lowest, highest) supported count; None where unknown or unbounded
-    method: str  # "marginal": summed out of its release; "gibbs": it has other children
-    window: Window | None = None
-    # Releases conditioned on group totals (inference notes §2): the cells' noise law and the
-    # group of each cell (flattened); None for releases with independent cells.
-    cell_mechanism: object = None
-    group_codes: np.ndarray | None = None
-
-    @property
-    def mechanism(self):
-        """The per-cell likelihood p(s_i | x_i) of the release."""
-        return self.record.mechanism if self.cell_mechanism is None else self.cell_mechanism
-
-
-def plan_marginalisation(model, record: ReleaseRecord) -> MarginalPlan:
-    """Check that ``record``'s latent counts are an elementwise discrete free variable of
-    ``model``, and choose the method: summed out of the release when the release is their
-    only child, windowed Gibbs updates otherwise (other children, including further releases
-    of the same counts, which then count as children)."""
-    latent = record.latent
-    name = getattr(latent, "name", None)
-    if latent not in model.free_RVs:
-        raise NotMarginalisableError(
-            f"the true values of release {record.name!r} must be a free random variable of the "
-            f"model (e.g. pm.Poisson('x', ...)); got {latent!r}"
-        )
-    node = latent.owner
-    if not isinstance(node.op, RandomVariable) or node.op.ndim_supp != 0:
-        raise NotMarginalisableError(
-            f"latent {name!r} must be an elementwise distribution (Poisson, Binomial, "
-            f"NegativeBinomial, ...); got {node.op}"
-        )
-    if not latent.type.dtype.startswith("int"):
-        raise NotMarginalisableError(f"latent {name!r} must be integer valued (counts)")
-    children, named = terms_depending_on(model, latent, exclude=(record.release_rv,))
-    sole_child = not children and not named
-    release_value = current_value(model.rvs_to_values[record.release_rv])
-    return MarginalPlan(
-        record=record,
-        latent_name=name,
-        release_value=release_value,
-        support=_support(node),
-        method="marginal" if sole_child else "gibbs",
-    )
-
-
-def current_value(var) -> np.ndarray:
-    """The numeric value of an observed variable's data (constant or pm.Data, possibly behind
-    the dtype casts PyMC inserts: observed integer data become int32, then int64 counts)."""
-    if hasattr(var, "get_value"):
-        return np.asarray(var.get_value())
-    if hasattr(var, "data"):
-        return np.asarray(var.data)
-    return np.asarray(var.eval())
 
 
 def symbolic_centres(release, support):
@@ -150,8 +50,9 @@ def _windowed_terms(prior_op, prior_params, mechanism, release, half_width, supp
     return prior_lp + lik_lp
 
 
-def marginalise(model, plans: list[MarginalPlan]):
-    """A new model in which each plan's latent counts are summed out of its release."""
+def marginalise(model, plans: list):
+    """A new model in which each plan's latent counts are summed out of its release: its
+    ``marginal_log_likelihood`` of the window terms (:mod:`dpinfer.inference.plans`)."""
     fgraph, memo = fgraph_from_model(model)
     for plan in plans:
         record = plan.record
@@ -166,9 +67,7 @@ def marginalise(model, plans: list[MarginalPlan]):
         def logp(value, *params, prior_op=prior_op, plan=plan):
             k = plan.window.half_width
             terms = _windowed_terms(prior_op, params, plan.mechanism, value, k, plan.support)
-            if plan.group_codes is None:
-                return pt.logsumexp(terms, axis=0)
-            return convolution_log_likelihood(terms, value, plan)
+            return plan.marginal_log_likelihood(terms, value)
 
         def dist(*args, prior_op=prior_op, mechanism=record.mechanism):
             *params, size = args
@@ -191,7 +90,7 @@ def marginalise(model, plans: list[MarginalPlan]):
     return model_from_fgraph(fgraph, mutate_fgraph=True)
 
 
-def compile_window_log_weights(marginal_model, plan: MarginalPlan):
+def compile_window_log_weights(marginal_model, plan):
     """A function of a batch of the marginal model's free variables (constrained values, each
     with a leading batch axis, in the order of ``marginal_model.free_RVs``) returning the log
     weights (batch, W, *cells) of the latent counts: log p(x | theta) + log p(s | x) on the
@@ -210,19 +109,3 @@ def compile_window_log_weights(marginal_model, plan: MarginalPlan):
     batched = [pt.tensor(dtype=p.type.dtype, shape=(None, *p.type.shape)) for p in placeholders]
     terms = vectorize_graph(terms, replace=dict(zip(placeholders, batched)))
     return pytensor.function(batched, terms, on_unused_input="ignore")
-
-
-def convolution_log_likelihood(terms, release, plan: MarginalPlan):
-    """log p(s | theta) for a release conditioned on group totals (inference notes §2):
-    sum over groups of log (g_1 * ... * g_n)(t_g) - log P(A e = 0), with g_i the cell's window
-    terms and t_g the group total of s minus the windows' lower ends; spread evenly over the
-    cells (only the sum is meaningful)."""
-    codes = plan.group_codes
-    d = codes.size
-    lower = symbolic_centres(release, plan.support).reshape((-1,)) - plan.window.half_width
-    indicator = pt.constant(np.eye(codes.max() + 1, dtype=np.int64)[:, codes])  # (G, d)
-    targets = pt.dot(indicator, release.reshape((-1,)).astype("int64") - lower)
-    log_g = terms.reshape((terms.shape[0], d)).T
-    total = ConvolutionLogLikelihood(tuple(int(c) for c in codes))(log_g, targets)
-    total = total - plan.record.mechanism.log_normaliser()
-    return pt.broadcast_to(total / d, release.shape)

@@ -13,7 +13,7 @@ import pytensor
 from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors
 
-from dpinfer.inference.marginal import NotMarginalisableError
+from dpinfer.inference.latents import NotMarginalisableError
 from dpinfer.mechanisms.records import latent_candidates
 
 _LINEARITY_CHECKS = 3

@@ -259,7 +259,7 @@ def dpinfer_fit(model, *, draws: int = 250, tune: int = 300, chains: int = 2, co
     import arviz as az
     import pymc as pm
 
-    from dpinfer.inference.sampling import sample
+    from dpinfer.inference.sample import sample
 
     def fit(data: Mapping[str, np.ndarray], names, rng: np.random.Generator):
         pm.set_data(dict(data), model=model)

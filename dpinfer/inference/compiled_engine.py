@@ -1,0 +1,151 @@
+"""dpinfer's compiled Gibbs engine: fit a model whose latent counts have exact conditional
+draws, with NUTS on everything continuous.
+
+It runs cells and totals plans (:mod:`dpinfer.inference.plans`) of models whose other free
+variables are all continuous; :func:`refusal` says why a model cannot take it. A sweep draws
+every latent's counts given the parameters (each plan's block,
+:mod:`dpinfer.inference.count_blocks`), then makes one NUTS transition of the parameters given
+the counts (:mod:`dpinfer.inference.chains`). The compiled model is kept on the PyMC model and reused by
+later fits (new releases through ``pm.set_data`` only change the blocks' tables); it is
+rebuilt when the model's other data change.
+
+The result is an ``xarray.DataTree`` like ``pm.sample``'s: ``posterior`` (free variables in
+their constrained space, Deterministics, latent counts, with the model's dims and coords) and
+``sample_stats`` (NUTS statistics under PyMC's names, and each block's), checked with PyMC's
+own convergence checks (divergences, R-hat, ESS), which log the same warnings as
+``pm.sample``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import xarray as xr
+from pymc.stats.convergence import log_warnings, run_convergence_checks
+
+from dpinfer.inference.chains import MAX_TREE_DEPTH, SamplingError, run_chains
+from dpinfer.inference.compiled import NotCompilableError, compile_model
+
+_COMPILED = "_dpinfer_compiled_model"
+OPTIONS = ("initvals", "target_accept", "max_treedepth")
+
+
+def refusal(model, plans, method: str) -> str | None:
+    """Why the compiled engine cannot fit this model with these plans (None: it can)."""
+    if method != "auto":
+        return f"method={method!r} selects the PyMC engine"
+    for plan in plans:
+        if plan.kind == "fibre":
+            return ("latent counts with invariants other than group totals, linear queries or a "
+                    "release conditioned on non-negativity take fibre moves (PyMC engine)")
+        if plan.kind == "children":
+            return (f"the counts {plan.latent_name!r} have children besides their release "
+                    "(windowed Gibbs, PyMC engine)")
+    latents = {p.latent_name for p in plans}
+    for rv in model.free_RVs:
+        if rv.name not in latents and rv.type.dtype.startswith(("int", "uint", "bool")):
+            return (f"the discrete free variable {rv.name!r} is not a latent count behind a "
+                    "release (PyMC's step methods sample it)")
+    return None
+
+
+def compile_for(model, plans):
+    """The compiled model for these plans (kept on ``model``), or the reason it cannot be
+    built (an Op without a numba implementation): (compiled, None) or (None, reason)."""
+    try:
+        return compiled_model_for(model, [model[p.latent_name] for p in plans],
+                                  [p.record.release_rv for p in plans]), None
+    except NotCompilableError as err:
+        return None, str(err)
+
+
+def compiled_model_for(model, latents: list, releases: list):
+    """The compiled model kept on ``model`` if it was built for the same latents and the
+    model's data have not changed since; otherwise a new one (kept)."""
+    key = (tuple(rv.name for rv in latents), tuple(rv.name for rv in releases))
+    cached = getattr(model, _COMPILED, None)
+    if cached is not None and cached[0] == key and cached[1].matches(model):
+        return cached[1]
+    compiled = compile_model(model, latents, releases)
+    setattr(model, _COMPILED, (key, compiled))
+    return compiled
+
+
+def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: int,
+        rng: np.random.Generator, tol: float, progressbar: bool, initvals=None,
+        target_accept: float = 0.8, max_treedepth: int = MAX_TREE_DEPTH):
+    """One fit with the plans' current windows: (DataTree, report, failed), ``failed`` mapping
+    each latent whose window (without exact tails) missed ``tol`` to its largest bound."""
+    blocks = [plan.block(compiled) for plan in plans]
+    starts = {plan.latent_name: plan.start() for plan in plans}
+    try:
+        idata = _fit(model, compiled, blocks, starts, draws=draws, tune=tune, chains=chains,
+                     cores=cores, rng=rng, progressbar=progressbar, max_tree_depth=max_treedepth,
+                     target_accept=target_accept, initvals=initvals)
+    except SamplingError as err:
+        raise RuntimeError(f"dpinfer.sample: {err}") from err
+    report, failed = {}, {}
+    for plan, block in zip(plans, blocks):
+        report[plan.latent_name], bound = plan.compiled_report(idata.sample_stats, block, tol)
+        if bound is not None:
+            failed[plan.latent_name] = bound
+    return idata, report, failed
+
+
+def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int, chains: int,
+         cores: int, rng: np.random.Generator, progressbar: bool, max_tree_depth: int,
+         target_accept: float, initvals: dict | None):
+    """Run the chains and return the DataTree. ``initial_counts`` maps each latent to a start
+    on its fibre; the parameters start at PyMC's jittered initial point, or at ``initvals``
+    where given (constrained values by variable name, as for ``pm.sample``)."""
+    counts0 = compiled.counts_vector(initial_counts)
+    starts = [(compiled.initial_q(int(rng.integers(2**31)), model, initvals), counts0)
+              for _ in range(chains)]
+    start = time.perf_counter()
+    results = run_chains(compiled, blocks, chains=chains, cores=cores, tune=tune, draws=draws,
+                         rng=rng, starts=starts, progressbar=progressbar,
+                         max_tree_depth=max_tree_depth, target_accept=target_accept)
+    seconds = time.perf_counter() - start
+    idata = _datatree(model, compiled, results, tune=tune, seconds=seconds,
+                      max_tree_depth=max_tree_depth)
+    if progressbar:
+        log_warnings(run_convergence_checks(idata, model))
+    return idata
+
+
+def _datatree(model, compiled, results, *, tune: int, seconds: float,
+              max_tree_depth: int) -> xr.DataTree:
+    chains, draws = len(results), results[0].q.shape[0]
+    q = np.stack([r.q for r in results]).reshape(chains * draws, compiled.n)
+    counts = np.stack([r.counts for r in results]).reshape(chains * draws, -1)
+    values = compiled.expand(q, counts)
+    for name in compiled.latents:
+        values[name] = counts[:, compiled.latent_slices[name]].reshape(
+            (chains * draws, *compiled.latent_shapes[name]))
+    coords = {"chain": np.arange(chains), "draw": np.arange(draws)}
+    posterior = {}
+    for name, value in values.items():
+        value = np.asarray(value).reshape((chains, draws, *np.shape(value)[1:]))
+        dims = list(model.named_vars_to_dims.get(name) or
+                    [f"{name}_dim_{i}" for i in range(value.ndim - 2)])
+        for dim in dims:
+            if model.coords.get(dim) is not None:
+                coords[dim] = np.asarray(model.coords[dim])
+        posterior[name] = (("chain", "draw", *dims), value)
+    stats = {}
+    for name in results[0].stats:
+        value = np.stack([r.stats[name] for r in results])
+        if name in ("diverging",):
+            value = value.astype(bool)
+        elif name in ("tree_depth", "n_steps"):
+            value = value.astype(np.int64)
+        stats[name] = (("chain", "draw"), value)
+    if "tree_depth" in stats:
+        stats["reached_max_treedepth"] = (("chain", "draw"), stats["tree_depth"][1] >= max_tree_depth)
+    attrs = {"sampling_time": seconds, "tuning_steps": tune, "inference_library": "dpinfer"}
+    return xr.DataTree.from_dict({
+        "posterior": xr.Dataset(posterior, coords=coords, attrs=attrs),
+        "sample_stats": xr.Dataset(stats, coords={"chain": coords["chain"], "draw": coords["draw"]},
+                                   attrs=attrs),
+    })

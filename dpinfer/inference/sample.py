@@ -1,0 +1,182 @@
+"""``dpinfer.sample``: posterior sampling for models whose latent true counts are privatised.
+
+The pipeline, for the releases recorded by ``Mechanism.observe``:
+
+1. **plan**: one plan per latent count vector (:mod:`dpinfer.inference.plans`): independent
+   cells, cells on group totals, cells with other children, or cells on a fibre;
+2. **engine**: the compiled exact Gibbs engine (:mod:`dpinfer.inference.compiled_engine`)
+   where every plan is cells or totals and every other free variable is continuous, else the
+   PyMC engine (:mod:`dpinfer.inference.pymc_engine`); why the compiled engine was not taken
+   is recorded;
+3. **windows**: each plan's first window (exact tails on the compiled engine, a window proven
+   to within ``tol`` otherwise);
+4. **sample**: the engine's fit, with the latent counts drawn (exactly given the parameters,
+   or by dpinfer's Gibbs steps);
+5. **check and widen**: every bound is checked against ``tol`` on every draw; a latent whose
+   window missed it gets a wider window and the model is fitted again;
+6. **report**: ``idata.posterior.attrs["dpinfer"]`` (JSON) records per latent the engine and
+   why, the method, the window, the bounds reached and the widenings made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pymc as pm
+
+from dpinfer._validation import check_probability
+from dpinfer.inference import compiled_engine, pymc_engine
+from dpinfer.inference.plans import plan_releases
+from dpinfer.mechanisms.records import releases_of
+
+MAX_WIDENINGS = 4
+METHODS = ("auto", "marginal", "fibre")
+
+
+def sample(
+    draws: int = 1000,
+    *,
+    tune: int = 1000,
+    chains: int = 2,
+    cores: int | None = None,
+    random_seed: int | None = None,
+    tol: float = 1e-10,
+    progressbar: bool = True,
+    model=None,
+    log_likelihood: bool = False,
+    method: str = "auto",
+    **sample_kwargs,
+):
+    """Sample the posterior of a model with privatised releases of latent counts.
+
+    Parameters
+    ----------
+    draws, tune, chains, cores, random_seed, progressbar
+        As in ``pm.sample`` (NUTS runs on the continuous parameters; both engines run the
+        chains on ``cores`` cores, by default all).
+    tol
+        Bound on the relative error of a windowed likelihood, checked on every posterior draw:
+        sum_i log1p(eta_i / L_i(theta)) <= tol (inference notes §1). The compiled engine's
+        draws of additive noise releases are exact beyond their windows and need no bound.
+    log_likelihood
+        Also compute the per-cell marginal log-likelihood of each release (for LOO/WAIC).
+    method
+        ``"auto"``: the compiled exact Gibbs engine where the model allows it (module
+        docstring), else the PyMC engine (counts summed out where they are a release's only
+        child, exact convolution for group totals, fibre moves for other invariants and linear
+        queries, windowed Gibbs for counts with other children). ``"marginal"``: the PyMC
+        engine with counts summed out wherever possible. ``"fibre"``: the PyMC engine with
+        fibre moves wherever there are invariants or queries (e.g. to compare the samplers).
+    sample_kwargs
+        Passed to ``pm.sample`` (PyMC engine); the compiled engine takes ``initvals``,
+        ``target_accept`` (0.8) and ``max_treedepth`` (10), as PyMC's NUTS.
+
+    Returns
+    -------
+    xarray.DataTree with the parameters and the draws of the latent counts in ``posterior``
+    and the samplers' statistics in ``sample_stats``; ``posterior.attrs["dpinfer"]`` is the
+    report of step 6 of the module docstring.
+    """
+    tol = check_probability(tol, "tol")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    for name, value, least in (("draws", draws, 1), ("tune", tune, 0), ("chains", chains, 1)):
+        if int(value) != value or value < least:
+            raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+    model = pm.modelcontext(model)
+    records = releases_of(model)
+    if not records:
+        raise ValueError("the model has no release registered with Mechanism.observe(...); use pm.sample")
+    rng = np.random.default_rng(random_seed)
+    plans = plan_releases(model, records, method=method)
+    reason = compiled_engine.refusal(model, plans, method)
+    compiled = None
+    if reason is None:
+        compiled, reason = compiled_engine.compile_for(model, plans)
+    if compiled is not None:
+        unknown = sorted(set(sample_kwargs) - set(compiled_engine.OPTIONS))
+        if unknown:
+            raise TypeError(
+                f"dpinfer.sample got {unknown}, which the compiled engine does not take (it takes "
+                f"{compiled_engine.OPTIONS}); pass method='marginal' to run PyMC's pm.sample with them"
+            )
+        _check_compiled_options(sample_kwargs)
+    _first_windows(model, plans, tol, compiled=compiled is not None)
+
+    seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
+    for attempt in range(MAX_WIDENINGS + 1):
+        if compiled is not None:
+            idata, report, failed = compiled_engine.run(
+                model, compiled, plans, draws=draws, tune=tune, chains=chains,
+                cores=min(chains, cores if cores is not None else (os.cpu_count() or 1)), rng=rng,
+                tol=tol, progressbar=progressbar, **sample_kwargs)
+        else:
+            idata, report, failed, fit = pymc_engine.run(
+                model, plans, draws=draws, tune=tune, chains=chains, cores=cores,
+                seed=int(seeds[attempt]), rng=rng, tol=tol, progressbar=progressbar,
+                sample_kwargs=sample_kwargs)
+        if not failed:
+            break
+        if attempt == MAX_WIDENINGS:
+            raise RuntimeError(
+                f"the window bound still exceeds tol={tol} after {MAX_WIDENINGS} widenings for "
+                f"{sorted(failed)}; the posterior puts mass where the likelihood is tiny - check the model"
+            )
+        _widen(plans, failed, tol)
+        if progressbar:
+            print(f"dpinfer: widening the windows of {sorted(failed)} and refitting")
+
+    for entry in report.values():
+        entry["widenings"] = attempt
+        entry["engine"] = "compiled" if compiled is not None else "pymc"
+        if compiled is None:
+            entry["engine_reason"] = reason
+    idata.posterior.attrs["dpinfer"] = json.dumps(report)
+    if log_likelihood:  # per-cell marginal log-likelihoods, on windows proven to within tol
+        with marginal_model(model, tol) if compiled is not None else fit.model:
+            pm.compute_log_likelihood(idata, progressbar=progressbar)
+    return idata
+
+
+def _check_compiled_options(options: dict) -> None:
+    if "target_accept" in options:
+        check_probability(options["target_accept"], "target_accept")
+    depth = options.get("max_treedepth", 10)
+    if int(depth) != depth or depth < 1:
+        raise ValueError(f"max_treedepth must be a whole number >= 1, got {depth!r}")
+
+
+def _first_windows(model, plans, tol: float, *, compiled: bool) -> None:
+    """Each plan's first window; the PyMC engine keeps a kept model's wider windows (so a
+    refit needs no new compilation)."""
+    kept = {} if compiled else pymc_engine.kept_widths(model)
+    for plan in plans:
+        plan.set_half_width(max(plan.first_half_width(tol, compiled), kept.get(plan.latent_name, 0)))
+
+
+def _widen(plans, failed: dict, tol: float) -> None:
+    for plan in plans:
+        if plan.latent_name in failed:
+            plan.set_half_width(plan.widened_half_width(failed[plan.latent_name], tol))
+
+
+def marginal_model(model=None, tol: float = 1e-10):
+    """``model`` with its latent counts summed out over proven windows, releases still
+    observed (the model the PyMC engine fits). Use it for ``pm.sample_posterior_predictive``
+    of releases and ``pm.compute_log_likelihood`` (per-cell marginal log-likelihoods). Built
+    on first use for models fitted by the compiled engine, with windows whose tail bound is
+    ``tol``."""
+    model = pm.modelcontext(model)
+    records = releases_of(model)
+    if not records:
+        raise ValueError("the model has no release registered with Mechanism.observe(...)")
+    plans = plan_releases(model, records)
+    if any(p.kind == "fibre" for p in plans):
+        raise ValueError("latents on fibres (invariants beyond group totals, queries) have no marginal model")
+    summed = [p for p in plans if p.kind in ("cells", "totals")]
+    kept = pymc_engine.kept_widths(model)
+    for plan in summed:
+        plan.set_half_width(max(plan.first_half_width(tol, compiled=False), kept.get(plan.latent_name, 0)))
+    return pymc_engine.marginal_fit(model, summed).model
