@@ -23,15 +23,20 @@ The driver appends each row to ``out_dir/summary.csv`` as results arrive (``as_c
 and prints a progress line. Scheduling, retries and worker management are the executor's:
 
 * ``executor=None`` fits in this process, one job after another;
-* any object with ``submit(fn, *args)`` returning ``concurrent.futures`` futures:
-  ``ProcessPoolExecutor``, ``distributed.Client.get_executor()``, ...;
+* any object with ``submit(fn, *args)`` returning ``concurrent.futures`` futures, such as
+  ``ProcessPoolExecutor`` (for Dask, pass the Client itself rather than
+  ``client.get_executor()``: that wrapper keeps finished results alive and sends jobs as
+  plain task arguments, see below);
 * a ``distributed.Client`` itself: its futures are not ``concurrent.futures`` futures, so
   they are collected with ``distributed.as_completed`` and each is released as soon as its row
-  is written (a finished result kept on a worker that then dies would be recomputed).
+  is written (a finished result kept on a worker that then dies would be recomputed); each
+  job travels as one cloudpickle bytes object, because Dask can deliver the arrays inside
+  a task's arguments misaligned, which PyTensor refuses (``_fit_pickled``).
 
-What happens when a Dask worker dies (``distributed`` 2026.8, ``Scheduler.remove_worker``):
-the tasks it was running, or held in memory for a client, go back to the scheduler and run
-on another worker; a task whose workers died more than
+What happens when a Dask worker dies (sources: ``Scheduler.remove_worker`` in ``distributed``
+2026.8 and the "Resilience" page of its documentation): the tasks assigned to it (running or
+queued there), and results held only in its memory that a client still wants, go back to the
+scheduler and run on another worker; a task that was assigned to dying workers more than
 ``distributed.scheduler.allowed-failures`` times (3 by default) fails with ``KilledWorker``.
 Dask's ``retries=`` is a different thing (it reruns a task that *raised*), so ``fit_many``
 does not pass it: a fit that raises would raise again with the same seed. A failed job does
@@ -71,6 +76,7 @@ from pathlib import Path
 from typing import Any
 
 import arviz as az
+import cloudpickle  # a dependency of pymc
 import numpy as np
 import pandas as pd
 import pymc as pm
@@ -234,8 +240,8 @@ def _completed(executor, jobs: list[FitJob], out_dir: str):
         return
     distributed = sys.modules.get("distributed")
     dask = distributed is not None and isinstance(executor, distributed.Client)
-    if dask:
-        futures = {executor.submit(_fit_and_write, job, out_dir, pure=False,
+    if dask:  # each job as one bytes object: see _fit_pickled
+        futures = {executor.submit(_fit_pickled, cloudpickle.dumps(job), out_dir, pure=False,
                                    key=f"fit_many-{job.name}-{uuid.uuid4().hex}"): job
                    for job in jobs}
         as_completed = distributed.as_completed
@@ -251,6 +257,15 @@ def _completed(executor, jobs: list[FitJob], out_dir: str):
         if dask:
             future.release()  # the row is here now: no need for the worker to keep it
         yield job, outcome
+
+
+def _fit_pickled(payload: bytes, out_dir: str) -> dict:
+    """``_fit_and_write`` of a job sent as cloudpickle bytes. Dask pickles task arguments with
+    their arrays' buffers out of band and may hand those over misaligned (measured with
+    ``distributed`` 2026.8: an array inside a ``functools.partial`` arrived at an odd address),
+    which PyTensor refuses ("The numpy.ndarray object is not aligned"); unpickled from one
+    bytes object here, every array of the job gets buffers numpy can use."""
+    return _fit_and_write(cloudpickle.loads(payload), out_dir)
 
 
 def _fit_and_write(job: FitJob, out_dir: str) -> dict:

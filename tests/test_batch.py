@@ -18,6 +18,7 @@ from functools import partial
 import numpy as np
 import pandas as pd
 import pymc as pm
+import pytensor.tensor as pt
 import pytest
 import xarray as xr
 
@@ -48,6 +49,14 @@ def logged_beta_binomial(log, name, first_sleep=0.0):
     return beta_binomial()
 
 
+def beta_binomial_after_constants(*arrays):
+    """beta_binomial() once PyTensor has taken every array as a constant (it refuses
+    misaligned arrays)."""
+    for a in arrays:
+        pt.as_tensor(a)
+    return beta_binomial()
+
+
 def not_a_model():
     return "model"
 
@@ -68,7 +77,7 @@ def direct():
 @pytest.fixture(scope="module")
 def client():
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster:
+                                  dashboard_address=":0") as cluster:
         with distributed.Client(cluster) as c:
             yield c
 
@@ -129,6 +138,16 @@ def test_dask_cluster_streams_files_and_reuses_one_model_per_worker(tmp_path, cl
     assert table["pid"].nunique() == 2
     assert (~table["model_reused"]).sum() == table["pid"].nunique()
     assert set(table["pid"]) == set(client.run(os.getpid).values())
+
+
+def test_numpy_arrays_inside_a_job_reach_dask_workers_usable(tmp_path, client, direct):
+    """Dask sends the buffers of arrays pickled inside an object out of band and can hand them
+    over misaligned, which PyTensor refuses; fit_many sends each job pickled whole."""
+    arrays = [np.arange(n, dtype=float) for n in (102, 92, 83, 88)] + [np.arange(7), np.arange(3)]
+    job = dp.FitJob("arrays", partial(beta_binomial_after_constants, *arrays),
+                    dict(SAMPLE, random_seed=5), data={"s": np.array(600)})
+    dp.fit_many([job], tmp_path, executor=client, progressbar=False)
+    assert_same_draws(tmp_path / "arrays.nc", direct(600, 5))
 
 
 def test_a_killed_worker_costs_only_its_own_fit(tmp_path, client, direct):
