@@ -7,12 +7,14 @@
         x = pm.Poisson("x", lam, shape=n)
         mech.observe("release", x, observed=noisy)    # p(release | x) as a PyMC likelihood
         idata = dp.sample()                           # counts summed out / drawn exactly
+    dp.fit_many(jobs, "fits/", executor=client)      # many independent fits, one file each
 """
 
 from dpinfer._kernel_cache import clear_if_stale
 
 clear_if_stale()  # before any cached kernel is loaded
 
+from dpinfer.batch import FitJob, fit_many  # noqa: E402
 from dpinfer.inference import marginal_model, sample  # noqa: E402
 from dpinfer.lattice.invariants import Invariants  # noqa: E402
 from dpinfer.mechanisms import (  # noqa: E402
@@ -39,6 +41,7 @@ __all__ = [
     "Conditioned",
     "DiscreteGaussian",
     "DoubleGeometric",
+    "FitJob",
     "Gaussian",
     "GeneralizedGaussian",
     "GeneralizedLaplace",
@@ -48,6 +51,7 @@ __all__ = [
     "PrivacyAudit",
     "PrivacyGuarantee",
     "TruncatedLaplace",
+    "fit_many",
     "marginal_model",
     "sample",
 ]

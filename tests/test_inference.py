@@ -382,6 +382,35 @@ def test_refit_with_new_data_uses_the_new_values_on_both_paths():
         assert abs(draws.mean() - mean) < 4 * sd / np.sqrt(ess), (s_obs, draws.mean(), mean)
 
 
+
+def test_compiled_model_is_kept_when_only_the_release_changes():
+    """The compiled engine freezes the data its functions use: a new release (not used by them)
+    keeps the compiled model and gives the draws of a fresh model fitted to that release; a new
+    value of data the model's own terms use (here the binomial's n) compiles again."""
+    from dpinfer.inference.compiled_engine import _COMPILED
+
+    def model_with(release, n):
+        with pm.Model() as model:
+            theta = pm.Beta("theta", A, B)
+            x = pm.Binomial("x", pm.Data("n", n), theta)
+            DoubleGeometric(epsilon=EPS).observe("release", x, observed=pm.Data("s", release))
+        return model
+
+    def fit(model):
+        return sample(100, tune=100, chains=1, random_seed=4, progressbar=False, model=model)
+
+    model = model_with(RELEASE, N)
+    fit(model)
+    compiled = getattr(model, _COMPILED)[1]
+    pm.set_data({"s": 580}, model=model)
+    refit = fit(model)
+    assert getattr(model, _COMPILED)[1] is compiled
+    fresh = fit(model_with(580, N))
+    for name in ("theta", "x"):
+        np.testing.assert_array_equal(refit.posterior[name].values, fresh.posterior[name].values)
+    pm.set_data({"n": 900}, model=model)
+    fit(model)
+    assert getattr(model, _COMPILED)[1] is not compiled
 def test_gibbs_path_starts_where_the_default_start_is_impossible():
     """The prior's default start x = 20 is impossible with y = 30 ~ Binomial(x, 0.6); the
     Gibbs step supplies a valid start and the posterior matches enumeration."""

@@ -20,7 +20,9 @@ the model's PyTensor graph and with PyTensor's numba backend:
 
 ``logp_grad`` and the prior tables are numba ``cfunc``s handed to the compiled kernels by
 address (:mod:`dpinfer.inference.native`). The model's data (pm.Data, constants) are frozen
-into them; :meth:`CompiledModel.matches` tells whether the model's data have changed since.
+into them; :meth:`CompiledModel.matches` tells whether the data they use have changed since.
+The releases' own data are not among those (their terms are left out), so a refit after
+``pm.set_data`` of new releases alone keeps the compiled model: replication studies compile once.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import pytensor.tensor as pt
 from pymc.initial_point import make_initial_point_fn
 from pymc.logprob.abstract import _logprob_helper
 from pytensor.graph.replace import clone_replace, vectorize_graph
-from pytensor.graph.traversal import io_toposort
+from pytensor.graph.traversal import ancestors, io_toposort
 
 from dpinfer.inference.native import LOGP_GRAD, PRIOR_POINT, PRIOR_TABLE, pointer
 
@@ -60,7 +62,8 @@ class CompiledModel:
     expand_fn: object  # PyTensor function (q batch, counts batch) -> named values
     expand_names: list
     _initial_point: object
-    _data: dict = field(repr=False, default_factory=dict)
+    _data: dict = field(repr=False, default_factory=dict)  # the data the functions use
+    _data_names: set = field(repr=False, default_factory=set)  # every data variable's name
 
     @property
     def n(self) -> int:
@@ -107,10 +110,11 @@ class CompiledModel:
         return dict(zip(self.expand_names, outputs))
 
     def matches(self, model) -> bool:
-        """True while the model's shared data equal the values frozen into the functions."""
+        """True while the model has the same data variables and those the functions use hold
+        the values frozen into them (the releases' data may change)."""
         current = _shared_values(model)
-        return current.keys() == self._data.keys() and all(
-            np.array_equal(current[k], self._data[k]) for k in current)
+        return current.keys() == self._data_names and all(
+            np.array_equal(current[k], v) for k, v in self._data.items())
 
 
 def _shared_values(model) -> dict:
@@ -161,6 +165,7 @@ def compile_model(model, latents: list, exclude: list) -> CompiledModel:
     logp_grad = _logp_grad_cfunc(logp_fn, int(offsets[-1]), int(counts_offsets[-1]))
 
     prior_tables = {}
+    graphs = [logp, grad, *(rv.shape for rv in latents)]  # every graph frozen below
     n, m = int(offsets[-1]), int(counts_offsets[-1])
     for rv, name in zip(latents, latent_names):
         node = rv.owner
@@ -177,6 +182,7 @@ def compile_model(model, latents: list, exclude: list) -> CompiledModel:
         _, one = node.op(*cell_params, rng=pt.random.rng(), return_next_rng=True)
         [point] = model.replace_rvs_by_values([_logprob_helper(one, value[0])])
         point = clone_replace(point, to_inputs).astype("float64")
+        graphs += [table, point]
         prior_tables[name] = PriorTable.build(table, q, counts, grid, n, m, latent_shapes[name],
                                               point=(point, cell, value))
 
@@ -191,11 +197,14 @@ def compile_model(model, latents: list, exclude: list) -> CompiledModel:
                                   mode="FAST_COMPILE")
 
     initial_point = make_initial_point_fn(model=model, jitter_rvs=set(params), return_transformed=True)
+    data = _shared_values(model)
+    # the parameters' graphs carry the data their initial point may use
+    used = {v.name for v in ancestors([*graphs, *outputs, *params])} & data.keys()
     return CompiledModel(
         names=names, slices=slices, shapes=shapes, latents=latent_names,
         latent_slices=latent_slices, latent_shapes=latent_shapes, logp_grad=logp_grad,
         prior_tables=prior_tables, expand_fn=expand_fn, expand_names=expand_names,
-        _initial_point=initial_point, _data=_shared_values(model),
+        _initial_point=initial_point, _data={k: data[k] for k in used}, _data_names=set(data),
     )
 
 
