@@ -113,7 +113,18 @@ def test_report_records_engine_method_and_window(beta_binomial_fit):
     assert report["release"] == "release"
     assert report["engine"] == "compiled" and report["method"].startswith("exact Gibbs")
     assert report["exact_tails"] and report["max_relative_error_bound"] == 0.0
-    assert report["window_half_width"] > 100  # epsilon = 0.1: a = 0.905, tails are long
+    # the window: the smallest k with P(|e| > k) <= TAIL_SHARE f(sd), in closed form for the
+    # double geometric law f(e) = (1 - a)/(1 + a) a^|e|, a = e^-eps: P(|e| > k) = 2 a^(k+1)/(1 + a)
+    from dpinfer.inference.count_blocks import TAIL_SHARE
+
+    a = np.exp(-EPS)
+    sd = np.sqrt(2 * a) / (1 - a)
+
+    def tail_ratio(k):
+        return (2 * a ** (k + 1) / (1 + a)) / ((1 - a) / (1 + a) * a**sd)
+
+    k = report["window_half_width"]
+    assert tail_ratio(k) <= TAIL_SHARE < tail_ratio(k - 1)
 
 
 def test_marginal_model_keeps_release_observed(beta_binomial_fit):
@@ -470,3 +481,20 @@ def test_compiled_engine_takes_initvals_in_the_constrained_space():
          for n, s in zip(compiled.names, compiled.slices)}
     assert q["sigma_log__"] == pytest.approx([np.log(2.5)], abs=1e-12)
     assert 0 < abs(q["mu"][0]) <= 1.0  # jittered around 0
+
+
+def test_one_nuts_transition_per_sweep_is_exact_too():
+    """nuts_per_sweep=1 (one NUTS move of theta per draw of x) leaves the same posterior;
+    a count of moves that is not a whole number >= 1 is refused by name."""
+    model = beta_binomial_model()
+    idata = sample(2000, tune=1000, chains=2, random_seed=5, progressbar=False, model=model,
+                   nuts_per_sweep=1)
+    assert idata.sample_stats.attrs["nuts_per_sweep"] == 1
+    mean, sd, _, _ = exact_beta_binomial_posterior()
+    draws = idata.posterior["theta"].values.ravel()
+    ess = float(az.ess(idata, var_names=["theta"])["theta"])
+    assert abs(draws.mean() - mean) < 4 * sd / np.sqrt(ess)
+    assert abs(draws.std() - sd) < 4 * sd / np.sqrt(2 * ess)
+    for bad in (0, 1.5):
+        with pytest.raises(ValueError, match="nuts_per_sweep must be a whole number >= 1"):
+            sample(10, tune=10, chains=1, progressbar=False, model=model, nuts_per_sweep=bad)

@@ -5,12 +5,17 @@ One iteration (sweep) of a chain is
 
 1. every count block draws its latent counts given the current parameters
    (:mod:`dpinfer.inference.exact_counts`);
-2. one NUTS transition of the continuous parameters q given all counts
-   (:mod:`dpinfer.inference.nuts`), whose log density is the model with the counts as data.
+2. ``nuts_per_sweep`` NUTS transitions (3 by default) of the continuous parameters q given all
+   counts (:mod:`dpinfer.inference.nuts`), whose log density is the model with the counts as
+   data. Drawing the counts costs several NUTS transitions on county tables, and the parameters
+   mix faster with more moves per draw of the counts (``benchmarks/bench_county.py``).
 
 Both steps leave the joint posterior p(q, x | releases) invariant, so their composition does
 (a Gibbs sampler with a Metropolis-within-Gibbs block). During tuning the step size is adapted
-by dual averaging and the diagonal metric in Stan's windows; tuning iterations are discarded.
+by dual averaging after every transition and the diagonal metric in Stan's windows (counted in
+sweeps, one point per sweep); tuning iterations are discarded. A draw's statistics are its last
+transition's, except the tree depth (the largest), the leapfrog steps (summed) and divergences
+(any).
 
 The sweeps run inside one compiled function (numba, cached on disk per combination of block
 kinds), called in chunks so that progress can be reported; all state lives in arrays. Chains
@@ -51,6 +56,7 @@ MAX_TREE_DEPTH = 10
 NUTS_STATS = ("lp", "tree_depth", "n_steps", "acceptance_rate", "diverging", "energy",
               "energy_error", "step_size")
 _CHUNKS = 40  # progress reports per chain
+NUTS_PER_SWEEP = 3  # NUTS transitions of the parameters per draw of the counts (benchmarks/README.md)
 
 # dual averaging state (Hoffman & Gelman 2014 §3.2): mu, log eps, log eps-bar, h-bar, t, eps,
 # and the target acceptance
@@ -112,7 +118,7 @@ def _draw_blocks(q, counts, cells, totals, hold_ratio, rng, row):
 @numba.njit(cache=True, nogil=True)
 def _sweeps(first, last, tune, logp_grad, q, grad, counts, inv_mass, adapt, metric_count,
             metric_mean, metric_m2, window_ends, max_depth, cells, totals, rng, out_q, out_counts,
-            out_stats, row):
+            out_stats, row, nuts_per_sweep):
     """Iterations first..last-1 of a chain (module docstring). Returns 0, or 1 if a count
     block found a window without mass, 2 if the parameters' log density is not finite.
 
@@ -128,7 +134,7 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, inv_mass, adapt, metr
             hold_ratio = HOLD_RATIO if it >= tune else HOLD_RATIO_TUNING
             if not _draw_blocks(q, counts, cells, totals, hold_ratio, rng, row):
                 return 1
-        if n > 0:
+        for _ in range(nuts_per_sweep if n > 0 else 0):
             f_lp = log_density_at(logp_grad, q, grad, counts)
             if f_lp == -math.inf:
                 return 2
@@ -138,35 +144,36 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, inv_mass, adapt, metr
             eps = adapt[_EPS]
             lp, depth, steps, accept, diverging, energy, energy_error = nuts_transition(
                 logp_grad, counts, q, grad, f_lp, eps, inv_mass, max_depth, rng)
-            row[0] = lp
-            row[1] = depth
-            row[2] = steps
+            row[0] = lp  # the sweep's last transition; the tree's largest depth, the steps
+            row[1] = max(row[1], depth)  # summed, a divergence in any of its transitions
+            row[2] += steps
             row[3] = accept
-            row[4] = diverging
+            row[4] = max(row[4], diverging)
             row[5] = energy
             row[6] = energy_error
             row[7] = eps
             if it < tune:
                 _update_step_size(adapt, accept)
-                metric_count[0] += 1.0
-                c = metric_count[0]
-                for i in range(n):
-                    delta = q[i] - metric_mean[i]
-                    metric_mean[i] += delta / c
-                    metric_m2[i] += delta * (q[i] - metric_mean[i])
-                for end in window_ends:
-                    if it == end:  # Stan's regularised variance, then a fresh step size
-                        for i in range(n):
-                            var = metric_m2[i] / max(c - 1.0, 1.0)
-                            inv_mass[i] = (c / (c + 5.0)) * var + 1e-3 * (5.0 / (c + 5.0))
-                            metric_mean[i] = 0.0
-                            metric_m2[i] = 0.0
-                        metric_count[0] = 0.0
-                        lp0 = log_density_at(logp_grad, q, grad, counts)
-                        _restart_step_size(adapt, reasonable_step_size(
-                            logp_grad, counts, q, grad, lp0, adapt[_EPS], inv_mass, rng))
-                if it == tune - 1:
-                    adapt[_EPS] = math.exp(adapt[_LOG_EPS_BAR])
+        if n > 0 and it < tune:  # the metric: once per sweep, in Stan's windows of sweeps
+            metric_count[0] += 1.0
+            c = metric_count[0]
+            for i in range(n):
+                delta = q[i] - metric_mean[i]
+                metric_mean[i] += delta / c
+                metric_m2[i] += delta * (q[i] - metric_mean[i])
+            for end in window_ends:
+                if it == end:  # Stan's regularised variance, then a fresh step size
+                    for i in range(n):
+                        var = metric_m2[i] / max(c - 1.0, 1.0)
+                        inv_mass[i] = (c / (c + 5.0)) * var + 1e-3 * (5.0 / (c + 5.0))
+                        metric_mean[i] = 0.0
+                        metric_m2[i] = 0.0
+                    metric_count[0] = 0.0
+                    lp0 = log_density_at(logp_grad, q, grad, counts)
+                    _restart_step_size(adapt, reasonable_step_size(
+                        logp_grad, counts, q, grad, lp0, adapt[_EPS], inv_mass, rng))
+            if it == tune - 1:
+                adapt[_EPS] = math.exp(adapt[_LOG_EPS_BAR])
         if it >= tune:
             k = it - tune
             out_q[k] = q
@@ -201,7 +208,8 @@ def _stat_columns(blocks) -> tuple[list, list]:
 
 def run_chain(model, blocks, *, tune: int, draws: int, rng: np.random.Generator,
               q0: np.ndarray, counts0: np.ndarray, max_tree_depth: int = MAX_TREE_DEPTH,
-              target_accept: float = 0.8, progress=None) -> ChainResult:
+              target_accept: float = 0.8, nuts_per_sweep: int = NUTS_PER_SWEEP,
+              progress=None) -> ChainResult:
     """One chain (module docstring). ``model`` is a
     :class:`dpinfer.inference.compiled.CompiledModel`, ``blocks`` the count blocks (objects
     with ``kind`` ("cells" or "totals"), ``native(column)`` giving the kernel's data tuple with
@@ -232,7 +240,7 @@ def run_chain(model, blocks, *, tune: int, draws: int, rng: np.random.Generator,
         last = min(total, first + chunk)
         code = _sweeps(first, last, tune, model.logp_grad_address, q, grad, counts, inv_mass,
                        adapt, metric_count, metric_mean, metric_m2, window_ends, max_tree_depth,
-                       cells, totals, stream, out_q, out_counts, out_stats, row)
+                       cells, totals, stream, out_q, out_counts, out_stats, row, nuts_per_sweep)
         if code == 1:
             raise SamplingError("a count block's window holds no mass (a release far outside "
                                 "its window without exact tails)")
@@ -281,7 +289,8 @@ class Progress:
 
 def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
                rng: np.random.Generator, starts: list, progressbar: bool = True,
-               max_tree_depth: int = MAX_TREE_DEPTH, target_accept: float = 0.8) -> list[ChainResult]:
+               max_tree_depth: int = MAX_TREE_DEPTH, target_accept: float = 0.8,
+               nuts_per_sweep: int = NUTS_PER_SWEEP) -> list[ChainResult]:
     """``chains`` chains, ``cores`` at a time in threads; ``starts`` gives (q0, counts0) per
     chain. Returns the chains' results in order."""
     seeds = rng.spawn(chains)
@@ -291,7 +300,8 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
         q0, counts0 = starts[c]
         return run_chain(model, blocks, tune=tune, draws=draws, rng=seeds[c], q0=q0,
                          counts0=counts0, max_tree_depth=max_tree_depth,
-                         target_accept=target_accept, progress=progress)
+                         target_accept=target_accept, nuts_per_sweep=nuts_per_sweep,
+                         progress=progress)
 
     if cores <= 1 or chains == 1:
         return [one(c) for c in range(chains)]

@@ -71,7 +71,9 @@ def sample(
         fibre moves wherever there are invariants or queries (e.g. to compare the samplers).
     sample_kwargs
         Passed to ``pm.sample`` (PyMC engine); the compiled engine takes ``initvals``,
-        ``target_accept`` (0.8) and ``max_treedepth`` (10), as PyMC's NUTS.
+        ``target_accept`` (0.8) and ``max_treedepth`` (10), as PyMC's NUTS, and
+        ``nuts_per_sweep`` (3): NUTS transitions of the parameters per draw of the counts
+        (:mod:`dpinfer.inference.chains`).
 
     Returns
     -------
@@ -143,9 +145,10 @@ def sample(
 def _check_compiled_options(options: dict) -> None:
     if "target_accept" in options:
         check_probability(options["target_accept"], "target_accept")
-    depth = options.get("max_treedepth", 10)
-    if int(depth) != depth or depth < 1:
-        raise ValueError(f"max_treedepth must be a whole number >= 1, got {depth!r}")
+    for name in ("max_treedepth", "nuts_per_sweep"):
+        value = options.get(name, 1)
+        if int(value) != value or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
 
 
 def _first_windows(model, plans, tol: float, *, compiled: bool) -> None:
