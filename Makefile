@@ -8,7 +8,7 @@ demo:
 
 test:
 	@tools/ensure-venv
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -n 2 --dist loadfile
 
 validate:
 	@tools/ensure-venv

@@ -10,7 +10,8 @@ Methods, all warm (each compiled by a first call that is not timed), 2 chains x 
 tuning + ``--draws`` draws), both chains in parallel on 2 cores:
 
 * ``dpinfer.sample``: the compiled exact Gibbs engine (counts drawn exactly on the state total
-  given the parameters, one NUTS transition of the parameters given the counts);
+  given the parameters, then ``nuts_per_sweep`` NUTS transitions of the parameters given the
+  counts; the default 3, and each value of ``--nuts-per-sweep`` as its own line);
 * oracle, nutpie: the model with the true counts observed, by nutpie (PyMC's default NUTS when
   nutpie is installed, as it is with dpinfer), compiled once and re-run;
 * oracle, PyMC's NUTS: the same with ``pm.sample(nuts_sampler="pymc")``;
@@ -19,9 +20,10 @@ tuning + ``--draws`` draws), both chains in parallel on 2 cores:
 
 Reported per run: seconds, min bulk ESS over (mu, sigma) and its rate, min bulk ESS over the
 102 counts (dpinfer), divergences; then each method's median over ``--repeats`` runs with
-different seeds, and dpinfer's rate over each oracle's (goal: at least 1/3).
+different seeds, and dpinfer's (default) rate over each method's (goal: at least 1/3 of the
+oracles').
 
-Run:  .venv/bin/python benchmarks/bench_county.py [--repeats 3] [--draws 1000] [--old]
+Run:  .venv/bin/python benchmarks/bench_county.py [--repeats 5] [--draws 1000] [--nuts-per-sweep 1 2] [--old]
 """
 
 from __future__ import annotations
@@ -71,10 +73,10 @@ def rates(idata, seconds, counts=True):
     return row
 
 
-def run_dpinfer(model, draws, tune, seed, method="auto"):
+def run_dpinfer(model, draws, tune, seed, method="auto", **options):
     t0 = time.perf_counter()
     idata = dp.sample(draws, tune=tune, chains=2, cores=2, random_seed=seed, progressbar=False,
-                      model=model, method=method)
+                      model=model, method=method, **options)
     return rates(idata, time.perf_counter() - t0)
 
 
@@ -99,7 +101,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=1000)
     parser.add_argument("--tune", type=int, default=1000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--nuts-per-sweep", type=int, nargs="*", default=[],
+                        help="also time dpinfer with these NUTS transitions per count draw")
     parser.add_argument("--old", action="store_true", help="also time method='marginal' (minutes)")
     args = parser.parse_args(argv)
     logging.getLogger("pymc").setLevel(logging.ERROR)
@@ -121,6 +125,9 @@ def main(argv=None):
         "oracle: true counts, nutpie": lambda s: run_nutpie(compiled_oracle, args.draws, args.tune, s),
         "oracle: true counts, PyMC NUTS": lambda s: run_pymc_nuts(oracle, args.draws, args.tune, s),
     }
+    for k in args.nuts_per_sweep:
+        methods[f"dpinfer.sample(nuts_per_sweep={k})"] = (
+            lambda s, k=k: run_dpinfer(model, args.draws, args.tune, s, nuts_per_sweep=k))
     if args.old:
         old_model = dpinfer_model(counties, population, mechanism, release)
         run_dpinfer(old_model, 20, 20, 0, method="marginal")

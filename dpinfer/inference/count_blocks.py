@@ -19,7 +19,7 @@ from dpinfer.mechanisms.base import AdditiveMechanism
 # The window holds all but this share of the noise law's mass beyond its half-width, relative
 # to the noise pmf at one standard deviation: a cell's draw leaves the window (one prior
 # evaluation off the table) about this often. Draws are exact whatever the window.
-TAIL_SHARE = 1e-2
+TAIL_SHARE = 1e-3
 MAX_HALF_WIDTH = 1_000_000
 
 
