@@ -17,6 +17,7 @@ validate:
 bench:
 	@tools/ensure-venv
 	.venv/bin/python benchmarks/bench_beta_binomial.py
+	.venv/bin/python benchmarks/bench_county.py
 	.venv/bin/python benchmarks/bench_invariants.py
 	.venv/bin/python benchmarks/bench_subspace.py
 

@@ -12,7 +12,7 @@ model for the true counts,
     p(release | count) = prod_i f(release_i - count_i) / P(sum e = 0)  on {sum count = sum release},
 
 with ``dpinfer.sample``: every sweep draws the counts exactly and jointly on the state total
-given (mu, sigma, z) (non-negative, adding up to the total), then makes one NUTS transition
+given (mu, sigma, z) (non-negative, adding up to the total), then makes three NUTS transitions
 of (mu, sigma, z) given the counts, all compiled. The output compares posterior medians and
 90% intervals with the truth, with what an analyst without a likelihood would do (the
 Census-style non-negative least-squares projection onto the total, rounded, ± the noise's

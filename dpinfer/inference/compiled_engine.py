@@ -4,8 +4,8 @@ draws, with NUTS on everything continuous.
 It runs cells and totals plans (:mod:`dpinfer.inference.plans`) of models whose other free
 variables are all continuous; :func:`refusal` says why a model cannot take it. A sweep draws
 every latent's counts given the parameters (each plan's block,
-:mod:`dpinfer.inference.count_blocks`), then makes one NUTS transition of the parameters given
-the counts (:mod:`dpinfer.inference.chains`). The compiled model is kept on the PyMC model and reused by
+:mod:`dpinfer.inference.count_blocks`), then makes ``nuts_per_sweep`` NUTS transitions of the
+parameters given the counts (:mod:`dpinfer.inference.chains`). The compiled model is kept on the PyMC model and reused by
 later fits (new releases through ``pm.set_data`` only change the blocks' tables); it is
 rebuilt when the model's other data change.
 

@@ -73,8 +73,8 @@ class CellsPlan:
 
     kind: ClassVar[str] = "cells"
     compiled_method: ClassVar[str] = (
-        "exact Gibbs (compiled): the counts drawn exactly given the parameters, then one NUTS "
-        "transition of the parameters given the counts")
+        "exact Gibbs (compiled): the counts drawn exactly given the parameters, then NUTS "
+        "transitions (nuts_per_sweep, in sample_stats.attrs) of the parameters given the counts")
     pymc_method: ClassVar[str] = (
         "exact marginalisation over a proven window (NUTS on parameters) "
         "+ exact conditional draws of the counts")
@@ -181,7 +181,8 @@ class TotalsPlan(CellsPlan):
     kind: ClassVar[str] = "totals"
     compiled_method: ClassVar[str] = (
         "exact Gibbs (compiled): the counts drawn exactly and jointly on the group totals given "
-        "the parameters, then one NUTS transition of the parameters given the counts")
+        "the parameters, then NUTS transitions (nuts_per_sweep, in sample_stats.attrs) of the "
+        "parameters given the counts")
     pymc_method: ClassVar[str] = (
         "exact marginalisation over group totals by convolution (NUTS on parameters) "
         "+ exact joint draws of the counts on the fibre")
