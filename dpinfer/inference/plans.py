@@ -134,15 +134,20 @@ class CellsPlan:
 
     def compiled_report(self, stats, block, tol: float) -> tuple[dict, float | None]:
         """(report entry, the largest neglected-mass bound if it exceeds tol, else None)."""
-        held = stats[block.stat_names[1]].values
-        entry = self.report_entry(self.compiled_method, 0.0, tol)
-        entry.update(exact_tails=self.exact_tails, held_cells_after_tuning=int(held.sum()),
-                     draws_with_held_cells=int(np.count_nonzero(held)))
+        entry = self._compiled_entry(stats, block, tol)
         if self.exact_tails:
             return entry, None
         bound = float(np.max(stats[block.stat_names[0]].values))
         entry["max_relative_error_bound"] = bound
         return entry, (None if bound <= tol else bound)
+
+    def _compiled_entry(self, stats, block, tol: float) -> dict:
+        """The report entry with the held cells counted (the block's second statistic)."""
+        held = stats[block.stat_names[1]].values
+        entry = self.report_entry(self.compiled_method, 0.0, tol)
+        entry.update(exact_tails=self.exact_tails, held_cells_after_tuning=int(held.sum()),
+                     draws_with_held_cells=int(np.count_nonzero(held)))
+        return entry
 
     # --- PyMC engine -----------------------------------------------------------------------
     def marginal_log_likelihood(self, terms, release):
@@ -214,11 +219,8 @@ class TotalsPlan(CellsPlan):
                            self.group_codes, self.targets)
 
     def compiled_report(self, stats, block, tol: float) -> tuple[dict, float | None]:
-        held = stats[block.stat_names[1]].values
-        entry = self.report_entry(self.compiled_method, 0.0, tol)
-        entry.update(exact_tails=True, held_cells_after_tuning=int(held.sum()),
-                     draws_with_held_cells=int(np.count_nonzero(held)),
-                     mean_tries_per_sweep=float(stats[block.stat_names[0]].values.mean()),
+        entry = self._compiled_entry(stats, block, tol)
+        entry.update(mean_tries_per_sweep=float(stats[block.stat_names[0]].values.mean()),
                      blocks_kept_after_tuning=int(stats[block.stat_names[2]].values.sum()))
         return entry, None
 
