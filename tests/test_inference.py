@@ -483,6 +483,32 @@ def test_compiled_engine_takes_initvals_in_the_constrained_space():
     assert 0 < abs(q["mu"][0]) <= 1.0  # jittered around 0
 
 
+def test_compiled_log_density_is_minus_inf_where_a_parameter_check_fails(capfd):
+    """At a point where a parameter leaves its domain (sigma = exp(-800) underflows to 0), the
+    compiled log density is -inf (NUTS treats it as a divergence), not an exception printed
+    by numba with an undefined value returned; the same for the prior table of the counts."""
+    from dpinfer.inference.compiled_engine import compiled_model_for
+    from dpinfer.inference.exact_counts import _prior_at
+    from dpinfer.inference.nuts import log_density_at
+
+    with pm.Model() as model:
+        sigma = pm.HalfNormal("sigma", 1.0)
+        z = pm.Normal("z", 0.0, sigma)
+        x = pm.Poisson("x", 10.0 * sigma * pm.math.exp(z), shape=2)
+        DoubleGeometric(epsilon=1.0).observe("release", x, observed=[9, 11])
+    compiled = compiled_model_for(model, [model["x"]], [model["release"]])
+    q = np.zeros(compiled.n)
+    q[compiled.slices[compiled.names.index("sigma_log__")]] = -800.0
+    counts = np.array([9, 11], dtype=np.int64)
+    grad = np.empty(compiled.n)
+    assert log_density_at(compiled.logp_grad_address, q, grad, counts) == -np.inf
+    point = compiled.prior_tables["x"].point_address
+    assert _prior_at(point, q, counts, 0, 9) == -np.inf
+    q[:] = 0.0
+    assert np.isfinite(log_density_at(compiled.logp_grad_address, q, grad, counts))
+    assert "ParameterValueError" not in capfd.readouterr().err
+
+
 def test_one_nuts_transition_per_sweep_is_exact_too():
     """nuts_per_sweep=1 (one NUTS move of theta per draw of x) leaves the same posterior;
     a count of moves that is not a whole number >= 1 is refused by name."""

@@ -36,6 +36,7 @@ import pytensor
 import pytensor.tensor as pt
 from pymc.initial_point import make_initial_point_fn
 from pymc.logprob.abstract import _logprob_helper
+from pymc.pytensorf import compile as compile_pymc
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors, io_toposort
 
@@ -223,9 +224,13 @@ def _at_cell(param, cell, shape: tuple):
 
 
 def _numba_function(inputs, outputs):
-    """(numba-jitted function of the inputs and the shared values, the shared values)."""
+    """(numba-jitted function of the inputs and the shared values, the shared values).
+
+    Compiled with PyMC's rewrites (``pymc.pytensorf.compile``), which turn the parameter
+    checks of log densities (sigma > 0, ...) into -inf: a raised check cannot leave the
+    native functions (numba would print it and return an undefined value)."""
     try:
-        fn = pytensor.function(inputs, outputs, mode="NUMBA", on_unused_input="ignore")
+        fn = compile_pymc(inputs, outputs, mode="NUMBA", on_unused_input="ignore")
     except Exception as err:  # pragma: no cover - depends on the model's Ops
         raise NotCompilableError(f"PyTensor's numba backend cannot compile the model: {err}") from err
     shared = tuple(np.asarray(v.get_value()) for v in fn.get_shared())
