@@ -170,24 +170,39 @@ def _weights(lw, w, scratch, bits):
 
 
 @numba.njit(cache=True, nogil=True)
-def _tilted(w, lam, cdf):
-    """Cumulative sums of w_j e^(lam j) into cdf; returns the tilted mean and variance of j."""
-    r = math.exp(lam)
-    t = 1.0
+def _tilt(lam, tilt):
+    """tilt[j] = exp(lam j): the tilt's factors over a window's offsets (shared by the cells
+    of a block, whose windows have one width)."""
+    for j in range(tilt.shape[0]):
+        tilt[j] = math.exp(lam * j)
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _moments(w, tilt):
+    """(mass, mean, variance) of the offsets j under the weights w_j tilt_j. The sums may be
+    reassociated (vectorised): they steer the tilt and the hold rule, whose exactness does
+    not depend on rounding."""
     total = 0.0
     s1 = 0.0
     s2 = 0.0
     for j in range(w.shape[0]):
-        x = w[j] * t
+        x = w[j] * tilt[j]
         total += x
         s1 += x * j
-        s2 += x * j * j
-        cdf[j] = total
-        t *= r
+        s2 += x * (j * j)
     if not total > 0.0:
-        return 0.0, 0.0
+        return total, 0.0, 0.0
     mean = s1 / total
-    return mean, max(s2 / total - mean * mean, 0.0)
+    return total, mean, max(s2 / total - mean * mean, 0.0)
+
+
+@numba.njit(cache=True, nogil=True)
+def _cumulative(w, tilt, cdf):
+    """cdf[j] = sum_{k <= j} w_k tilt_k (the table a cell's draw inverts)."""
+    total = 0.0
+    for j in range(w.shape[0]):
+        total += w[j] * tilt[j]
+        cdf[j] = total
 
 
 @numba.njit(cache=True, nogil=True)
@@ -276,9 +291,10 @@ def draw_independent(prior_address, hoisted, point_address, q, counts, offset, g
     kept = 0
     bits = np.empty(W, np.int64)
     scratch = np.empty(W)
+    ones = np.ones(W)
     for i in range(d):
         m = _weights(lw[i], w, scratch, bits)
-        _tilted(w, 0.0, cdf)
+        _cumulative(w, ones, cdf)
         if tails[0, i] > 0.0 or tails[3, i] > 0.0:
             _envelope(i, 0.0, m, W, tails, envelope)
             if _held(envelope, cdf[W - 1], hold_ratio):
@@ -300,13 +316,15 @@ def draw_independent(prior_address, hoisted, point_address, q, counts, offset, g
 
 
 @numba.njit(cache=True, nogil=True)
-def _draw_subset(cells, target, lw, w, cdf, envelope, scale, mean, var, grid, tails, release,
-                 shape, point_address, q, counts, offset, hold_ratio, rng, stats, proposal):
+def _draw_subset(cells, target, lw, w, cdf, envelope, scale, mean, var, tilt, grid, tails,
+                 release, shape, point_address, q, counts, offset, hold_ratio, rng, stats,
+                 proposal):
     """An exact draw of the counts of ``cells`` given theta and their sum ``target`` (the
     rejection scheme of the module docstring), written to ``counts``; their untilted weights,
-    cumulative tables, envelopes, log scales, means and variances are given (and the tables,
-    envelopes and variances are overwritten where the tilt moves). Kept as they are (and
-    counted in stats[3]) when the draw is hopeless or the tries run out."""
+    envelopes, log scales, means and variances are given (the envelopes and variances are
+    overwritten where the tilt moves; the cumulative tables are written here, once the tilt
+    is chosen; ``tilt`` is scratch of the window's width). Kept as they are (and counted in
+    stats[3]) when the draw is hopeless or the tries run out."""
     W = lw.shape[1]
     c0, c1, power = shape[0], shape[1], int(shape[2])
     if cells.shape[0] == 1:
@@ -334,14 +352,21 @@ def _draw_subset(cells, target, lw, w, cdf, envelope, scale, mean, var, grid, ta
             break
         lam = new
         stats[1] += 1.0
+        _tilt(lam, tilt)
         total_mean = 0.0
         total_var = 0.0
         for i in cells:
-            m_i, var[i] = _tilted(w[i], lam, cdf[i])
+            _, m_i, var[i] = _moments(w[i], tilt)
             total_mean += grid[i, 0] + m_i
             total_var += var[i]
         diff = target - total_mean
-    hopeless = abs(diff) > GROUP_REACH * math.sqrt(total_var) + 0.5
+    if abs(diff) > GROUP_REACH * math.sqrt(total_var) + 0.5:
+        stats[3] += 1.0
+        return
+    _tilt(lam, tilt)
+    for i in cells:
+        _cumulative(w[i], tilt, cdf[i])
+    hopeless = False
     if lam != 0.0:  # (untilted: the group's first pass computed them)
         for i in cells:
             _envelope(i, lam, scale[i], W, tails, envelope[:, i])
@@ -414,6 +439,8 @@ def draw_given_totals(prior_address, hoisted, point_address, q, counts, offset, 
     free = np.empty(d, np.int64)
     bits = np.empty(W, np.int64)
     scratch = np.empty(W)
+    ones = np.ones(W)
+    tilt = np.empty(W)
     stats[:] = 0.0
     for g in range(group_ptr.shape[0] - 1):
         # the untilted laws decide which cells are held (parameters and windows only)
@@ -422,9 +449,9 @@ def draw_given_totals(prior_address, hoisted, point_address, q, counts, offset, 
         for k in range(group_ptr[g], group_ptr[g + 1]):
             i = group_cells[k]
             scale[i] = _weights(lw[i], w[i], scratch, bits)
-            mean[i], var[i] = _tilted(w[i], 0.0, cdf[i])
+            z_in, mean[i], var[i] = _moments(w[i], ones)
             _envelope(i, 0.0, scale[i], W, tails, envelope[:, i])
-            if _held(envelope[:, i], cdf[i, W - 1], hold_ratio):
+            if _held(envelope[:, i], z_in, hold_ratio):
                 target -= counts[offset + i]
                 stats[2] += 1.0
             else:
@@ -433,7 +460,7 @@ def draw_given_totals(prior_address, hoisted, point_address, q, counts, offset, 
         if n_free == 0:
             continue
         if n_free <= BLOCK_CELLS:
-            _draw_subset(free[:n_free], target, lw, w, cdf, envelope, scale, mean, var, grid,
+            _draw_subset(free[:n_free], target, lw, w, cdf, envelope, scale, mean, var, tilt, grid,
                          tails, release, shape, point_address, q, counts, offset, hold_ratio, rng,
                          stats, proposal)
             continue
@@ -447,6 +474,6 @@ def draw_given_totals(prior_address, hoisted, point_address, q, counts, offset, 
             block_sum = 0
             for i in cells:
                 block_sum += counts[offset + i]
-            _draw_subset(cells, block_sum, lw, w, cdf, envelope, scale, mean, var, grid, tails,
+            _draw_subset(cells, block_sum, lw, w, cdf, envelope, scale, mean, var, tilt, grid, tails,
                          release, shape, point_address, q, counts, offset, hold_ratio, rng, stats,
                          proposal)
