@@ -9,9 +9,10 @@ z_i ~ N(0, 1), mu ~ N(-6, 2), sigma ~ HalfNormal(1).
 Methods, all warm (each compiled by a first call that is not timed), 2 chains x (``--tune``
 tuning + ``--draws`` draws), both chains in parallel on 2 cores:
 
-* ``dpinfer.sample``: the compiled exact Gibbs engine (counts drawn exactly on the state total
-  given the parameters, then ``nuts_per_sweep`` NUTS transitions of the parameters given the
-  counts; the default 3, and each value of ``--nuts-per-sweep`` as its own line);
+* ``dpinfer.sample``: the compiled exact Gibbs engine (per stored draw, ``nuts_per_sweep``
+  NUTS transitions of the parameters given the counts with ``counts_per_sweep`` exact draws of
+  the counts on the state total given the parameters between them; the defaults 3 and 2, and
+  each ``--schedules NUTS,COUNTS`` pair as its own line);
 * oracle, nutpie: the model with the true counts observed, by nutpie (PyMC's default NUTS when
   nutpie is installed, as it is with dpinfer), compiled once and re-run;
 * oracle, PyMC's NUTS: the same with ``pm.sample(nuts_sampler="pymc")``;
@@ -23,7 +24,7 @@ Reported per run: seconds, min bulk ESS over (mu, sigma) and its rate, min bulk 
 different seeds, and dpinfer's (default) rate over each method's (goal: at least 1/3 of the
 oracles').
 
-Run:  .venv/bin/python benchmarks/bench_county.py [--repeats 5] [--draws 1000] [--nuts-per-sweep 1 2] [--old]
+Run:  .venv/bin/python benchmarks/bench_county.py [--repeats 5] [--draws 1000] [--schedules 3,1 1,1] [--old]
 """
 
 from __future__ import annotations
@@ -102,8 +103,8 @@ def main(argv=None):
     parser.add_argument("--draws", type=int, default=1000)
     parser.add_argument("--tune", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--nuts-per-sweep", type=int, nargs="*", default=[],
-                        help="also time dpinfer with these NUTS transitions per count draw")
+    parser.add_argument("--schedules", nargs="*", default=[], metavar="NUTS,COUNTS",
+                        help="also time dpinfer with these nuts_per_sweep,counts_per_sweep")
     parser.add_argument("--old", action="store_true", help="also time method='marginal' (minutes)")
     args = parser.parse_args(argv)
     logging.getLogger("pymc").setLevel(logging.ERROR)
@@ -125,9 +126,11 @@ def main(argv=None):
         "oracle: true counts, nutpie": lambda s: run_nutpie(compiled_oracle, args.draws, args.tune, s),
         "oracle: true counts, PyMC NUTS": lambda s: run_pymc_nuts(oracle, args.draws, args.tune, s),
     }
-    for k in args.nuts_per_sweep:
-        methods[f"dpinfer.sample(nuts_per_sweep={k})"] = (
-            lambda s, k=k: run_dpinfer(model, args.draws, args.tune, s, nuts_per_sweep=k))
+    for schedule in args.schedules:
+        k, c = (int(v) for v in schedule.split(","))
+        methods[f"dpinfer.sample(nuts_per_sweep={k}, counts_per_sweep={c})"] = (
+            lambda s, k=k, c=c: run_dpinfer(model, args.draws, args.tune, s, nuts_per_sweep=k,
+                                            counts_per_sweep=c))
     if args.old:
         old_model = dpinfer_model(counties, population, mechanism, release)
         run_dpinfer(old_model, 20, 20, 0, method="marginal")

@@ -226,9 +226,9 @@ def test_exact_tails_make_a_narrow_window_exact(monkeypatch):
     import dpinfer.inference.plans as plans_module
 
     monkeypatch.setattr(plans_module, "tail_half_width", lambda mech: 8)
-    x_draws_total = 2 * 2000
     model = beta_binomial_model()
     idata = sample(2000, tune=1000, chains=2, random_seed=5, progressbar=False, model=model)
+    x_draws_total = 2 * 2000 * idata.sample_stats.attrs["counts_per_sweep"]  # draws of x made
     report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
     assert report["engine"] == "compiled" and report["window_half_width"] == 8
     # a cell is held (kept for a sweep) only where the window misses x | theta almost entirely
@@ -524,3 +524,29 @@ def test_one_nuts_transition_per_sweep_is_exact_too():
     for bad in (0, 1.5):
         with pytest.raises(ValueError, match="nuts_per_sweep must be a whole number >= 1"):
             sample(10, tune=10, chains=1, progressbar=False, model=model, nuts_per_sweep=bad)
+
+
+def test_three_count_draws_per_sweep_are_exact_too():
+    """counts_per_sweep=3 with nuts_per_sweep=3 (counts and theta alternate three times per
+    stored draw) leaves the same posterior, and the counts' draws match the enumerated law;
+    more count draws than NUTS transitions are refused by name."""
+    model = beta_binomial_model()
+    idata = sample(2000, tune=1000, chains=2, random_seed=6, progressbar=False, model=model,
+                   nuts_per_sweep=3, counts_per_sweep=3)
+    assert idata.sample_stats.attrs["counts_per_sweep"] == 3
+    mean, sd, _, _ = exact_beta_binomial_posterior()
+    draws = idata.posterior["theta"].values.ravel()
+    ess = float(az.ess(idata, var_names=["theta"])["theta"])
+    assert abs(draws.mean() - mean) < 4 * sd / np.sqrt(ess)
+    assert abs(draws.std() - sd) < 4 * sd / np.sqrt(2 * ess)
+    _, _, support, p = exact_beta_binomial_posterior()
+    x = idata.posterior["x"].values
+    x_mean, x_sd = np.sum(p * support), np.sqrt(np.sum(p * support**2) - np.sum(p * support) ** 2)
+    x_ess = float(az.ess(idata, var_names=["x"])["x"])
+    assert abs(x.mean() - x_mean) < 4 * x_sd / np.sqrt(x_ess)
+    assert abs(x.std() - x_sd) < 4 * x_sd / np.sqrt(2 * x_ess)
+    with pytest.raises(ValueError, match=r"counts_per_sweep must be at most nuts_per_sweep \(2\)"):
+        sample(10, tune=10, chains=1, progressbar=False, model=model, nuts_per_sweep=2,
+               counts_per_sweep=3)
+    with pytest.raises(ValueError, match="counts_per_sweep must be a whole number >= 1"):
+        sample(10, tune=10, chains=1, progressbar=False, model=model, counts_per_sweep=0)

@@ -193,9 +193,10 @@ def test_sbc_poisson_gamma_double_geometric_and_naive_undercoverage():
 
 
 def test_sbc_beta_binomial_bit_laplace():
-    """Model (b): theta and the latent count x pass every coverage band and rank test."""
+    """Model (b): theta and the latent count x pass every coverage band and rank test (200
+    replications: about 7 s on the compiled engine, and narrower bands than 50)."""
     model, simulate, naive = sbc_study.beta_binomial()
-    df = run_sbc(model, simulate, N_REPS, np.random.default_rng(202),
+    df = run_sbc(model, simulate, 200, np.random.default_rng(202),
                  alternatives={"naive": naive}, progress_every=10)
     print("\n" + format_table(df))
     assert df[df.method == "dpinfer"]["passed"].all(), format_table(df)

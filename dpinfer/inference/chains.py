@@ -1,14 +1,18 @@
 """Chains of dpinfer's compiled Gibbs sampler: counts given parameters, then parameters given
 counts.
 
-One iteration (sweep) of a chain is
+One iteration (sweep) of a chain, which gives one stored draw, is ``nuts_per_sweep`` NUTS
+transitions (3 by default) of the continuous parameters q given all counts
+(:mod:`dpinfer.inference.nuts`; the log density is the model with the counts as data), with
+``counts_per_sweep`` draws (2 by default) of every count block given the current parameters
+(:mod:`dpinfer.inference.exact_counts`) spread among them, the first before the first
+transition: with the defaults, counts, NUTS, counts, NUTS, NUTS.
 
-1. every count block draws its latent counts given the current parameters
-   (:mod:`dpinfer.inference.exact_counts`);
-2. ``nuts_per_sweep`` NUTS transitions (3 by default) of the continuous parameters q given all
-   counts (:mod:`dpinfer.inference.nuts`), whose log density is the model with the counts as
-   data. Drawing the counts costs several NUTS transitions on county tables, and the parameters
-   mix faster with more moves per draw of the counts (``benchmarks/bench_county.py``).
+Why these defaults (``benchmarks/README.md``): a small count and its log rate are tightly
+coupled, so the counts' effective sample size grows with the number of count draws that
+alternate with parameter moves (two per sweep nearly double it on the nation table); the
+hyperparameters gain from more NUTS moves per sweep, and a draw of the counts costs one to
+two NUTS transitions on county tables.
 
 Both steps leave the joint posterior p(q, x | releases) invariant, so their composition does
 (a Gibbs sampler with a Metropolis-within-Gibbs block). During tuning the step size is adapted
@@ -56,7 +60,8 @@ MAX_TREE_DEPTH = 10
 NUTS_STATS = ("lp", "tree_depth", "n_steps", "acceptance_rate", "diverging", "energy",
               "energy_error", "step_size")
 _CHUNKS = 40  # progress reports per chain
-NUTS_PER_SWEEP = 3  # NUTS transitions of the parameters per draw of the counts (benchmarks/README.md)
+NUTS_PER_SWEEP = 3  # NUTS transitions of the parameters per stored draw (benchmarks/README.md)
+COUNTS_PER_SWEEP = 2  # draws of the counts per stored draw, spread among those transitions
 
 # dual averaging state (Hoffman & Gelman 2014 §3.2): mu, log eps, log eps-bar, h-bar, t, eps,
 # and the target acceptance
@@ -99,8 +104,8 @@ def _draw_blocks(q, counts, cells, totals, hold_ratio, rng, row):
                                        hold_ratio, rng)
         if bound < 0.0:
             return False
-        row[column] = math.expm1(bound)
-        row[column + 1] = kept
+        row[column] = max(row[column], math.expm1(bound))  # the sweep's largest bound
+        row[column + 1] += kept
     for b in literal_unroll(totals):
         (full, hoisted, point, offset, grid, release_table, release, tails, shape, group_ptr,
          group_cells, targets, lw, w, cdf, envelope, stats, column) = b
@@ -109,18 +114,22 @@ def _draw_blocks(q, counts, cells, totals, hold_ratio, rng, row):
         draw_given_totals(full, hoisted, point, q, counts, offset, grid, release_table, lw, w, cdf,
                           envelope, release, tails, shape, group_ptr, group_cells, targets,
                           hold_ratio, rng, stats)
-        row[column] = stats[0]
-        row[column + 1] = stats[2]
-        row[column + 2] = stats[3]
+        row[column] += stats[0]
+        row[column + 1] += stats[2]
+        row[column + 2] += stats[3]
     return True
 
 
 @numba.njit(cache=True, nogil=True)
 def _sweeps(first, last, tune, logp_grad, q, grad, counts, inv_mass, adapt, metric_count,
             metric_mean, metric_m2, window_ends, max_depth, cells, totals, rng, out_q, out_counts,
-            out_stats, row, nuts_per_sweep):
+            out_stats, row, nuts_per_sweep, counts_per_sweep):
     """Iterations first..last-1 of a chain (module docstring). Returns 0, or 1 if a count
     block found a window without mass, 2 if the parameters' log density is not finite.
+
+    The counts are drawn before transition t of the sweep's ``nuts_per_sweep`` when
+    floor(t c / nuts_per_sweep) steps up (c = ``counts_per_sweep``): c draws spread evenly,
+    the first before the first transition.
 
     The first min(50, tune / 10) tuning iterations leave the counts at their start (on the
     releases' fibre) so that the parameters first move to agree with them; tuning holds cells
@@ -130,11 +139,14 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, inv_mass, adapt, metr
     warm_start = min(50, tune // 10)
     for it in range(first, last):
         row[:] = 0.0
-        if it >= warm_start:
-            hold_ratio = HOLD_RATIO if it >= tune else HOLD_RATIO_TUNING
-            if not _draw_blocks(q, counts, cells, totals, hold_ratio, rng, row):
-                return 1
-        for _ in range(nuts_per_sweep if n > 0 else 0):
+        hold_ratio = HOLD_RATIO if it >= tune else HOLD_RATIO_TUNING
+        for t in range(nuts_per_sweep):
+            if it >= warm_start and (t * counts_per_sweep) // nuts_per_sweep > (
+                    (t - 1) * counts_per_sweep) // nuts_per_sweep:
+                if not _draw_blocks(q, counts, cells, totals, hold_ratio, rng, row):
+                    return 1
+            if n == 0:
+                continue
             f_lp = log_density_at(logp_grad, q, grad, counts)
             if f_lp == -math.inf:
                 return 2
@@ -209,7 +221,7 @@ def _stat_columns(blocks) -> tuple[list, list]:
 def run_chain(model, blocks, *, tune: int, draws: int, rng: np.random.Generator,
               q0: np.ndarray, counts0: np.ndarray, max_tree_depth: int = MAX_TREE_DEPTH,
               target_accept: float = 0.8, nuts_per_sweep: int = NUTS_PER_SWEEP,
-              progress=None) -> ChainResult:
+              counts_per_sweep: int = COUNTS_PER_SWEEP, progress=None) -> ChainResult:
     """One chain (module docstring). ``model`` is a
     :class:`dpinfer.inference.compiled.CompiledModel`, ``blocks`` the count blocks (objects
     with ``kind`` ("cells" or "totals"), ``native(column)`` giving the kernel's data tuple with
@@ -240,7 +252,8 @@ def run_chain(model, blocks, *, tune: int, draws: int, rng: np.random.Generator,
         last = min(total, first + chunk)
         code = _sweeps(first, last, tune, model.logp_grad_address, q, grad, counts, inv_mass,
                        adapt, metric_count, metric_mean, metric_m2, window_ends, max_tree_depth,
-                       cells, totals, stream, out_q, out_counts, out_stats, row, nuts_per_sweep)
+                       cells, totals, stream, out_q, out_counts, out_stats, row, nuts_per_sweep,
+                       counts_per_sweep)
         if code == 1:
             raise SamplingError("a count block's window holds no mass (a release far outside "
                                 "its window without exact tails)")
@@ -290,7 +303,8 @@ class Progress:
 def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
                rng: np.random.Generator, starts: list, progressbar: bool = True,
                max_tree_depth: int = MAX_TREE_DEPTH, target_accept: float = 0.8,
-               nuts_per_sweep: int = NUTS_PER_SWEEP) -> list[ChainResult]:
+               nuts_per_sweep: int = NUTS_PER_SWEEP,
+               counts_per_sweep: int = COUNTS_PER_SWEEP) -> list[ChainResult]:
     """``chains`` chains, ``cores`` at a time in threads; ``starts`` gives (q0, counts0) per
     chain. Returns the chains' results in order."""
     seeds = rng.spawn(chains)
@@ -301,7 +315,7 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
         return run_chain(model, blocks, tune=tune, draws=draws, rng=seeds[c], q0=q0,
                          counts0=counts0, max_tree_depth=max_tree_depth,
                          target_accept=target_accept, nuts_per_sweep=nuts_per_sweep,
-                         progress=progress)
+                         counts_per_sweep=counts_per_sweep, progress=progress)
 
     if cores <= 1 or chains == 1:
         return [one(c) for c in range(chains)]

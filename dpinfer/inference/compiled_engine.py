@@ -4,8 +4,9 @@ draws, with NUTS on everything continuous.
 It runs cells and totals plans (:mod:`dpinfer.inference.plans`) of models whose other free
 variables are all continuous; :func:`refusal` says why a model cannot take it. A sweep draws
 every latent's counts given the parameters (each plan's block,
-:mod:`dpinfer.inference.count_blocks`), then makes ``nuts_per_sweep`` NUTS transitions of the
-parameters given the counts (:mod:`dpinfer.inference.chains`). The compiled model is kept on the PyMC model and reused by
+:mod:`dpinfer.inference.count_blocks`) and makes ``nuts_per_sweep`` NUTS transitions of the
+parameters given the counts, with ``counts_per_sweep`` count draws alternating with them
+(:mod:`dpinfer.inference.chains`). The compiled model is kept on the PyMC model and reused by
 later fits (new releases through ``pm.set_data`` only change the blocks' tables); it is
 rebuilt when the model's other data change.
 
@@ -24,11 +25,17 @@ import numpy as np
 import xarray as xr
 from pymc.stats.convergence import log_warnings, run_convergence_checks
 
-from dpinfer.inference.chains import MAX_TREE_DEPTH, NUTS_PER_SWEEP, SamplingError, run_chains
+from dpinfer.inference.chains import (
+    COUNTS_PER_SWEEP,
+    MAX_TREE_DEPTH,
+    NUTS_PER_SWEEP,
+    SamplingError,
+    run_chains,
+)
 from dpinfer.inference.compiled import NotCompilableError, compile_model
 
 _COMPILED = "_dpinfer_compiled_model"
-OPTIONS = ("initvals", "target_accept", "max_treedepth", "nuts_per_sweep")
+OPTIONS = ("initvals", "target_accept", "max_treedepth", "nuts_per_sweep", "counts_per_sweep")
 
 
 def refusal(model, plans, method: str) -> str | None:
@@ -75,15 +82,19 @@ def compiled_model_for(model, latents: list, releases: list):
 def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: int,
         rng: np.random.Generator, tol: float, progressbar: bool, initvals=None,
         target_accept: float = 0.8, max_treedepth: int = MAX_TREE_DEPTH,
-        nuts_per_sweep: int = NUTS_PER_SWEEP):
+        nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int | None = None):
     """One fit with the plans' current windows: (DataTree, report, failed), ``failed`` mapping
-    each latent whose window (without exact tails) missed ``tol`` to its largest bound."""
+    each latent whose window (without exact tails) missed ``tol`` to its largest bound.
+    ``counts_per_sweep`` defaults to min(COUNTS_PER_SWEEP, nuts_per_sweep)."""
+    if counts_per_sweep is None:
+        counts_per_sweep = min(COUNTS_PER_SWEEP, nuts_per_sweep)
     blocks = [plan.block(compiled) for plan in plans]
     starts = {plan.latent_name: plan.start() for plan in plans}
     try:
         idata = _fit(model, compiled, blocks, starts, draws=draws, tune=tune, chains=chains,
                      cores=cores, rng=rng, progressbar=progressbar, max_tree_depth=max_treedepth,
-                     target_accept=target_accept, initvals=initvals, nuts_per_sweep=nuts_per_sweep)
+                     target_accept=target_accept, initvals=initvals, nuts_per_sweep=nuts_per_sweep,
+                     counts_per_sweep=counts_per_sweep)
     except SamplingError as err:
         raise RuntimeError(f"dpinfer.sample: {err}") from err
     report, failed = {}, {}
@@ -96,7 +107,8 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
 
 def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int, chains: int,
          cores: int, rng: np.random.Generator, progressbar: bool, max_tree_depth: int,
-         target_accept: float, initvals: dict | None, nuts_per_sweep: int):
+         target_accept: float, initvals: dict | None, nuts_per_sweep: int,
+         counts_per_sweep: int):
     """Run the chains and return the DataTree. ``initial_counts`` maps each latent to a start
     on its fibre; the parameters start at PyMC's jittered initial point, or at ``initvals``
     where given (constrained values by variable name, as for ``pm.sample``)."""
@@ -107,17 +119,18 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
     results = run_chains(compiled, blocks, chains=chains, cores=cores, tune=tune, draws=draws,
                          rng=rng, starts=starts, progressbar=progressbar,
                          max_tree_depth=max_tree_depth, target_accept=target_accept,
-                         nuts_per_sweep=nuts_per_sweep)
+                         nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep)
     seconds = time.perf_counter() - start
     idata = _datatree(model, compiled, results, tune=tune, seconds=seconds,
-                      max_tree_depth=max_tree_depth, nuts_per_sweep=nuts_per_sweep)
+                      max_tree_depth=max_tree_depth, nuts_per_sweep=nuts_per_sweep,
+                      counts_per_sweep=counts_per_sweep)
     if progressbar:
         log_warnings(run_convergence_checks(idata, model))
     return idata
 
 
 def _datatree(model, compiled, results, *, tune: int, seconds: float,
-              max_tree_depth: int, nuts_per_sweep: int) -> xr.DataTree:
+              max_tree_depth: int, nuts_per_sweep: int, counts_per_sweep: int) -> xr.DataTree:
     chains, draws = len(results), results[0].q.shape[0]
     q = np.stack([r.q for r in results]).reshape(chains * draws, compiled.n)
     counts = np.stack([r.counts for r in results]).reshape(chains * draws, -1)
@@ -146,7 +159,7 @@ def _datatree(model, compiled, results, *, tune: int, seconds: float,
     if "tree_depth" in stats:
         stats["reached_max_treedepth"] = (("chain", "draw"), stats["tree_depth"][1] >= max_tree_depth)
     attrs = {"sampling_time": seconds, "tuning_steps": tune, "inference_library": "dpinfer",
-             "nuts_per_sweep": nuts_per_sweep}
+             "nuts_per_sweep": nuts_per_sweep, "counts_per_sweep": counts_per_sweep}
     return xr.DataTree.from_dict({
         "posterior": xr.Dataset(posterior, coords=coords, attrs=attrs),
         "sample_stats": xr.Dataset(stats, coords={"chain": coords["chain"], "draw": coords["draw"]},

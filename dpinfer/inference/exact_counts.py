@@ -172,9 +172,13 @@ def _weights(lw, w, scratch, bits):
 @numba.njit(cache=True, nogil=True)
 def _tilt(lam, tilt):
     """tilt[j] = exp(lam j): the tilt's factors over a window's offsets (shared by the cells
-    of a block, whose windows have one width)."""
+    of a block, whose windows have one width), by products of exp(lam): relative error at
+    most about j ulp, and one exponential instead of W."""
+    r = math.exp(lam)
+    t = 1.0
     for j in range(tilt.shape[0]):
-        tilt[j] = math.exp(lam * j)
+        tilt[j] = t
+        t *= r
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
@@ -363,7 +367,8 @@ def _draw_subset(cells, target, lw, w, cdf, envelope, scale, mean, var, tilt, gr
     if abs(diff) > GROUP_REACH * math.sqrt(total_var) + 0.5:
         stats[3] += 1.0
         return
-    _tilt(lam, tilt)
+    if lam == 0.0:
+        _tilt(0.0, tilt)
     for i in cells:
         _cumulative(w[i], tilt, cdf[i])
     hopeless = False

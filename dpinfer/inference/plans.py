@@ -73,8 +73,9 @@ class CellsPlan:
 
     kind: ClassVar[str] = "cells"
     compiled_method: ClassVar[str] = (
-        "exact Gibbs (compiled): the counts drawn exactly given the parameters, then NUTS "
-        "transitions (nuts_per_sweep, in sample_stats.attrs) of the parameters given the counts")
+        "exact Gibbs (compiled): the counts drawn exactly given the parameters, alternating with "
+        "NUTS transitions of the parameters given the counts (counts_per_sweep and "
+        "nuts_per_sweep per draw, in sample_stats.attrs)")
     pymc_method: ClassVar[str] = (
         "exact marginalisation over a proven window (NUTS on parameters) "
         "+ exact conditional draws of the counts")
@@ -186,8 +187,8 @@ class TotalsPlan(CellsPlan):
     kind: ClassVar[str] = "totals"
     compiled_method: ClassVar[str] = (
         "exact Gibbs (compiled): the counts drawn exactly and jointly on the group totals given "
-        "the parameters, then NUTS transitions (nuts_per_sweep, in sample_stats.attrs) of the "
-        "parameters given the counts")
+        "the parameters, alternating with NUTS transitions of the parameters given the counts "
+        "(counts_per_sweep and nuts_per_sweep per draw, in sample_stats.attrs)")
     pymc_method: ClassVar[str] = (
         "exact marginalisation over group totals by convolution (NUTS on parameters) "
         "+ exact joint draws of the counts on the fibre")

@@ -28,6 +28,7 @@ import pymc as pm
 
 from dpinfer._validation import check_probability
 from dpinfer.inference import compiled_engine, pymc_engine
+from dpinfer.inference.chains import NUTS_PER_SWEEP
 from dpinfer.inference.plans import plan_releases
 from dpinfer.mechanisms.records import releases_of
 
@@ -72,8 +73,9 @@ def sample(
     sample_kwargs
         Passed to ``pm.sample`` (PyMC engine); the compiled engine takes ``initvals``,
         ``target_accept`` (0.8) and ``max_treedepth`` (10), as PyMC's NUTS, and
-        ``nuts_per_sweep`` (3): NUTS transitions of the parameters per draw of the counts
-        (:mod:`dpinfer.inference.chains`).
+        ``nuts_per_sweep`` (3) and ``counts_per_sweep`` (2, at most ``nuts_per_sweep``): NUTS
+        transitions of the parameters and exact draws of the counts per stored draw, which
+        alternate (:mod:`dpinfer.inference.chains`).
 
     Returns
     -------
@@ -145,10 +147,15 @@ def sample(
 def _check_compiled_options(options: dict) -> None:
     if "target_accept" in options:
         check_probability(options["target_accept"], "target_accept")
-    for name in ("max_treedepth", "nuts_per_sweep"):
+    for name in ("max_treedepth", "nuts_per_sweep", "counts_per_sweep"):
         value = options.get(name, 1)
         if int(value) != value or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    nuts = options.get("nuts_per_sweep", NUTS_PER_SWEEP)
+    if options.get("counts_per_sweep", 1) > nuts:
+        raise ValueError(f"counts_per_sweep must be at most nuts_per_sweep ({nuts}): each draw "
+                         f"of the counts is followed by a NUTS transition; got "
+                         f"{options['counts_per_sweep']!r}")
 
 
 def _first_windows(model, plans, tol: float, *, compiled: bool) -> None:
