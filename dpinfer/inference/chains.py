@@ -17,7 +17,8 @@ two NUTS transitions on county tables.
 Both steps leave the joint posterior p(q, x | releases) invariant, so their composition does
 (a Gibbs sampler with a Metropolis-within-Gibbs block). During tuning the step size is adapted
 by dual averaging after every transition and the diagonal metric in Stan's windows (counted in
-sweeps, one point per sweep); tuning iterations are discarded. A draw's statistics are its last
+sweeps, one point per sweep), each entry sqrt(Var q_i / Var grad_i) as nutpie's (on the county
+model it lets the step size double against Stan's Var q_i: 0.40 against 0.21); tuning iterations are discarded. A draw's statistics are its last
 transition's, except the tree depth (the largest), the leapfrog steps (summed) and divergences
 (any).
 
@@ -89,6 +90,19 @@ def _update_step_size(adapt, accept):
     weight = t ** -_KAPPA
     adapt[_LOG_EPS_BAR] = weight * adapt[_LOG_EPS] + (1.0 - weight) * adapt[_LOG_EPS_BAR]
     adapt[_EPS] = math.exp(adapt[_LOG_EPS])
+
+
+@numba.njit(cache=True, nogil=True)
+def _metric_variance(m2_q, m2_grad, c):
+    """The diagonal metric's entry (inverse mass) from ``c`` points' sums of squared
+    deviations of a parameter and of its gradient: sqrt(Var q / Var grad), nutpie's choice
+    (Seyboldt et al.; exact, Var q, for a Gaussian, where Var grad = 1 / Var q, and
+    steadier elsewhere), or Var q where the gradient does not vary."""
+    var_q = m2_q / max(c - 1.0, 1.0)
+    var_grad = m2_grad / max(c - 1.0, 1.0)
+    if var_grad > 0.0 and var_q > 0.0:
+        return math.sqrt(var_q / var_grad)
+    return var_q
 
 
 @numba.njit(cache=True, nogil=True)
@@ -169,17 +183,18 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, inv_mass, adapt, metr
         if n > 0 and it < tune:  # the metric: once per sweep, in Stan's windows of sweeps
             metric_count[0] += 1.0
             c = metric_count[0]
-            for i in range(n):
-                delta = q[i] - metric_mean[i]
-                metric_mean[i] += delta / c
-                metric_m2[i] += delta * (q[i] - metric_mean[i])
+            for i in range(n):  # Welford's running moments of q (row 0) and its gradient (row 1)
+                for r, v in ((0, q[i]), (1, grad[i])):
+                    delta = v - metric_mean[r, i]
+                    metric_mean[r, i] += delta / c
+                    metric_m2[r, i] += delta * (v - metric_mean[r, i])
             for end in window_ends:
-                if it == end:  # Stan's regularised variance, then a fresh step size
+                if it == end:  # the variances' ratio, regularised as Stan's; a fresh step size
                     for i in range(n):
-                        var = metric_m2[i] / max(c - 1.0, 1.0)
-                        inv_mass[i] = (c / (c + 5.0)) * var + 1e-3 * (5.0 / (c + 5.0))
-                        metric_mean[i] = 0.0
-                        metric_m2[i] = 0.0
+                        inv_mass[i] = (c / (c + 5.0)) * _metric_variance(
+                            metric_m2[0, i], metric_m2[1, i], c) + 1e-3 * (5.0 / (c + 5.0))
+                        metric_mean[:, i] = 0.0
+                        metric_m2[:, i] = 0.0
                     metric_count[0] = 0.0
                     lp0 = log_density_at(logp_grad, q, grad, counts)
                     _restart_step_size(adapt, reasonable_step_size(
@@ -244,7 +259,7 @@ def run_chain(model, blocks, *, tune: int, draws: int, rng: np.random.Generator,
     inv_mass = np.ones(n)
     adapt = np.zeros(7)
     adapt[_TARGET] = target_accept
-    metric_count, metric_mean, metric_m2 = np.zeros(1), np.zeros(n), np.zeros(n)
+    metric_count, metric_mean, metric_m2 = np.zeros(1), np.zeros((2, n)), np.zeros((2, n))
     window_ends = np.asarray(metric_windows(tune) or [-1], dtype=np.int64)
     total = tune + draws
     chunk = max(1, math.ceil(total / _CHUNKS))
