@@ -509,6 +509,15 @@ def test_compiled_log_density_is_minus_inf_where_a_parameter_check_fails(capfd):
     assert "ParameterValueError" not in capfd.readouterr().err
 
 
+def _assert_matches_exact(idata, name, mean, sd):
+    """The draws of ``name`` have the exact mean and sd within 4 Monte Carlo standard errors
+    (of the mean sd/sqrt(ess); of the sd about sd/sqrt(2 ess))."""
+    draws = idata.posterior[name].values.ravel()
+    ess = float(az.ess(idata, var_names=[name])[name])
+    assert abs(draws.mean() - mean) < 4 * sd / np.sqrt(ess)
+    assert abs(draws.std() - sd) < 4 * sd / np.sqrt(2 * ess)
+
+
 def test_one_nuts_transition_per_sweep_is_exact_too():
     """nuts_per_sweep=1 (one NUTS move of theta per draw of x) leaves the same posterior;
     a count of moves that is not a whole number >= 1 is refused by name."""
@@ -517,10 +526,7 @@ def test_one_nuts_transition_per_sweep_is_exact_too():
                    nuts_per_sweep=1)
     assert idata.sample_stats.attrs["nuts_per_sweep"] == 1
     mean, sd, _, _ = exact_beta_binomial_posterior()
-    draws = idata.posterior["theta"].values.ravel()
-    ess = float(az.ess(idata, var_names=["theta"])["theta"])
-    assert abs(draws.mean() - mean) < 4 * sd / np.sqrt(ess)
-    assert abs(draws.std() - sd) < 4 * sd / np.sqrt(2 * ess)
+    _assert_matches_exact(idata, "theta", mean, sd)
     for bad in (0, 1.5):
         with pytest.raises(ValueError, match="nuts_per_sweep must be a whole number >= 1"):
             sample(10, tune=10, chains=1, progressbar=False, model=model, nuts_per_sweep=bad)
@@ -534,17 +540,10 @@ def test_three_count_draws_per_sweep_are_exact_too():
     idata = sample(2000, tune=1000, chains=2, random_seed=6, progressbar=False, model=model,
                    nuts_per_sweep=3, counts_per_sweep=3)
     assert idata.sample_stats.attrs["counts_per_sweep"] == 3
-    mean, sd, _, _ = exact_beta_binomial_posterior()
-    draws = idata.posterior["theta"].values.ravel()
-    ess = float(az.ess(idata, var_names=["theta"])["theta"])
-    assert abs(draws.mean() - mean) < 4 * sd / np.sqrt(ess)
-    assert abs(draws.std() - sd) < 4 * sd / np.sqrt(2 * ess)
-    _, _, support, p = exact_beta_binomial_posterior()
-    x = idata.posterior["x"].values
-    x_mean, x_sd = np.sum(p * support), np.sqrt(np.sum(p * support**2) - np.sum(p * support) ** 2)
-    x_ess = float(az.ess(idata, var_names=["x"])["x"])
-    assert abs(x.mean() - x_mean) < 4 * x_sd / np.sqrt(x_ess)
-    assert abs(x.std() - x_sd) < 4 * x_sd / np.sqrt(2 * x_ess)
+    mean, sd, support, p = exact_beta_binomial_posterior()
+    _assert_matches_exact(idata, "theta", mean, sd)
+    x_mean = np.sum(p * support)
+    _assert_matches_exact(idata, "x", x_mean, np.sqrt(np.sum(p * support**2) - x_mean**2))
     with pytest.raises(ValueError, match=r"counts_per_sweep must be at most nuts_per_sweep \(2\)"):
         sample(10, tune=10, chains=1, progressbar=False, model=model, nuts_per_sweep=2,
                counts_per_sweep=3)
