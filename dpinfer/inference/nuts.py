@@ -313,8 +313,7 @@ def metric_windows(n_tune: int) -> list[int]:
     buffer. With fewer than 100 tuning iterations: 15 % initial buffer, 10 % terminal, one
     window in between; fewer than 20: the step size alone is adapted. Measured on the demo's
     county model (benchmarks/bench_county.py, 5 seeds): the earlier first estimate cut the
-    leapfrog steps per draw from 20 to 15 and raised ESS/s by a fifth; estimating the metric
-    from gradients too (sqrt(Var q / Var grad)) cut steps further but lost more ESS."""
+    leapfrog steps per draw from 20 to 15 and raised ESS/s by a fifth."""
     if n_tune < 20:
         return []
     if n_tune >= 100:
