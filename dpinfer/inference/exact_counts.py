@@ -233,17 +233,16 @@ def _held(envelope, z_in, hold_ratio):
 
 
 @numba.njit(cache=True, nogil=True)
-def _search(cdf, u):
-    """Smallest j with cdf[j] > u (cdf non-decreasing, u < cdf[-1])."""
-    lo = 0
-    hi = cdf.shape[0] - 1
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if cdf[mid] > u:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+def _search(cdf, row, u):
+    """Smallest j with cdf[row, j] > u (the row non-decreasing, u < its last entry): the
+    answer stays in [base, base + n), each halving a conditional move rather than a branch."""
+    base = 0
+    n = cdf.shape[1]
+    while n > 1:
+        half = n >> 1
+        base = base + half if cdf[row, base + half - 1] <= u else base
+        n -= half
+    return base
 
 
 @numba.njit(cache=True, nogil=True)
@@ -252,30 +251,48 @@ def _geometric(r, rng):
     return int(math.floor(math.log(uniform_open(rng)) / math.log(r)))
 
 
-@numba.njit(cache=True, nogil=True)
-def _draw_cell(i, cdf, envelope, lo, tails, release, shape, point_address, q, counts, rng):
+@numba.njit(cache=True, nogil=True, inline="always")
+def _draw_cell(i, row, cdf, envelope, lo, tails, release, shape, point_address, q, counts, rng):
     """One exact draw of cell i from its tilted conditional (module docstring), given its
-    cumulative table ``cdf`` and the envelopes (E_L, E_R, r_L, r_R) with the same tilt and
-    scale. Returns the count, or _FAILED if no tail proposal was accepted in CELL_TRIES."""
-    W = cdf.shape[0]
-    z_in = cdf[W - 1]
-    total = z_in + envelope[0] + envelope[1]
+    cumulative table cdf[row] and its envelopes envelope[:, row] = (E_L, E_R, r_L, r_R) with
+    the same tilt and scale. Returns the count, or _FAILED if no tail proposal was accepted
+    in CELL_TRIES. The first try lands in the table almost always and is handled here, the
+    rest by :func:`_draw_tails` (rows are indexed, not sliced: a view per draw costs more
+    than the draw)."""
+    W = cdf.shape[1]
+    z_in = cdf[row, W - 1]
+    u = uniform(rng) * (z_in + envelope[0, row] + envelope[1, row])
+    if u < z_in:
+        return lo + _search(cdf, row, u)
+    return _draw_tails(i, row, u, cdf, envelope, lo, tails, release, shape, point_address, q,
+                       counts, rng)
+
+
+@numba.njit(cache=True, nogil=True)
+def _draw_tails(i, row, u, cdf, envelope, lo, tails, release, shape, point_address, q, counts,
+                rng):
+    """The rejection loop of :func:`_draw_cell` from a first uniform ``u`` (scaled to the
+    total mass) that fell in the tails' envelopes."""
+    W = cdf.shape[1]
+    z_in = cdf[row, W - 1]
+    e_left = envelope[0, row]
+    total = z_in + e_left + envelope[1, row]
     for _ in range(CELL_TRIES):
-        u = uniform(rng) * total
         if u < z_in:
-            return lo + _search(cdf, u)
-        if u < z_in + envelope[0]:
-            t = _geometric(envelope[2], rng)
+            return lo + _search(cdf, row, u)
+        if u < z_in + e_left:
+            t = _geometric(envelope[2, row], rng)
             v = lo - 1 - t
             log_env = tails[1, i] - t * tails[2, i]
         else:
-            t = _geometric(envelope[3], rng)
+            t = _geometric(envelope[3, row], rng)
             v = lo + W + t
             log_env = tails[4, i] - t * tails[5, i]
         log_target = _prior_at(point_address, q, counts, i, v) + noise_log(
             release - v, shape[0], shape[1], int(shape[2]))
         if math.log(uniform_open(rng)) <= log_target - log_env:
             return v
+        u = uniform(rng) * total
     return _FAILED
 
 
@@ -296,6 +313,8 @@ def draw_independent(prior_address, hoisted, point_address, q, counts, offset, g
     bits = np.empty(W, np.int64)
     scratch = np.empty(W)
     ones = np.ones(W)
+    cdf_row = cdf.reshape(1, W)  # the cell draw reads row 0 of these
+    envelope_row = envelope.reshape(4, 1)
     for i in range(d):
         m = _weights(lw[i], w, scratch, bits)
         _cumulative(w, ones, cdf)
@@ -310,8 +329,8 @@ def draw_independent(prior_address, hoisted, point_address, q, counts, offset, g
                 return -1.0, kept
             if log_eta[i] > -math.inf:
                 bound += math.log1p(math.exp(min(log_eta[i] - m - math.log(cdf[W - 1]), 700.0)))
-        v = _draw_cell(i, cdf, envelope, grid[i, 0], tails, release[i], shape, point_address,
-                       q, counts, rng)
+        v = _draw_cell(i, 0, cdf_row, envelope_row, grid[i, 0], tails, release[i], shape,
+                       point_address, q, counts, rng)
         if v == _FAILED:
             kept += 1
             continue
@@ -400,7 +419,7 @@ def _draw_subset(cells, target, lw, w, cdf, envelope, scale, mean, var, tilt, gr
         for i in cells:
             if i == last:
                 continue
-            v = _draw_cell(i, cdf[i], envelope[:, i], grid[i, 0], tails, release[i], shape,
+            v = _draw_cell(i, i, cdf, envelope, grid[i, 0], tails, release[i], shape,
                            point_address, q, counts, rng)
             if v == _FAILED:
                 failed = True
