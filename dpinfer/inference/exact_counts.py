@@ -79,7 +79,7 @@ HOLD_RATIO_TUNING = 10.0  # ... during tuning, whose draws are discarded (cheape
 CELL_TRIES = 10_000  # tail proposals of one cell draw before it gives up (keeps the count)
 GROUP_TRIES = 1_000  # tries of one block before it gives up (keeps its counts)
 GROUP_REACH = 4.0  # a group whose tilted total stays this many sd from its target is kept
-BLOCK_CELLS = 16  # larger groups are drawn in random blocks of about this many cells
+BLOCK_CELLS = 32  # larger groups are drawn in random blocks of about this many cells
 _NEWTON_STEPS = 30
 _FAILED = -(2**62)  # returned by a cell draw that gave up
 
