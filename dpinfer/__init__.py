@@ -8,6 +8,7 @@
         mech.observe("release", x, observed=noisy)    # p(release | x) as a PyMC likelihood
         idata = dp.sample()                           # counts summed out / drawn exactly
     dp.fit_many(jobs, "fits/", executor=client)      # many independent fits, one file each
+    dp.calibrate("Gaussian", dp.PrivacyTarget.approximate(1.0, 1e-5))  # equal privacy
 """
 
 from dpinfer._kernel_cache import clear_if_stale
@@ -32,6 +33,17 @@ from dpinfer.mechanisms import (  # noqa: E402
     PrivacyGuarantee,
     TruncatedLaplace,
 )
+from dpinfer.utility import (  # noqa: E402
+    Consumer,
+    PrivacyTarget,
+    calibrate,
+    equal_privacy_table,
+    is_derivable,
+    mechanism_matrix,
+    minimax_risk,
+    optimal_mechanism,
+    optimal_remap,
+)
 
 __version__ = "0.1.0"
 
@@ -39,6 +51,7 @@ __all__ = [
     "BITLaplace",
     "ClampedGeometric",
     "Conditioned",
+    "Consumer",
     "DiscreteGaussian",
     "DoubleGeometric",
     "FitJob",
@@ -50,8 +63,16 @@ __all__ = [
     "Mechanism",
     "PrivacyAudit",
     "PrivacyGuarantee",
+    "PrivacyTarget",
     "TruncatedLaplace",
+    "calibrate",
+    "equal_privacy_table",
     "fit_many",
+    "is_derivable",
     "marginal_model",
+    "mechanism_matrix",
+    "minimax_risk",
+    "optimal_mechanism",
+    "optimal_remap",
     "sample",
 ]

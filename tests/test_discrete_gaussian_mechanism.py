@@ -124,7 +124,7 @@ def test_from_privacy_calibrates_the_smallest_sigma(epsilon, delta, sensitivity)
 
 def test_rho_and_privacy_note():
     m = DiscreteGaussian(3.0, sensitivity=2, delta=1e-7, neighbour="substitution")
-    assert m.rho == pytest.approx(4 / 18)
+    assert m.zcdp_rho == pytest.approx(4 / 18)
     guarantee = m.privacy
     assert guarantee.neighbour == "substitution" and guarantee.sensitivity == 2
     assert "rho" in guarantee.note and "zCDP" in guarantee.note

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 import pymc as pm
 
-from dpinfer._validation import as_integer_array, as_real_array, check_rng, check_same_shape
+from dpinfer import privacy
+from dpinfer._validation import (
+    as_integer_array,
+    as_real_array,
+    check_positive,
+    check_rng,
+    check_same_shape,
+)
 from dpinfer.mechanisms.records import latent_candidates, record_release
 
 NEIGHBOUR_RELATIONS = ("add-remove", "substitution")
@@ -217,6 +224,46 @@ class AdditiveMechanism(Mechanism):
     def noise_interval(self, prob: float = 0.9) -> tuple[float, float]:
         """(-q, q) with P(|e| <= q) >= prob: the smallest such q for discrete noise, the exact
         central quantile for continuous noise."""
+
+    # --- privacy profile: what equal-privacy comparisons calibrate (dpinfer.utility) --------
+    @abc.abstractmethod
+    def delta_for_epsilon(self, epsilon) -> float:
+        """The tight delta at ``epsilon``: the hockey-stick divergence
+        sum_y max(0, p(y | x) - e^epsilon p(y | x')) (an integral for continuous noise) at the
+        worst neighbouring pair, |x - x'| = sensitivity for these symmetric log-concave laws
+        (seed 004 Lemma 18(a)); 0 where the privacy loss never exceeds epsilon."""
+
+    def renyi_divergence(self, alpha) -> float:
+        r"""Rényi divergence of order alpha > 1 between the releases at neighbouring true values,
+        D_alpha = 1/(alpha - 1) log sum_e f(e)^alpha f(e - d)^(1 - alpha) (an integral for
+        continuous noise), at the largest shift d = sensitivity (for integer noise the largest
+        over d = 1..sensitivity). Summed over the integers or integrated by adaptive quadrature
+        (:func:`dpinfer.privacy.sum_over_integers`, :func:`~dpinfer.privacy.integral_over_reals`),
+        to float precision; subclasses with a closed form override it. inf where the integral
+        diverges (noise whose privacy loss grows faster than linearly at large alpha)."""
+        alpha = check_positive("alpha", alpha)
+        if alpha <= 1.0:
+            raise ValueError(f"alpha must be > 1, got {alpha}")
+
+        def log_term(e, d):
+            with np.errstate(invalid="ignore"):
+                value = alpha * self.noise_logpdf(e) + (1.0 - alpha) * self.noise_logpdf(e - d)
+            return np.where(np.isnan(value), -np.inf, value)
+
+        if self.discrete:
+            shifts = range(1, int(self.sensitivity) + 1)
+            log_sums = [privacy.sum_over_integers(lambda e, d=d: log_term(e, d)) for d in shifts]
+            return max(log_sums) / (alpha - 1.0)
+        d = float(self.sensitivity)
+        log_integral = privacy.integral_over_reals(lambda x: float(log_term(x, d)), (0.0, d))
+        return log_integral / (alpha - 1.0)
+
+    @property
+    def zcdp_rho(self) -> float:
+        """The smallest rho for which the mechanism is rho-zCDP, sup_alpha D_alpha / alpha
+        (Bun & Steinke 2016, Definition 1.1; :func:`dpinfer.privacy.zcdp_rho`); inf where no
+        rho holds."""
+        return privacy.zcdp_rho(self.renyi_divergence)
 
     def release(self, true_values, rng: np.random.Generator) -> np.ndarray:
         true_values = (as_integer_array if self.discrete else as_real_array)("true_values", true_values)

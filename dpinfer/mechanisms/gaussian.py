@@ -132,6 +132,14 @@ class Gaussian(AdditiveMechanism):
         """The exact privacy profile δ(ε; σ) of eq. (3) (the tight δ at this ε)."""
         return math.exp(_log_delta(check_epsilon(epsilon), self.sigma, self.sensitivity))
 
+    def renyi_divergence(self, alpha) -> float:
+        """D_alpha(N(0, σ²) || N(Δ, σ²)) = alpha Δ² / (2σ²) (Mironov 2017, Table II); so the
+        mechanism is rho-zCDP with rho = Δ² / (2σ²) exactly (Bun & Steinke 2016, Prop. 1.6)."""
+        alpha = check_positive("alpha", alpha)
+        if alpha <= 1.0:
+            raise ValueError(f"alpha must be > 1, got {alpha}")
+        return alpha * self.sensitivity**2 / (2.0 * self.sigma**2)
+
     def epsilon_for_delta(self, delta) -> float:
         """Smallest ε >= 0 with δ(ε; σ) <= δ (seed 004 §4 algorithm C): 0 if already
         δ(0; σ) = 2Φ(Δ/(2σ)) - 1 <= δ, else a doubling bracket and bisection to adjacent

@@ -122,6 +122,28 @@ class DoubleGeometric(AdditiveMechanism):
         outputs = np.arange(-margin, hi + margin + 1)
         return _audit_pure(self, 0, hi, outputs, "pmf (1-a)/(1+a) a^|e|")
 
+    def delta_for_epsilon(self, epsilon) -> float:
+        """Tight delta(epsilon) at the shift d = sensitivity (the largest, and the worst: every
+        term below grows with d). With c = epsilon_0 / sensitivity the privacy loss of output
+        x + z is L(z) = c(|z - d| - |z|): c d for z <= 0, c (d - 2z) for 0 < z < d, negative
+        beyond, so (derived; checked against enumeration in the tests)
+
+            delta = (1 - e^{epsilon - c d})_+ / (1 + a)
+                    + sum_{0 < z < d, c (d - 2z) > epsilon} f(z) (1 - e^{epsilon - c (d - 2z)}),
+
+        P(z <= 0) = 1 / (1 + a) being the geometric tail sum (seed 003 §3.11). 0 for
+        epsilon >= epsilon_0."""
+        epsilon = check_epsilon(epsilon)
+        c, d = self._rate, self.sensitivity
+        if epsilon >= c * d:
+            return 0.0
+        delta = -math.expm1(epsilon - c * d) * math.exp(-self._log1p_a)
+        for z in range(1, d):
+            loss = c * (d - 2 * z)
+            if loss > epsilon:
+                delta += math.exp(self._log_norm - c * z) * -math.expm1(epsilon - loss)
+        return float(delta)
+
     # --- noise law -------------------------------------------------------------------------
     def noise_logpdf(self, noise) -> np.ndarray:
         """log f(e) = log((1 - a)/(1 + a)) - |e| epsilon/sensitivity; -inf off the integers."""

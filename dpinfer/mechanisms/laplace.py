@@ -80,6 +80,26 @@ class Laplace(AdditiveMechanism):
             f"max log-density ratio on {n_outputs} outputs = {grid:.12g}; closed-form sup Δ/b = {closed_form:.12g}",
         )
 
+    def delta_for_epsilon(self, epsilon) -> float:
+        """Tight delta(epsilon) = 1 - exp((epsilon - u)/2) for epsilon < u = Δ/b, else 0 (the
+        profile behind seed 004 Theorem 3, reference note §3.4: the Neyman-Pearson set is the
+        half-line below (u + epsilon)/2 in units of b)."""
+        u = self.sensitivity / self.scale
+        epsilon = check_epsilon(epsilon)
+        return 0.0 if epsilon >= u else float(-math.expm1(0.5 * (epsilon - u)))
+
+    def renyi_divergence(self, alpha) -> float:
+        """D_alpha = 1/(alpha - 1) log(alpha/(2 alpha - 1) e^{(alpha - 1) u}
+        + (alpha - 1)/(2 alpha - 1) e^{-alpha u}), u = Δ/b, alpha > 1 (Mironov 2017, "Rényi
+        differential privacy", Table II), in log space."""
+        alpha = check_positive("alpha", alpha)
+        if alpha <= 1.0:
+            raise ValueError(f"alpha must be > 1, got {alpha}")
+        u = self.sensitivity / self.scale
+        log_sum = np.logaddexp(math.log(alpha / (2.0 * alpha - 1.0)) + (alpha - 1.0) * u,
+                               math.log((alpha - 1.0) / (2.0 * alpha - 1.0)) - alpha * u)
+        return float(log_sum) / (alpha - 1.0)
+
     # --- noise law -------------------------------------------------------------------------
     def noise_logpdf(self, noise) -> np.ndarray:
         return -np.abs(noise) / self.scale - math.log(2.0 * self.scale)

@@ -1,0 +1,77 @@
+"""utility: what a mechanism costs its users at equal privacy.
+
+Equal privacy (:mod:`~dpinfer.utility.equal_privacy`): every mechanism family calibrated to one
+pure, approximate or zero-concentrated DP target through its exact privacy profile. Seed 003
+(Gupte & Sundararajan, PODS 2010): minimax and Bayesian information consumers of a count on
+{0..n} (:mod:`~dpinfer.utility.consumers`), their optimal post-processing of a release and the
+optimal mechanism tailored to each (:mod:`~dpinfer.utility.remap`), and mechanism matrices and
+derivability from the range-restricted geometric mechanism
+(:mod:`~dpinfer.utility.derivability`).
+"""
+
+from dpinfer.utility.consumers import (
+    BUILT_IN_LOSSES,
+    Consumer,
+    NonMonotoneLossWarning,
+    absolute_loss,
+    asymmetric_linear_loss,
+    bayes_risk,
+    is_monotone_loss,
+    minimax_risk,
+    power_loss,
+    risk_profile,
+    squared_loss,
+    threshold_loss,
+    zero_one_loss,
+)
+from dpinfer.utility.derivability import (
+    clamped_to_range,
+    derivable_transform,
+    geometric_inverse,
+    geometric_matrix,
+    is_derivable,
+    mechanism_matrix,
+)
+from dpinfer.utility.equal_privacy import Calibration, PrivacyTarget, calibrate, equal_privacy_table
+from dpinfer.utility.remap import (
+    DesignedMechanism,
+    Remap,
+    bayes_optimal_mechanism,
+    bayes_remap,
+    best_deterministic_remap,
+    optimal_mechanism,
+    optimal_remap,
+)
+
+__all__ = [
+    "BUILT_IN_LOSSES",
+    "Calibration",
+    "Consumer",
+    "DesignedMechanism",
+    "NonMonotoneLossWarning",
+    "PrivacyTarget",
+    "Remap",
+    "absolute_loss",
+    "asymmetric_linear_loss",
+    "bayes_optimal_mechanism",
+    "bayes_remap",
+    "bayes_risk",
+    "best_deterministic_remap",
+    "calibrate",
+    "clamped_to_range",
+    "derivable_transform",
+    "equal_privacy_table",
+    "geometric_inverse",
+    "geometric_matrix",
+    "is_derivable",
+    "is_monotone_loss",
+    "mechanism_matrix",
+    "minimax_risk",
+    "optimal_mechanism",
+    "optimal_remap",
+    "power_loss",
+    "risk_profile",
+    "squared_loss",
+    "threshold_loss",
+    "zero_one_loss",
+]
