@@ -1,6 +1,8 @@
 """utility: what a mechanism costs its users at equal privacy.
 
-Equal privacy (:mod:`~dpinfer.utility.equal_privacy`): every mechanism family calibrated to one
+``compare`` (:mod:`~dpinfer.utility.compare`): mechanisms side by side at three levels, the
+release, its consumers and the analysis fitted to it. Equal privacy
+(:mod:`~dpinfer.utility.equal_privacy`): every mechanism family calibrated to one
 pure, approximate or zero-concentrated DP target through its exact privacy profile. Seed 003
 (Gupte & Sundararajan, PODS 2010): minimax and Bayesian information consumers of a count on
 {0..n} (:mod:`~dpinfer.utility.consumers`), their optimal post-processing of a release and the
@@ -9,6 +11,7 @@ derivability from the range-restricted geometric mechanism
 (:mod:`~dpinfer.utility.derivability`).
 """
 
+from dpinfer.utility.compare import Analysis, Comparison, compare
 from dpinfer.utility.consumers import (
     BUILT_IN_LOSSES,
     Consumer,
@@ -44,8 +47,10 @@ from dpinfer.utility.remap import (
 )
 
 __all__ = [
+    "Analysis",
     "BUILT_IN_LOSSES",
     "Calibration",
+    "Comparison",
     "Consumer",
     "DesignedMechanism",
     "NonMonotoneLossWarning",
@@ -59,6 +64,7 @@ __all__ = [
     "best_deterministic_remap",
     "calibrate",
     "clamped_to_range",
+    "compare",
     "derivable_transform",
     "equal_privacy_table",
     "geometric_inverse",
