@@ -24,8 +24,10 @@ MAX_HALF_WIDTH = 1_000_000
 
 
 def has_exact_tails(mechanism) -> bool:
-    """Additive noise of the form log f(e) = c0 - c1 |e|^p: draws are exact beyond the window."""
-    return isinstance(mechanism, AdditiveMechanism)
+    """Additive noise of the form log f(e) = c0 - c1 |e|^p: draws are exact beyond the window.
+    ``noise_shape`` is None for additive laws without that form (Logistic, Subbotin r not in
+    {1, 2}): their windows are bounded by ``log_likelihood_bound_outside`` instead."""
+    return isinstance(mechanism, AdditiveMechanism) and mechanism.noise_shape is not None
 
 
 def _log_noise_tail(c0: float, c1: float, power: int, k: int) -> float:

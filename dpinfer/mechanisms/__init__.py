@@ -7,6 +7,8 @@ from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
 from dpinfer.mechanisms.gaussian import Gaussian
 from dpinfer.mechanisms.geometric import ClampedGeometric, DoubleGeometric
 from dpinfer.mechanisms.laplace import Laplace
+from dpinfer.mechanisms.logconcave import Logistic, Subbotin, log_concave_delta
+from dpinfer.mechanisms.multilevel import MultiLevelAudit, MultiLevelGeometric
 from dpinfer.mechanisms.generalized_gaussian import GeneralizedGaussian, PrivacyUnverifiedError
 from dpinfer.mechanisms.subspace import GeneralizedLaplace
 from dpinfer.mechanisms.truncated_laplace import BITLaplace, TruncatedLaplace
@@ -23,8 +25,13 @@ __all__ = [
     "GeneralizedLaplace",
     "PrivacyUnverifiedError",
     "Laplace",
+    "Logistic",
     "Mechanism",
+    "MultiLevelAudit",
+    "MultiLevelGeometric",
     "PrivacyAudit",
     "PrivacyGuarantee",
+    "Subbotin",
     "TruncatedLaplace",
+    "log_concave_delta",
 ]

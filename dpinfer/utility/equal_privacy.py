@@ -25,22 +25,22 @@ Gaussian and Subbotin (r > 1) noise is never pure epsilon-DP (its privacy loss i
 seed 004 Theorem 6); Subbotin noise with r > 2 is never rho-zCDP (D_alpha / alpha grows
 without bound in alpha).
 
-Calibration is a doubling bracket and bisection on the scale to adjacent floats
-(:func:`dpinfer.privacy.smallest_private_scale`), returning the private end; each profile is
-monotone in the scale for these symmetric log-concave laws (seed 004 Lemma 18(b)).
+Calibration is a doubling bracket and Brent's root on the log scale (to 1e-13 relative),
+stepped up to the private side; each profile is monotone in the scale for these symmetric
+log-concave laws (seed 004 Lemma 18(b)).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from dpinfer._validation import check_delta, check_epsilon, check_positive
-from dpinfer.mechanisms import DiscreteGaussian, DoubleGeometric, Gaussian, Laplace
-from dpinfer.privacy import smallest_private_scale
+from dpinfer.mechanisms import DiscreteGaussian, DoubleGeometric, Gaussian, Laplace, Logistic, Subbotin
 
 __all__ = ["PrivacyTarget", "Calibration", "calibrate", "equal_privacy_table", "FAMILIES"]
 
@@ -106,11 +106,16 @@ class _Family:
     build: object  # (scale, sensitivity, target) -> mechanism
     integer: bool  # needs a whole-number sensitivity
     unbounded_loss: bool  # never pure DP
+    zcdp: bool = True  # some scale is rho-zCDP
 
     def refusal(self, target: PrivacyTarget) -> str | None:
         if target.kind == "pure" and self.unbounded_loss:
             return (f"{self.name} noise is never pure epsilon-DP (its privacy loss is unbounded); "
                     "compare at (epsilon, delta) or rho-zCDP instead")
+        if target.kind == "zcdp" and not self.zcdp:
+            return (f"{self.name} noise is never rho-zCDP (D_alpha / alpha grows without bound in "
+                    "alpha: the privacy loss grows faster than linearly); compare at (epsilon, "
+                    "delta) instead")
         return None
 
 
@@ -124,6 +129,20 @@ def _discrete_gaussian(sigma, sensitivity, target):
     return DiscreteGaussian(sigma, sensitivity, delta=delta)
 
 
+def _logistic(scale, sensitivity, target):
+    delta = target.delta if target.kind == "approximate" else 0.0
+    return Logistic.from_scale(scale, delta=delta, sensitivity=sensitivity)
+
+
+def _subbotin_family(r: float) -> _Family:
+    """Subbotin(r) noise (seed 004), r >= 1: pure DP only at r = 1, zCDP only for r <= 2."""
+    def build(scale, sensitivity, target):
+        delta = target.delta if target.kind == "approximate" else (0.0 if r == 1 else 1e-6)
+        return Subbotin.from_scale(r, scale, delta, sensitivity=sensitivity)
+    return _Family(f"Subbotin({r:g})", "s", build, integer=False, unbounded_loss=r > 1,
+                   zcdp=r <= 2)
+
+
 FAMILIES = {
     "Laplace": _Family("Laplace", "b", lambda b, s, t: Laplace(epsilon=s / b, sensitivity=s),
                        integer=False, unbounded_loss=False),
@@ -133,7 +152,9 @@ FAMILIES = {
     "Gaussian": _Family("Gaussian", "sigma", _gaussian, integer=False, unbounded_loss=True),
     "DiscreteGaussian": _Family("DiscreteGaussian", "sigma", _discrete_gaussian, integer=True,
                                 unbounded_loss=True),
+    "Logistic": _Family("Logistic", "s", _logistic, integer=False, unbounded_loss=False),
 }
+_SUBBOTIN = re.compile(r"Subbotin\(([0-9.eE+-]+)\)")
 
 
 @dataclass(frozen=True)
@@ -155,7 +176,38 @@ def _family(family) -> _Family:
         return FAMILIES[family]
     if isinstance(family, type) and family.__name__ in FAMILIES:
         return FAMILIES[family.__name__]
-    raise ValueError(f"family must be one of {sorted(FAMILIES)} (a name or the class), got {family!r}")
+    match = _SUBBOTIN.fullmatch(family) if isinstance(family, str) else None
+    if match:
+        r = float(match.group(1))
+        if not r >= 1:
+            raise ValueError(f"Subbotin(r) needs r >= 1 (log-concave noise), got r = {r:g}")
+        return _subbotin_family(r)
+    raise ValueError(f"family must be one of {sorted(FAMILIES)} or 'Subbotin(r)' with r >= 1 "
+                     f"(a name or the class), got {family!r}")
+
+
+def _smallest_scale(excess, log_start: float) -> float:
+    """Smallest scale s with excess(log s) <= 0 (excess non-increasing): a doubling bracket on
+    log s, Brent's root (scipy) to 1e-13 relative, then upwards by that step until the
+    target holds, so the returned scale is on the private side."""
+    from scipy.optimize import brentq
+
+    lo = hi = log_start
+    while excess(hi) > 0:
+        lo, hi = hi, hi + math.log(2.0)
+    while lo == hi or excess(lo) <= 0:
+        lo, hi = lo - math.log(2.0), lo
+        if lo < log_start - 2000.0:
+            raise ValueError("every scale meets this target (no noise needed?)")
+    def signed(t):  # a pure target's excess is exactly 0 on the private side: make it < 0
+        e = excess(t)
+        return e if e != 0.0 else -1e-300
+
+    root = brentq(signed, lo, hi, xtol=1e-13, rtol=1e-14)
+    step = max(abs(root), 1.0) * 1e-13
+    while excess(root) > 0:
+        root += step
+    return math.exp(root)
 
 
 def calibrate(family, target: PrivacyTarget, sensitivity=1) -> Calibration:
@@ -173,19 +225,18 @@ def calibrate(family, target: PrivacyTarget, sensitivity=1) -> Calibration:
     reason = spec.refusal(target)
     if reason:
         raise ValueError(reason)
-    bound = target.bound()
+    aim = target.bound() * (1.0 - _MARGIN)
+
+    def excess(log_scale):
+        return target.achieved(spec.build(math.exp(log_scale), sensitivity, target)) - aim
+
     if target.kind == "pure":
-        def too_loose(scale):
-            return target.achieved(spec.build(scale, sensitivity, target)) > 0.0
+        start = sensitivity / target.epsilon
+    elif target.kind == "approximate":
         start = sensitivity / target.epsilon
     else:
-        aim = bound * (1.0 - _MARGIN)
-
-        def too_loose(scale):
-            return target.achieved(spec.build(scale, sensitivity, target)) > aim
-        start = sensitivity / (target.epsilon if target.kind == "approximate"
-                               else math.sqrt(2.0 * target.rho))
-    scale = smallest_private_scale(too_loose, start=start)
+        start = sensitivity / math.sqrt(2.0 * target.rho)
+    scale = _smallest_scale(excess, math.log(start))
     mechanism = spec.build(scale, sensitivity, target)
     return Calibration(spec.name, mechanism, target, spec.scale_name, scale,
                        math.sqrt(mechanism.noise_variance), target.achieved(mechanism))
