@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+import tomllib
+from pathlib import Path
 
-COMMANDS = {"demo": "privatise census counts and recover them with a Bayesian model"}
+COMMANDS = {
+    "demo": "privatise census counts and recover them with a Bayesian model",
+    "compare": "compare mechanisms at equal privacy: a preset or a config file in, a table and a PNG out",
+}
+
+CONFIG_KEYS = {"target", "families", "sensitivity", "true_values", "levels", "tails", "prob",
+               "consumers", "consumer_range", "replications", "seed"}
 
 
 def main(argv=None) -> None:
@@ -19,5 +28,93 @@ def main(argv=None) -> None:
         from dpinfer.demo import main as demo_main
 
         demo_main(rest)
+    elif command == "compare":
+        compare_main(rest)
     else:
         raise SystemExit(f"dpinfer: unknown command {command!r}; choose from {sorted(COMMANDS)}")
+
+
+def _target(spec):
+    from dpinfer.utility import PrivacyTarget
+
+    if not isinstance(spec, dict) or spec.get("kind") not in ("pure", "approximate", "zcdp"):
+        raise SystemExit("config: target must be a table with kind = 'pure', 'approximate' or 'zcdp' "
+                         "and its epsilon / delta / rho")
+    kind = spec["kind"]
+    try:
+        if kind == "pure":
+            return PrivacyTarget.pure(spec["epsilon"])
+        if kind == "approximate":
+            return PrivacyTarget.approximate(spec["epsilon"], spec["delta"])
+        return PrivacyTarget.zcdp(spec["rho"])
+    except KeyError as err:
+        raise SystemExit(f"config: target of kind {kind!r} needs {err.args[0]!r}") from None
+
+
+def _from_config(path: Path):
+    """dp.compare from a TOML file (keys: CONFIG_KEYS; README "Comparing mechanisms")."""
+    import numpy as np
+
+    from dpinfer.utility import Consumer, compare
+
+    try:
+        config = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise SystemExit(f"config: cannot read {path}: {err}") from None
+    unknown = sorted(set(config) - CONFIG_KEYS)
+    if unknown:
+        raise SystemExit(f"config: unknown keys {unknown}; allowed: {sorted(CONFIG_KEYS)}")
+    if "target" not in config or "true_values" not in config:
+        raise SystemExit("config: 'target' and 'true_values' are required")
+    consumers = {label: Consumer(spec.get("loss", "absolute"), spec.get("side_information"))
+                 for label, spec in config.get("consumers", {}).items()}
+    levels = config.get("levels", ["release"] + (["consumer"] if consumers else []))
+    return compare(target=_target(config["target"]), families=config.get("families"),
+                   sensitivity=config.get("sensitivity", 1), true_values=config["true_values"],
+                   levels=levels, tails=config.get("tails", (1.0, 5.0)), prob=config.get("prob", 0.9),
+                   consumers=consumers or None, consumer_range=config.get("consumer_range"),
+                   replications=config.get("replications", 2000),
+                   rng=np.random.default_rng(config.get("seed", 0)))
+
+
+def compare_main(argv) -> None:
+    """``dpinfer compare (--preset NAME | --config FILE) [--out DIR] [--replications N]``."""
+    import pandas as pd
+
+    from dpinfer.utility import presets
+
+    parser = argparse.ArgumentParser(prog="dpinfer compare", description=COMMANDS["compare"])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--preset", choices=sorted(presets.PRESETS))
+    source.add_argument("--config", type=Path, help="a TOML file (see README)")
+    parser.add_argument("--out", type=Path, default=Path("compare-output"),
+                        help="directory for the CSV tables and the PNG (default ./compare-output)")
+    parser.add_argument("--replications", type=int, default=None,
+                        help="simulated releases (midwest: 100; config: its own or 2000)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    pd.set_option("display.width", 200)
+    pd.set_option("display.max_columns", 12)
+    if args.preset == "seed002":
+        tables = {"seed002": presets.seed002()}
+        figure = presets.seed002_figure(tables["seed002"])
+    elif args.preset == "seed004":
+        tables = presets.seed004()
+        figure = presets.seed004_figure(tables)
+    else:
+        if args.preset == "midwest":
+            result = presets.midwest(replications=args.replications or 100)
+        else:
+            result = _from_config(args.config)
+            if args.replications is not None:
+                raise SystemExit("--replications goes in the config file (replications = N)")
+        tables = {"compare": result.table}
+        figure = result.figure()
+    for name, table in tables.items():
+        path = args.out / f"{name}.csv"
+        table.to_csv(path, index=False)
+        print(f"\n{name} ({path}):")
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.6g}"))
+    png = args.out / "compare.png"
+    figure.savefig(png, dpi=110)
+    print(f"\nfigure: {png}")

@@ -16,10 +16,12 @@ the mechanism's own closed forms where it has them, and the rest by Monte Carlo 
 
 **consumer** (seed 003): for each :class:`~dpinfer.utility.Consumer` on {0..n}, its minimax
 risk from the raw release and after its optimal (randomised) remap, and the risk of the
-alpha-DP mechanism tailored to it (for the geometric mechanism the two agree: Theorem 1).
-The mechanism's matrix on {0..n} is :func:`~dpinfer.utility.mechanism_matrix` of it clamped
-to the range (:func:`~dpinfer.utility.clamped_to_range`, a sufficient statistic for the double
-geometric); continuous mechanisms have no such matrix and get no consumer rows.
+alpha-DP mechanism tailored to it (pure-DP mechanisms only; for the geometric mechanism the
+two agree: Theorem 1). A geometric mechanism's matrix on {0..n} is
+:func:`~dpinfer.utility.mechanism_matrix` of it clamped to the range
+(:func:`~dpinfer.utility.clamped_to_range`, a sufficient statistic); other discrete additive
+noise keeps its releases beyond the range (the remap sees them; the raw release is clipped
+into {0..n}); continuous mechanisms get no consumer rows.
 
 **analysis**: an :class:`Analysis` (a PyMC model for the true counts) is fitted with
 ``dpinfer.sample`` to ``replications`` simulated releases of each mechanism (one compiled model
@@ -49,7 +51,7 @@ import numpy as np
 import pandas as pd
 
 from dpinfer._validation import as_real_array, check_count, check_probability, check_rng
-from dpinfer.mechanisms import Conditioned, Mechanism
+from dpinfer.mechanisms import ClampedGeometric, Conditioned, DoubleGeometric, Mechanism
 from dpinfer.mechanisms.base import AdditiveMechanism
 from dpinfer.utility.consumers import Consumer, minimax_risk
 from dpinfer.utility.derivability import clamped_to_range, mechanism_matrix
@@ -73,7 +75,8 @@ class Analysis:
     generate
         ``generate(rng) -> (true_counts, parameter_value)``: one replication's truth. Draw the
         parameter from its prior for calibrated coverage (module docstring); return a fixed
-        value to study a fixed truth.
+        value to study a fixed truth, or None where the truth is data without a known
+        parameter (then only the parameter's interval width is reported).
     """
 
     build: Callable
@@ -176,6 +179,8 @@ def _exact_release_metrics(mech, x: float, tails, prob) -> dict | None:
         return None
     out["variance"] = out["mse"] - out["bias"] ** 2
     out[f"{prob:g} release interval width"] = width
+    if abs(out["bias"]) < 1e-12 * max(1.0, out["mae"]):  # float rounding of an exact 0
+        out["bias"] = 0.0
     return out
 
 
@@ -227,22 +232,50 @@ def _release_rows(name, mech, x, tails, prob, replications, rng) -> list[dict]:
 
 # --- consumer level ----------------------------------------------------------------------------
 
+def _consumer_matrix(mech, n: int) -> np.ndarray:
+    """The mechanism's matrix for true counts 0..n. Geometric mechanisms: clamped to {0..n}
+    (sufficient, seed 003 §3.11). Other discrete additive noise: releases -K..n+K with K the
+    half-width holding all but 1e-12 of the noise, the tails beyond lumped into the end
+    columns (post-processing, so no consumer gains from it)."""
+    if isinstance(mech, (DoubleGeometric, ClampedGeometric)):
+        return mechanism_matrix(clamped_to_range(mech, n), n)
+    k = int(mech.noise_interval(1.0 - 1e-12)[1])
+    wide = np.arange(-3 * k - 1, n + 3 * k + 2)
+    i = np.arange(n + 1)[:, None]
+    p = np.exp(mech.noise_logpdf(wide[None, :] - i))
+    keep = (wide >= -k) & (wide <= n + k)
+    matrix = p[:, keep]
+    matrix[:, 0] += p[:, wide < -k].sum(axis=1)
+    matrix[:, -1] += p[:, wide > n + k].sum(axis=1)
+    return matrix / matrix.sum(axis=1, keepdims=True)
+
+
 def _consumer_rows(name, mech, consumers, n) -> list[dict]:
-    if not mech.discrete or isinstance(mech, Conditioned):
+    if not mech.discrete or not isinstance(mech, (AdditiveMechanism, ClampedGeometric)):
         return []
-    matrix = mechanism_matrix(clamped_to_range(mech, n), n)
-    alpha = math.exp(-mech.epsilon / mech.privacy.sensitivity)
+    matrix = _consumer_matrix(mech, n)
     rows = []
     for label, consumer in consumers.items():
-        raw = minimax_risk(matrix, consumer)
-        remapped = optimal_remap(matrix, consumer).risk
-        tailored = optimal_mechanism(n, alpha, consumer).risk
-        for metric, value in (("minimax risk, raw release", raw),
-                              ("minimax risk, optimal remap", remapped),
-                              ("minimax risk, tailored mechanism", tailored)):
+        values = [("minimax risk, raw release", minimax_risk(_clip_to_actions(matrix, mech, n), consumer)),
+                  ("minimax risk, optimal remap", optimal_remap(matrix, consumer).risk)]
+        if mech.delta == 0:  # the alpha-DP mechanism designed for this consumer (Theorem 1)
+            alpha = math.exp(-mech.epsilon / mech.privacy.sensitivity)
+            values.append(("minimax risk, tailored mechanism", optimal_mechanism(n, alpha, consumer).risk))
+        for metric, value in values:
             rows.append(dict(mechanism=name, level="consumer", metric=metric, setting=label,
                              value=float(value), se=0.0, method="exact (LP, HiGHS)"))
     return rows
+
+
+def _clip_to_actions(matrix: np.ndarray, mech, n: int) -> np.ndarray:
+    """The raw release used as the report: outputs outside {0..n} clipped into it."""
+    if matrix.shape[1] == n + 1:
+        return matrix
+    k = (matrix.shape[1] - n - 1) // 2
+    out = matrix[:, k:k + n + 1].copy()
+    out[:, 0] += matrix[:, :k].sum(axis=1)
+    out[:, -1] += matrix[:, k + n + 1:].sum(axis=1)
+    return out
 
 
 # --- analysis level ----------------------------------------------------------------------------
@@ -285,14 +318,16 @@ def _analysis_rows(name, mech, analysis: Analysis, replications, prob, rng, prog
         w, c = _interval_scores(post[analysis.latent].values.reshape(-1, np.size(counts)), counts, prob)
         scores["count width"].append(w)
         scores["count coverage"].append(c)
-        w, c = _interval_scores(post[analysis.parameter].values.reshape(-1), theta, prob)
+        w, c = _interval_scores(post[analysis.parameter].values.reshape(-1),
+                                np.nan if theta is None else theta, prob)
         scores["parameter width"].append(w)
         scores["parameter coverage"].append(c)
         naive_values = np.clip(np.rint(np.asarray(release, dtype=float)), 0, None).astype(np.int64)
         naive = nutpie.sample(compiled_naive.with_data(dpinfer_compare_naive=naive_values),
                               draws=analysis.draws, tune=analysis.tune, chains=1, cores=1,
                               seed=int(rng.integers(2**31)), progress_bar=False)
-        w, c = _interval_scores(naive.posterior[analysis.parameter].values.reshape(-1), theta, prob)
+        w, c = _interval_scores(naive.posterior[analysis.parameter].values.reshape(-1),
+                                np.nan if theta is None else theta, prob)
         scores["naive parameter width"].append(w)
         scores["naive parameter coverage"].append(c)
         scores["naive count coverage"].append(float(np.mean(naive_values == np.asarray(counts))))
@@ -308,6 +343,8 @@ def _analysis_rows(name, mech, analysis: Analysis, replications, prob, rng, prog
               "naive parameter coverage": (f"{analysis.parameter} interval coverage", "naive"),
               "naive count coverage": ("count interval coverage", "naive")}
     for key, values in scores.items():
+        if key.endswith("parameter coverage") and truths[0][1] is None:
+            continue  # no known parameter value
         metric, who = labels[key]
         values = np.asarray(values)
         rows.append(dict(mechanism=name, level="analysis", metric=metric, setting=who,
