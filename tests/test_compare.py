@@ -123,7 +123,31 @@ def test_bad_input_is_refused_with_the_argument_named():
         compare(mech, rng=rng)
     with pytest.raises(TypeError, match="Mechanism"):
         compare({"x": 3}, [1], rng=rng)
-    with pytest.raises(ValueError, match="not both"):
-        compare(mech, [1], target=PrivacyTarget.pure(1.0), rng=rng)
+    with pytest.raises(ValueError, match="do not meet the target"):
+        compare(mech, [1], target=PrivacyTarget.pure(0.5), rng=rng)
+    with pytest.raises(ValueError, match="state different privacy"):
+        compare({"a": dp.DoubleGeometric(1.0), "b": dp.DoubleGeometric(2.0)}, [1], rng=rng)
+    with pytest.raises(ValueError, match="release_method"):
+        compare(mech, [1], release_method="guess", rng=rng)
+    with pytest.raises(ValueError, match="leave families out"):
+        compare(mech, [1], families=("Laplace",), rng=rng)
     with pytest.raises(ValueError, match="tails"):
         compare(mech, [1], tails=(-1,), rng=rng)
+
+
+def test_monte_carlo_reproduces_every_exact_release_metric_within_4_standard_errors():
+    target = PrivacyTarget.approximate(0.7, 1e-6)
+    mechanisms = {name: dp.calibrate(name, target).mechanism
+                  for name in ("Laplace", "DoubleGeometric", "DiscreteGaussian", "Logistic", "Gaussian")}
+    kwargs = dict(target=target, tails=(1.0, 4.0), replications=20_000)
+    exact = compare(mechanisms, [0, 5], rng=np.random.default_rng(1), **kwargs).table
+    simulated = compare(mechanisms, [0, 5], rng=np.random.default_rng(2), release_method="monte carlo",
+                        **kwargs).table
+    checked = 0
+    for _, row in simulated.iterrows():
+        if not row.se > 0:  # interval widths and variances carry no standard error
+            continue
+        reference = _value(exact, row.mechanism, row.metric)[0]
+        assert abs(row.value - reference) <= 4 * row.se, (row.mechanism, row.metric, row.value, reference)
+        checked += 1
+    assert checked == 5 * 5  # bias, MSE, MAE and two tail probabilities per mechanism

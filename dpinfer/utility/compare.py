@@ -125,12 +125,15 @@ class Comparison:
         return fig
 
 
-def _mechanisms(mechanisms, target, families, sensitivity) -> dict:
-    if mechanisms is not None and target is not None:
-        raise ValueError("give either mechanisms or (target, families), not both")
-    if target is not None:
-        if not isinstance(target, PrivacyTarget):
-            raise TypeError(f"target must be a PrivacyTarget, got {type(target).__name__}")
+def _mechanisms(mechanisms, target, families, sensitivity, unequal_privacy) -> dict:
+    """The mechanisms to compare, at one privacy (module docstring of equal_privacy): calibrated
+    from ``families`` to ``target``; or given, and then checked against ``target``, or else
+    required to state the same guarantee unless ``unequal_privacy``."""
+    if target is not None and not isinstance(target, PrivacyTarget):
+        raise TypeError(f"target must be a PrivacyTarget, got {type(target).__name__}")
+    if mechanisms is None:
+        if target is None:
+            raise ValueError("give mechanisms={name: Mechanism} or target=PrivacyTarget(...) with families")
         families = families or ("Laplace", "DoubleGeometric", "Gaussian", "DiscreteGaussian")
         out = {}
         for family in families:
@@ -139,12 +142,28 @@ def _mechanisms(mechanisms, target, families, sensitivity) -> dict:
                     family, target, sensitivity).mechanism
             except ValueError as err:
                 print(f"dp.compare: {family} left out: {err}", file=sys.stderr)
+        if not out:
+            raise ValueError(f"no family can meet {target}")
         return out
+    if families is not None:
+        raise ValueError("families are calibrated to a target; with mechanisms given, leave families out")
     if not isinstance(mechanisms, Mapping) or not mechanisms:
         raise TypeError("mechanisms must be a non-empty dict {name: Mechanism}")
     for name, mech in mechanisms.items():
         if not isinstance(mech, Mechanism):
             raise TypeError(f"mechanisms[{name!r}] must be a dpinfer Mechanism, got {type(mech).__name__}")
+    if target is not None:
+        failing = {name: str(m.privacy) for name, m in mechanisms.items() if not target.met_by(m)}
+        if failing:
+            raise ValueError(f"mechanisms do not meet the target {target}: {failing}")
+    elif not unequal_privacy:
+        stated = {name: (m.privacy.epsilon, m.privacy.delta) for name, m in mechanisms.items()}
+        if len(set(stated.values())) > 1:
+            raise ValueError(
+                "mechanisms state different privacy "
+                f"{ {name: f'({e:g}, {d:g})' for name, (e, d) in stated.items()} }: give "
+                "target=dp.PrivacyTarget... to check them against one target, or "
+                "unequal_privacy=True to compare them anyway (the table's privacy column says so)")
     return dict(mechanisms)
 
 
@@ -184,10 +203,11 @@ def _exact_release_metrics(mech, x: float, tails, prob) -> dict | None:
     return out
 
 
-def _monte_carlo_release_metrics(mech, x: np.ndarray, tails, prob, replications, rng) -> tuple[dict, dict]:
+def _monte_carlo_release_metrics(mech, x: np.ndarray, tails, prob, replications, rng,
+                                 closed_forms=True) -> tuple[dict, dict]:
     """(means, standard errors) over ``replications`` releases of the whole workload ``x``,
     per-cell quantities averaged over cells; bias and variance from the mechanism's closed forms
-    where it has them (standard error 0)."""
+    where it has them (standard error 0) if ``closed_forms``."""
     draws = np.stack([mech.release(x.astype(np.int64) if mech.discrete else x, rng)
                       for _ in range(replications)]).astype(float)
     e = draws - x
@@ -198,7 +218,7 @@ def _monte_carlo_release_metrics(mech, x: np.ndarray, tails, prob, replications,
     ses = {k: float(v.std(ddof=1) / math.sqrt(replications)) for k, v in per_rep.items()}
     means["variance"] = float(e.var(axis=0, ddof=1).mean())
     ses["variance"] = float(np.nan)
-    if not isinstance(mech, Conditioned):
+    if closed_forms and not isinstance(mech, Conditioned):
         means["bias"], ses["bias"] = float(np.mean(mech.bias(x))), 0.0
         means["variance"], ses["variance"] = float(np.mean(mech.variance(x))), 0.0
     lo, hi = np.quantile(draws, [0.5 * (1 - prob), 0.5 * (1 + prob)], axis=0)
@@ -207,9 +227,9 @@ def _monte_carlo_release_metrics(mech, x: np.ndarray, tails, prob, replications,
     return means, ses
 
 
-def _release_rows(name, mech, x, tails, prob, replications, rng) -> list[dict]:
+def _release_rows(name, mech, x, tails, prob, replications, rng, use_exact=True) -> list[dict]:
     rows = []
-    exact = None if isinstance(mech, Conditioned) else [
+    exact = None if isinstance(mech, Conditioned) or not use_exact else [
         _exact_release_metrics(mech, float(v), tails, prob) for v in np.unique(x)]
     if exact is not None and all(e is not None for e in exact):
         lookup = dict(zip(np.unique(x), exact))
@@ -221,7 +241,8 @@ def _release_rows(name, mech, x, tails, prob, replications, rng) -> list[dict]:
                              value=float(np.mean([c[metric] for c in cells])), se=0.0,
                              method=f"exact (omitted mass <= {max(c['omitted_mass'] for c in cells):.1e})"))
         return rows
-    means, ses = _monte_carlo_release_metrics(mech, x, tails, prob, replications, rng)
+    means, ses = _monte_carlo_release_metrics(mech, x, tails, prob, replications, rng,
+                                              closed_forms=use_exact)
     for metric, value in means.items():
         se = ses[metric]
         method = "closed form" if se == 0.0 else f"Monte Carlo ({replications} releases)"
@@ -361,16 +382,22 @@ def compare(mechanisms: Mapping[str, Mechanism] | None = None, true_values=None,
             levels: Sequence[str] = ("release",), tails: Sequence[float] = (1.0, 5.0),
             prob: float = 0.9, consumers: Mapping[str, Consumer] | None = None,
             consumer_range: int | None = None, analysis: Analysis | None = None,
-            replications: int = 200, rng=None, progress: bool = True) -> Comparison:
+            replications: int = 200, rng=None, progress: bool = True,
+            release_method: str = "exact", unequal_privacy: bool = False) -> Comparison:
     """Compare mechanisms at the chosen ``levels`` (module docstring) on ``true_values``.
 
-    Give either ``mechanisms`` ({name: Mechanism}) or a ``target`` with ``families`` (names
-    of :data:`dpinfer.utility.equal_privacy.FAMILIES`, calibrated at ``sensitivity``; families
-    that cannot meet the target are left out with a message). ``consumers`` ({label:
+    Mechanisms at one privacy: ``target`` with ``families`` (names of
+    :data:`dpinfer.utility.equal_privacy.FAMILIES`, calibrated at ``sensitivity``; families
+    that cannot meet the target are left out with a message), or ``mechanisms`` ({name:
+    Mechanism}) checked against ``target`` (each must meet it) or, without a target, stating
+    the same (epsilon, delta) unless ``unequal_privacy=True``. ``consumers`` ({label:
     Consumer}) and ``consumer_range`` n are needed for the consumer level, ``analysis`` for
     the analysis level. ``replications`` releases for Monte Carlo metrics and the analysis;
-    ``rng`` a numpy Generator (required: results are reproducible)."""
-    mechs = _mechanisms(mechanisms, target, families, sensitivity)
+    ``release_method="monte carlo"`` estimates every release metric by simulation (to check
+    the exact values); ``rng`` a numpy Generator (required: results are reproducible)."""
+    if release_method not in ("exact", "monte carlo"):
+        raise ValueError(f"release_method must be 'exact' or 'monte carlo', got {release_method!r}")
+    mechs = _mechanisms(mechanisms, target, families, sensitivity, unequal_privacy)
     rng = check_rng(rng)
     prob = check_probability(prob)
     replications = check_count("replications", replications, 2)
@@ -391,10 +418,13 @@ def compare(mechanisms: Mapping[str, Mechanism] | None = None, true_values=None,
     rows = []
     for name, mech in mechs.items():
         if "release" in levels:
-            rows += _release_rows(name, mech, x, tails, prob, replications, rng)
+            rows += _release_rows(name, mech, x, tails, prob, replications, rng,
+                                  use_exact=release_method == "exact")
         if "consumer" in levels:
             rows += _consumer_rows(name, mech, dict(consumers), check_count("consumer_range", consumer_range, 1))
         if "analysis" in levels:
             rows += _analysis_rows(name, mech, analysis, replications, prob, rng, progress)
     table = pd.DataFrame(rows, columns=["mechanism", "level", "metric", "setting", "value", "se", "method"])
+    privacy = {name: f"({m.privacy.epsilon:.6g}, {m.privacy.delta:.3g})-DP" for name, m in mechs.items()}
+    table.insert(1, "privacy", table["mechanism"].map(privacy))
     return Comparison(table, mechs)

@@ -41,6 +41,7 @@ import pandas as pd
 
 from dpinfer._validation import check_delta, check_epsilon, check_positive
 from dpinfer.mechanisms import DiscreteGaussian, DoubleGeometric, Gaussian, Laplace, Logistic, Subbotin
+from dpinfer.mechanisms.base import AdditiveMechanism
 
 __all__ = ["PrivacyTarget", "Calibration", "calibrate", "equal_privacy_table", "FAMILIES"]
 
@@ -86,8 +87,20 @@ class PrivacyTarget:
         return {"pure": 0.0, "approximate": self.delta, "zcdp": self.rho}[self.kind]
 
     def met_by(self, mechanism) -> bool:
-        """Whether ``mechanism`` meets the target exactly (no slack beyond float rounding)."""
-        return self.achieved(mechanism) <= self.bound() * (1.0 + 1e-12)
+        """Whether ``mechanism`` meets the target (no slack beyond float rounding): by its
+        exact profile where it has one (additive mechanisms), else by its stated guarantee
+        (epsilon', delta'), which implies the target when epsilon' <= epsilon and
+        delta' <= delta, or, for rho-zCDP, when delta' = 0 and epsilon'^2 / 2 <= rho (Bun &
+        Steinke 2016, Prop. 1.4; a bound, so a mechanism can meet the target and fail this)."""
+        if isinstance(mechanism, AdditiveMechanism):
+            return self.achieved(mechanism) <= self.bound() * (1.0 + 1e-12)
+        eps, delta = mechanism.privacy.epsilon, mechanism.privacy.delta
+        slack = 1.0 + 1e-12
+        if self.kind == "pure":
+            return delta == 0.0 and eps <= self.epsilon * slack
+        if self.kind == "approximate":
+            return eps <= self.epsilon * slack and delta <= self.delta * slack
+        return delta == 0.0 and eps * eps / 2.0 <= self.rho * slack
 
     def __str__(self) -> str:
         if self.kind == "pure":
