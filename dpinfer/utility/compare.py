@@ -110,8 +110,10 @@ class Comparison:
             raise ValueError("no metrics to plot")
         cols = min(3, len(panels))
         rows = math.ceil(len(panels) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 0.45 * len(self.mechanisms) * rows + 1.6 * rows),
-                                 squeeze=False)
+        label = max(len(name) for name in self.mechanisms)  # room for the longest name
+        fig, axes = plt.subplots(rows, cols, figsize=((2.6 + 0.075 * label) * cols,
+                                                      0.45 * len(self.mechanisms) * rows + 1.6 * rows),
+                                 squeeze=False, layout="constrained")
         for ax, ((level, metric, setting), part) in zip(axes.flat, panels):
             part = part.set_index("mechanism").reindex(list(self.mechanisms)).dropna(subset=["value"])
             ax.barh(part.index, part["value"], xerr=2 * part["se"].fillna(0.0), color="#4C72B0")
@@ -121,7 +123,6 @@ class Comparison:
             ax.tick_params(labelsize=8)
         for ax in list(axes.flat)[len(panels):]:
             ax.axis("off")
-        fig.tight_layout()
         return fig
 
 

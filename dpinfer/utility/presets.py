@@ -49,47 +49,43 @@ def seed002(ns=(50, 200, 1000, 5000), epsilons=(0.1, 0.5, 1.0), proportions=(0.0
     return pd.DataFrame(rows)
 
 
-def seed002_figure(table: pd.DataFrame):
-    """n^2 MSE against n (log scale), one panel per epsilon, a line per mechanism and p: flat
-    lines are MSE-consistency at rate n^-2."""
+def _panels_by_epsilon(table: pd.DataFrame, draw, xlabel: str, ylabel: str):
+    """One log-x panel per epsilon of ``table``; ``draw(ax, part)`` plots a panel's lines."""
     import matplotlib.pyplot as plt
 
     epsilons = sorted(table["epsilon"].unique())
-    fig, axes = plt.subplots(1, len(epsilons), figsize=(4.2 * len(epsilons), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(epsilons), figsize=(4.2 * len(epsilons), 3.4), squeeze=False,
+                             layout="constrained")
     for ax, eps in zip(axes[0], epsilons):
-        part = table[table["epsilon"] == eps]
+        draw(ax, table[table["epsilon"] == eps])
+        ax.set_xscale("log")
+        ax.set_title(f"epsilon = {eps:g}", fontsize=9)
+        ax.set_xlabel(xlabel)
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][-1].legend(fontsize=6)
+    return fig
+
+
+def seed002_figure(table: pd.DataFrame):
+    """n^2 MSE against n (log scales), one panel per epsilon, a line per mechanism and p: flat
+    lines are MSE-consistency at rate n^-2."""
+    def draw(ax, part):
         for (mech, p), line in part.groupby(["mechanism", "p"]):
             ax.plot(line["n"], line["n2_mse"], marker="o", ls="-" if mech.startswith("BIT") else "--",
                     label=f"{mech}, p = {p:g}")
-        ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_title(f"epsilon = {eps:g}", fontsize=9)
-        ax.set_xlabel("n")
-    axes[0][0].set_ylabel("n^2 x MSE")
-    axes[0][-1].legend(fontsize=6)
-    fig.tight_layout()
-    return fig
+
+    return _panels_by_epsilon(table, draw, "n", "n^2 x MSE")
 
 
 def seed004_figure(tables: dict):
     """Noise sd at equal (epsilon, delta): Laplace, Logistic and Gaussian against delta, one
     panel per epsilon."""
-    import matplotlib.pyplot as plt
-
-    sd = tables["sd"]
-    epsilons = sorted(sd["epsilon"].unique())
-    fig, axes = plt.subplots(1, len(epsilons), figsize=(4.2 * len(epsilons), 3.4), squeeze=False)
-    for ax, eps in zip(axes[0], epsilons):
-        part = sd[sd["epsilon"] == eps]
+    def draw(ax, part):
         for family in ("Laplace", "Logistic", "Gaussian"):
             ax.plot(part["delta"], part[f"sd {family}"], marker="o", label=family)
-        ax.set_xscale("log")
-        ax.set_title(f"epsilon = {eps:g}", fontsize=9)
-        ax.set_xlabel("delta")
-    axes[0][0].set_ylabel("noise sd at equal (epsilon, delta)")
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+
+    return _panels_by_epsilon(tables["sd"], draw, "delta", "noise sd at equal (epsilon, delta)")
 
 
 def _sd(family, eps, delta):
