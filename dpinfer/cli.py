@@ -13,7 +13,7 @@ COMMANDS = {
 }
 
 CONFIG_KEYS = {"target", "families", "sensitivity", "true_values", "levels", "tails", "prob",
-               "consumers", "consumer_range", "replications", "seed"}
+               "consumers", "consumer_range", "priors", "replications", "seed"}
 
 
 def main(argv=None) -> None:
@@ -73,6 +73,7 @@ def _from_config(path: Path):
                    sensitivity=config.get("sensitivity", 1), true_values=config["true_values"],
                    levels=levels, tails=config.get("tails", (1.0, 5.0)), prob=config.get("prob", 0.9),
                    consumers=consumers or None, consumer_range=config.get("consumer_range"),
+                   priors=config.get("priors"),
                    replications=config.get("replications", 2000),
                    rng=np.random.default_rng(config.get("seed", 0)))
 

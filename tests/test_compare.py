@@ -71,6 +71,24 @@ def test_consumer_level_reproduces_seed_003_table_1():
     assert _value(out, "G", "minimax risk, tailored mechanism", "abs")[0] == pytest.approx(168 / 415, abs=1e-9)
 
 
+def test_bayesian_consumers_get_the_bayes_optimum_from_the_geometric_mechanism():
+    prior = np.array([0.1, 0.4, 0.3, 0.15, 0.05])
+    out = compare({"G": dp.DoubleGeometric(0.8)}, [1], levels=("consumer",),
+                  consumers={"abs": Consumer("absolute")}, consumer_range=4, priors={"p": prior},
+                  rng=np.random.default_rng(0)).table
+    remapped = _value(out, "G", "Bayes risk, Bayes remap", "abs, prior p")[0]
+    tailored = _value(out, "G", "Bayes risk, tailored mechanism", "abs, prior p")[0]
+    raw = _value(out, "G", "Bayes risk, raw release", "abs, prior p")[0]
+    assert remapped == pytest.approx(tailored, rel=1e-7)  # Ghosh, Roughgarden & Sundararajan 2009
+    assert remapped <= raw
+    # the raw Bayes risk by direct summation of the clamped geometric's law
+    a = math.exp(-0.8)
+    x = np.arange(5)
+    G = np.where(np.isin(x, [0, 4])[None, :], a ** np.abs(x[None, :] - x[:, None]) / (1 + a),
+                 (1 - a) / (1 + a) * a ** np.abs(x[None, :] - x[:, None]))
+    assert raw == pytest.approx(float(prior @ (G * np.abs(x[None, :] - x[:, None])).sum(axis=1)), rel=1e-12)
+
+
 def test_equal_privacy_families_and_refusals(capsys):
     result = compare(target=PrivacyTarget.pure(1.0), true_values=[5],
                      families=("Laplace", "Gaussian", "DoubleGeometric"), rng=np.random.default_rng(0))

@@ -17,6 +17,8 @@ levels = ["release", "consumer"]
 consumer_range = 4
 [consumers.government]
 loss = "absolute"
+[priors]
+flat = [0.2, 0.2, 0.2, 0.2, 0.2]
 """
 
 
@@ -32,6 +34,9 @@ def test_config_file_gives_a_table_and_a_png(tmp_path, capsys):
     remap = table[(table.mechanism == "DoubleGeometric") & (table.metric == "minimax risk, optimal remap")]
     tailored = table[(table.mechanism == "DoubleGeometric") & (table.metric == "minimax risk, tailored mechanism")]
     assert remap.value.item() == pytest.approx(tailored.value.item(), rel=1e-7)  # Theorem 1
+    bayes = table[(table.mechanism == "DoubleGeometric") & (table.setting == "government, prior flat")]
+    assert set(bayes.metric) == {"Bayes risk, raw release", "Bayes risk, Bayes remap",
+                                 "Bayes risk, tailored mechanism"}
     assert "figure:" in capsys.readouterr().out
 
 

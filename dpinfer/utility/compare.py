@@ -21,7 +21,9 @@ two agree: Theorem 1). A geometric mechanism's matrix on {0..n} is
 :func:`~dpinfer.utility.mechanism_matrix` of it clamped to the range
 (:func:`~dpinfer.utility.clamped_to_range`, a sufficient statistic); other discrete additive
 noise keeps its releases beyond the range (the remap sees them; the raw release is clipped
-into {0..n}); continuous mechanisms get no consumer rows.
+into {0..n}); continuous mechanisms get no consumer rows. Given ``priors``, each consumer's
+loss is also scored as a Bayesian consumer's (Ghosh, Roughgarden & Sundararajan 2009): Bayes
+risk raw, after the deterministic Bayes remap, and under the Bayes-optimal alpha-DP mechanism.
 
 **analysis**: an :class:`Analysis` (a PyMC model for the true counts) is fitted with
 ``dpinfer.sample`` to ``replications`` simulated releases of each mechanism (one compiled model
@@ -53,10 +55,10 @@ import pandas as pd
 from dpinfer._validation import as_real_array, check_count, check_probability, check_rng
 from dpinfer.mechanisms import ClampedGeometric, Conditioned, DoubleGeometric, Mechanism
 from dpinfer.mechanisms.base import AdditiveMechanism
-from dpinfer.utility.consumers import Consumer, minimax_risk
+from dpinfer.utility.consumers import Consumer, bayes_risk, minimax_risk
 from dpinfer.utility.derivability import clamped_to_range, mechanism_matrix
 from dpinfer.utility.equal_privacy import PrivacyTarget, calibrate
-from dpinfer.utility.remap import optimal_mechanism, optimal_remap
+from dpinfer.utility.remap import bayes_optimal_mechanism, bayes_remap, optimal_mechanism, optimal_remap
 
 __all__ = ["Analysis", "Comparison", "compare"]
 
@@ -272,19 +274,29 @@ def _consumer_matrix(mech, n: int) -> np.ndarray:
     return matrix / matrix.sum(axis=1, keepdims=True)
 
 
-def _consumer_rows(name, mech, consumers, n) -> list[dict]:
+def _consumer_rows(name, mech, consumers, n, priors) -> list[dict]:
     if not mech.discrete or not isinstance(mech, (AdditiveMechanism, ClampedGeometric)):
         return []
     matrix = _consumer_matrix(mech, n)
+    raw = _clip_to_actions(matrix, mech, n)
+    alpha = math.exp(-mech.epsilon / mech.privacy.sensitivity) if mech.delta == 0 else None
     rows = []
     for label, consumer in consumers.items():
-        values = [("minimax risk, raw release", minimax_risk(_clip_to_actions(matrix, mech, n), consumer)),
-                  ("minimax risk, optimal remap", optimal_remap(matrix, consumer).risk)]
-        if mech.delta == 0:  # the alpha-DP mechanism designed for this consumer (Theorem 1)
-            alpha = math.exp(-mech.epsilon / mech.privacy.sensitivity)
-            values.append(("minimax risk, tailored mechanism", optimal_mechanism(n, alpha, consumer).risk))
-        for metric, value in values:
-            rows.append(dict(mechanism=name, level="consumer", metric=metric, setting=label,
+        values = [("minimax risk, raw release", label, minimax_risk(raw, consumer)),
+                  ("minimax risk, optimal remap", label, optimal_remap(matrix, consumer).risk)]
+        if alpha is not None:  # the alpha-DP mechanism designed for this consumer (Theorem 1)
+            values.append(("minimax risk, tailored mechanism", label,
+                           optimal_mechanism(n, alpha, consumer).risk))
+        loss = consumer.loss_matrix(n)
+        for prior_label, prior in priors.items():  # Bayesian consumers: a prior and the loss
+            setting = f"{label}, prior {prior_label}"
+            values += [("Bayes risk, raw release", setting, bayes_risk(raw, prior, loss)),
+                       ("Bayes risk, Bayes remap", setting, bayes_remap(matrix, prior, loss).risk)]
+            if alpha is not None:
+                values.append(("Bayes risk, tailored mechanism", setting,
+                               bayes_optimal_mechanism(n, alpha, prior, loss).risk))
+        for metric, setting, value in values:
+            rows.append(dict(mechanism=name, level="consumer", metric=metric, setting=setting,
                              value=float(value), se=0.0, method="exact (LP, HiGHS)"))
     return rows
 
@@ -382,7 +394,8 @@ def compare(mechanisms: Mapping[str, Mechanism] | None = None, true_values=None,
             target: PrivacyTarget | None = None, families=None, sensitivity=1,
             levels: Sequence[str] = ("release",), tails: Sequence[float] = (1.0, 5.0),
             prob: float = 0.9, consumers: Mapping[str, Consumer] | None = None,
-            consumer_range: int | None = None, analysis: Analysis | None = None,
+            consumer_range: int | None = None, priors: Mapping[str, Sequence[float]] | None = None,
+            analysis: Analysis | None = None,
             replications: int = 200, rng=None, progress: bool = True,
             release_method: str = "exact", unequal_privacy: bool = False) -> Comparison:
     """Compare mechanisms at the chosen ``levels`` (module docstring) on ``true_values``.
@@ -392,8 +405,10 @@ def compare(mechanisms: Mapping[str, Mechanism] | None = None, true_values=None,
     that cannot meet the target are left out with a message), or ``mechanisms`` ({name:
     Mechanism}) checked against ``target`` (each must meet it) or, without a target, stating
     the same (epsilon, delta) unless ``unequal_privacy=True``. ``consumers`` ({label:
-    Consumer}) and ``consumer_range`` n are needed for the consumer level, ``analysis`` for
-    the analysis level. ``replications`` releases for Monte Carlo metrics and the analysis;
+    Consumer}) and ``consumer_range`` n are needed for the consumer level (with ``priors``,
+    {label: prior on 0..n}, each consumer's loss also scored as a Bayesian consumer's), and
+    ``analysis`` for the analysis level. ``replications`` releases for Monte Carlo metrics and
+    the analysis;
     ``release_method="monte carlo"`` estimates every release metric by simulation (to check
     the exact values); ``rng`` a numpy Generator (required: results are reproducible)."""
     if release_method not in ("exact", "monte carlo"):
@@ -422,7 +437,8 @@ def compare(mechanisms: Mapping[str, Mechanism] | None = None, true_values=None,
             rows += _release_rows(name, mech, x, tails, prob, replications, rng,
                                   use_exact=release_method == "exact")
         if "consumer" in levels:
-            rows += _consumer_rows(name, mech, dict(consumers), check_count("consumer_range", consumer_range, 1))
+            rows += _consumer_rows(name, mech, dict(consumers),
+                                   check_count("consumer_range", consumer_range, 1), dict(priors or {}))
         if "analysis" in levels:
             rows += _analysis_rows(name, mech, analysis, replications, prob, rng, progress)
     table = pd.DataFrame(rows, columns=["mechanism", "level", "metric", "setting", "value", "se", "method"])
