@@ -33,6 +33,27 @@ def check_delta(value, name: str = "delta") -> float:
     return check_probability(value, name)
 
 
+def check_epsilon_or_zero(value, name: str = "epsilon") -> float:
+    """Privacy parameter epsilon where 0 is allowed: a finite real >= 0 ((0, delta) is a
+    valid guarantee for delta > 0, seed 004 note P4)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number >= 0, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return value
+
+
+def check_delta_or_zero(value, name: str = "delta") -> float:
+    """Privacy parameter delta where 0 (pure DP) is allowed: a real in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number in [0, 1), got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not (0.0 <= value < 1.0):
+        raise ValueError(f"{name} must lie in [0, 1), got {value!r}")
+    return value
+
+
 def check_integer_sensitivity(value, name: str = "sensitivity") -> int:
     """Sensitivity of an integer-valued query: a whole number >= 1."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):

@@ -62,11 +62,11 @@ from scipy import integrate, optimize
 from scipy.special import gammaincc, gammaincinv, gammaln, log_expit
 
 from dpinfer._math import log1mexp
-from dpinfer._validation import check_positive, check_probability
+from dpinfer._validation import check_delta_or_zero, check_epsilon_or_zero, check_positive, check_probability
 from dpinfer.distributions._params import as_float64
 from dpinfer.mechanisms.base import AdditiveMechanism, PrivacyAudit, PrivacyGuarantee, check_neighbour
 from dpinfer.mechanisms.laplace import check_noise_distance
-from dpinfer.privacy import max_privacy_loss
+from dpinfer.privacy import max_privacy_loss, smallest_epsilon_by_root, smallest_scale_by_root
 
 __all__ = ["Logistic", "Subbotin", "log_concave_delta"]
 
@@ -195,7 +195,7 @@ def log_concave_delta(
 
     Returns the float δ, 0.0 where the privacy loss never exceeds ε (or δ underflows).
     """
-    epsilon = _check_epsilon(epsilon)
+    epsilon = check_epsilon_or_zero(epsilon)
     scale = check_positive("scale", scale)
     sensitivity = check_positive("sensitivity", sensitivity)
     if not callable(psi) or not callable(logcdf):
@@ -206,85 +206,6 @@ def log_concave_delta(
     elif not callable(psi_difference):
         raise TypeError("psi_difference must be a callable (z, u) -> psi(z) - psi(z - u), or None")
     return math.exp(_lemma1_log_delta(epsilon, sensitivity / scale, psi, psi_difference, logcdf))
-
-
-# --- searches that return the private end ---------------------------------------------------------
-_MAX_DOUBLINGS = 2000
-
-
-def _private_end(excess: Callable[[float], float], x: float) -> float:
-    """From x near the root of a non-increasing ``excess``, the smallest float x' >= 0 with
-    excess(x') <= 0: the next floats upwards while excess > 0, then downwards while the float
-    below still has excess <= 0."""
-    while excess(x) > 0:
-        x = math.nextafter(x, math.inf)
-    while (below := math.nextafter(x, 0.0)) > 0 and excess(below) <= 0:
-        x = below
-    return x
-
-
-def _brent(excess: Callable[[float], float], lo: float, hi: float) -> float:
-    """Brent's root (scipy) of a non-increasing ``excess`` with excess(lo) > 0 >= excess(hi), to
-    float resolution. excess is -inf where δ = 0; a finite stand-in (-1000) keeps Brent's
-    interpolation defined (only the sign matters)."""
-    return optimize.brentq(lambda v: max(excess(v), -1e3), lo, hi, xtol=1e-300,
-                           rtol=4 * np.finfo(float).eps, maxiter=500)
-
-
-def _smallest_private_scale(log_excess: Callable[[float], float], start: float) -> float:
-    """Smallest float s > 0 with log_excess(s) = log δ(s) - log target <= 0, log_excess
-    non-increasing in s (Lemma 18b): a doubling bracket on log s around ``start``, Brent's root
-    in log s, then :func:`_private_end` on s itself (note §4 B: the conservative end)."""
-    lo = hi = math.log(start)
-    for _ in range(_MAX_DOUBLINGS):
-        if log_excess(math.exp(hi)) <= 0:
-            break
-        lo, hi = hi, hi + LOG2
-    else:
-        raise RuntimeError("no private scale found: the privacy target is unreachable")
-    for _ in range(_MAX_DOUBLINGS):
-        if lo != hi and log_excess(math.exp(lo)) > 0:
-            break
-        lo, hi = lo - LOG2, lo
-    else:
-        raise RuntimeError("no scale is too small for this privacy target")
-    root = _brent(lambda v: log_excess(math.exp(v)), lo, hi)
-    return _private_end(log_excess, math.exp(root))
-
-
-def _smallest_private_epsilon(log_excess: Callable[[float], float]) -> float:
-    """Smallest float ε >= 0 with log_excess(ε) = log δ(ε) - log target <= 0, log_excess
-    non-increasing in ε (Lemma 18c): 0 if already there, else a doubling bracket from 1,
-    Brent's root and :func:`_private_end` (note §4 C)."""
-    if log_excess(0.0) <= 0:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    for _ in range(_MAX_DOUBLINGS):
-        if log_excess(hi) <= 0:
-            return _private_end(log_excess, _brent(log_excess, lo, hi))
-        lo, hi = hi, 2.0 * hi
-    raise RuntimeError("no epsilon reaches this delta")
-
-
-# --- argument checks ------------------------------------------------------------------------------
-def _check_epsilon(value, name: str = "epsilon") -> float:
-    """ε: a finite real >= 0 (ε = 0 is a valid (0, δ) guarantee for δ > 0, note P4)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number >= 0, got {value!r} ({type(value).__name__})")
-    value = float(value)
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return value
-
-
-def _check_delta(value, name: str = "delta") -> float:
-    """δ: a real in [0, 1)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number in [0, 1), got {value!r} ({type(value).__name__})")
-    value = float(value)
-    if not (0.0 <= value < 1.0):
-        raise ValueError(f"{name} must lie in [0, 1), got {value!r}")
-    return value
 
 
 def _check_dimension(value) -> int:
@@ -453,7 +374,7 @@ class _LogConcaveMechanism(AdditiveMechanism):
         only moves s by float rounding, but it makes the returned float private in exact
         arithmetic even where δ changes by orders of magnitude per ulp of s (nearly pure DP).
         δ = 0 gives s = Δ/ε for MLR-bounded noise (Theorem 6 refuses the rest)."""
-        epsilon, delta = _check_epsilon(epsilon), _check_delta(delta)
+        epsilon, delta = check_epsilon_or_zero(epsilon), check_delta_or_zero(delta)
         sensitivity = check_positive("sensitivity", sensitivity)
         neighbour = check_neighbour(neighbour)
         if delta == 0 and not law.mlr_bounded:
@@ -473,11 +394,11 @@ class _LogConcaveMechanism(AdditiveMechanism):
             def log_excess(s: float) -> float:
                 return law.log_delta(eps1, sensitivity, s) - log_target
 
-            scale = _smallest_private_scale(log_excess, start=sensitivity * law.start_scale(eps1, delta1))
+            scale = smallest_scale_by_root(log_excess, start=sensitivity * law.start_scale(eps1, delta1))
         self._setup(law, epsilon, delta, sensitivity, neighbour, scale, parts=parts, norm=norm)
 
     def _from_scale(self, law, scale, delta, sensitivity, neighbour) -> None:
-        delta = _check_delta(delta)
+        delta = check_delta_or_zero(delta)
         self._setup(law, 0.0, delta, check_positive("sensitivity", sensitivity),
                     check_neighbour(neighbour), check_positive("scale", scale))
         self._epsilon = self.epsilon_for_delta(delta)
@@ -504,7 +425,7 @@ class _LogConcaveMechanism(AdditiveMechanism):
         """The exact δ(ε) of this mechanism (seed 004 Lemma 1; Theorems 3, 4 in closed form).
         For a per-coordinate release of d coordinates, d δ_1(ε/d): basic composition of the
         exact 1-D profile δ_1 (an upper bound, not the vector's exact profile)."""
-        epsilon = _check_epsilon(epsilon)
+        epsilon = check_epsilon_or_zero(epsilon)
         return self._parts * math.exp(self._log_delta1(epsilon / self._parts))
 
     def epsilon_for_delta(self, delta) -> float:
@@ -512,7 +433,7 @@ class _LogConcaveMechanism(AdditiveMechanism):
         decreasing by Lemma 18c, keeping the larger end, with the target δ (1 - 1e-10) to absorb
         float rounding). δ = 0: the supremum of the privacy loss, Δ/s, for Laplace and Logistic
         noise; refused for Subbotin r > 1 (Theorem 6: the loss is unbounded)."""
-        delta = _check_delta(delta)
+        delta = check_delta_or_zero(delta)
         d = self._parts
         if delta == 0:
             if not self._law.mlr_bounded:
@@ -521,7 +442,7 @@ class _LogConcaveMechanism(AdditiveMechanism):
                     "(seed 004 Theorem 6), so no finite epsilon has delta = 0")
             return d * self.sensitivity / self.scale
         log_target = math.log(delta / d) + _LOG_ROUNDING_MARGIN
-        return d * _smallest_private_epsilon(lambda e: self._log_delta1(e) - log_target)
+        return d * smallest_epsilon_by_root(lambda e: self._log_delta1(e) - log_target)
 
     def audit(self) -> PrivacyAudit:
         r"""Independent check of the claim from the noise density alone.

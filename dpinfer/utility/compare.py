@@ -99,9 +99,6 @@ class Comparison:
     def figure(self, metrics: Sequence[str] | None = None):
         """A matplotlib figure: one horizontal bar panel per (level, metric, setting), the
         mechanisms on the vertical axis, error bars of two standard errors where Monte Carlo."""
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
 
         table = self.table
@@ -278,7 +275,7 @@ def _consumer_rows(name, mech, consumers, n, priors) -> list[dict]:
     if not mech.discrete or not isinstance(mech, (AdditiveMechanism, ClampedGeometric)):
         return []
     matrix = _consumer_matrix(mech, n)
-    raw = _clip_to_actions(matrix, mech, n)
+    raw = _clip_to_actions(matrix, n)
     alpha = math.exp(-mech.epsilon / mech.privacy.sensitivity) if mech.delta == 0 else None
     rows = []
     for label, consumer in consumers.items():
@@ -301,7 +298,7 @@ def _consumer_rows(name, mech, consumers, n, priors) -> list[dict]:
     return rows
 
 
-def _clip_to_actions(matrix: np.ndarray, mech, n: int) -> np.ndarray:
+def _clip_to_actions(matrix: np.ndarray, n: int) -> np.ndarray:
     """The raw release used as the report: outputs outside {0..n} clipped into it."""
     if matrix.shape[1] == n + 1:
         return matrix

@@ -25,9 +25,9 @@ Gaussian and Subbotin (r > 1) noise is never pure epsilon-DP (its privacy loss i
 seed 004 Theorem 6); Subbotin noise with r > 2 is never rho-zCDP (D_alpha / alpha grows
 without bound in alpha).
 
-Calibration is a doubling bracket and Brent's root on the log scale (to 1e-13 relative),
-stepped up to the private side; each profile is monotone in the scale for these symmetric
-log-concave laws (seed 004 Lemma 18(b)).
+Calibration is a doubling bracket and Brent's root on the log scale, then the smallest float
+on the private side (:func:`dpinfer.privacy.smallest_scale_by_root`); each profile is
+monotone in the scale for these symmetric log-concave laws (seed 004 Lemma 18(b)).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import pandas as pd
 from dpinfer._validation import check_delta, check_epsilon, check_positive
 from dpinfer.mechanisms import DiscreteGaussian, DoubleGeometric, Gaussian, Laplace, Logistic, Subbotin
 from dpinfer.mechanisms.base import AdditiveMechanism
+from dpinfer.privacy import smallest_scale_by_root
 
 __all__ = ["PrivacyTarget", "Calibration", "calibrate", "equal_privacy_table", "FAMILIES"]
 
@@ -199,30 +200,6 @@ def _family(family) -> _Family:
                      f"(a name or the class), got {family!r}")
 
 
-def _smallest_scale(excess, log_start: float) -> float:
-    """Smallest scale s with excess(log s) <= 0 (excess non-increasing): a doubling bracket on
-    log s, Brent's root (scipy) to 1e-13 relative, then upwards by that step until the
-    target holds, so the returned scale is on the private side."""
-    from scipy.optimize import brentq
-
-    lo = hi = log_start
-    while excess(hi) > 0:
-        lo, hi = hi, hi + math.log(2.0)
-    while lo == hi or excess(lo) <= 0:
-        lo, hi = lo - math.log(2.0), lo
-        if lo < log_start - 2000.0:
-            raise ValueError("every scale meets this target (no noise needed?)")
-    def signed(t):  # a pure target's excess is exactly 0 on the private side: make it < 0
-        e = excess(t)
-        return e if e != 0.0 else -1e-300
-
-    root = brentq(signed, lo, hi, xtol=1e-13, rtol=1e-14)
-    step = max(abs(root), 1.0) * 1e-13
-    while excess(root) > 0:
-        root += step
-    return math.exp(root)
-
-
 def calibrate(family, target: PrivacyTarget, sensitivity=1) -> Calibration:
     """The ``family`` mechanism (a name in :data:`FAMILIES` or the class) with the smallest
     noise scale meeting ``target`` for a query of sensitivity ``sensitivity`` (module
@@ -240,16 +217,11 @@ def calibrate(family, target: PrivacyTarget, sensitivity=1) -> Calibration:
         raise ValueError(reason)
     aim = target.bound() * (1.0 - _MARGIN)
 
-    def excess(log_scale):
-        return target.achieved(spec.build(math.exp(log_scale), sensitivity, target)) - aim
+    def excess(scale):
+        return target.achieved(spec.build(scale, sensitivity, target)) - aim
 
-    if target.kind == "pure":
-        start = sensitivity / target.epsilon
-    elif target.kind == "approximate":
-        start = sensitivity / target.epsilon
-    else:
-        start = sensitivity / math.sqrt(2.0 * target.rho)
-    scale = _smallest_scale(excess, math.log(start))
+    start = sensitivity / (math.sqrt(2.0 * target.rho) if target.kind == "zcdp" else target.epsilon)
+    scale = smallest_scale_by_root(excess, start)
     mechanism = spec.build(scale, sensitivity, target)
     return Calibration(spec.name, mechanism, target, spec.scale_name, scale,
                        math.sqrt(mechanism.noise_variance), target.achieved(mechanism))
