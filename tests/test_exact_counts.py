@@ -152,15 +152,28 @@ def test_a_large_group_is_drawn_in_random_blocks_with_the_exact_law(monkeypatch)
 
 
 def test_fast_exponential_is_within_one_ulp_of_libm():
-    from dpinfer.inference.exact_counts import exp_nonpositive
+    from dpinfer.inference.exact_counts import weights_moments
 
     rng = np.random.default_rng(7)
     x = np.concatenate([-rng.uniform(0, 708, 200_000), -rng.exponential(1.0, 200_000),
                         [0.0, -1e-300, -708.0, -708.5, -1e6, -np.inf]])
+    x = np.concatenate([x, [0.0]])  # the row's maximum: w = exp(x - 0)
+    w = np.empty_like(x)
+    m, mass, mean, var = weights_moments(x, w, np.empty(x.size, np.int64))
     reference = np.exp(x)
     normal = x >= -708.0
-    for in_place in (False, True):  # the weights are computed in place in the kernels
-        out = x.copy() if in_place else np.empty_like(x)
-        exp_nonpositive(out if in_place else x, out, np.empty(x.size, np.int64))
-        assert np.max(np.abs(out[normal] / reference[normal] - 1.0)) <= 2.3e-16
-        assert np.all(out[~normal] == 0.0)  # below e^-708 ~ 3e-308, -inf included: exactly 0
+    assert m == 0.0
+    assert np.max(np.abs(w[normal] / reference[normal] - 1.0)) <= 2.3e-16
+    assert np.all(w[~normal] == 0.0)  # below e^-708 ~ 3e-308, -inf included: exactly 0
+    j = np.arange(x.size)
+    assert mass == pytest.approx(reference.sum(), rel=1e-12)
+    assert mean == pytest.approx((j * reference).sum() / reference.sum(), rel=1e-12)
+    assert var == pytest.approx((j**2 * reference).sum() / reference.sum() - mean**2, rel=1e-9)
+
+
+def test_weights_of_an_empty_row_are_zero():
+    from dpinfer.inference.exact_counts import weights_moments
+
+    w = np.ones(5)
+    assert weights_moments(np.full(5, -np.inf), w, np.empty(5, np.int64)) == (-np.inf, 0.0, 0.0, 0.0)
+    assert np.all(w == 0.0)

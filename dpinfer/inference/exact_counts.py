@@ -119,14 +119,28 @@ _INV_LN2 = 1.44269504088896338700e+00
 _EXP_MIN = -708.0
 
 
-@numba.njit(cache=True, nogil=True)
-def exp_nonpositive(x, out, bits):
-    """out[j] = exp(x[j]) for x <= 0 (see above; exactly 0 below -708, -inf included);
-    ``bits`` is int64 scratch of x's length. ``out`` may be ``x`` itself: the second loop
-    reads only ``out`` and ``bits`` (an underflow is all-zero bits, which read as 0.0)."""
-    n = x.shape[0]
-    for j in range(n):
-        v = x[j]
+@numba.njit(cache=True, nogil=True, fastmath={"nnan"})
+def _row_max(x):
+    """max_j x[j] (-inf for an all -inf row; a log-weight table holds no NaN)."""
+    m = -math.inf
+    for j in range(x.shape[0]):
+        m = max(m, x[j])
+    return m
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def weights_moments(lw, w, bits):
+    """One cell's row: w = exp(lw - m), m = max(lw), and the offsets' (mass, mean, variance)
+    under w, summed in the pass that finishes w. Returns (m, mass, mean, variance); m = -inf
+    and w = 0 for an empty row. ``bits`` is int64 scratch of the row's length. The sums may
+    be reassociated (vectorised): they steer the tilt and the hold rule, whose exactness does
+    not depend on rounding; w is within 1 ulp of libm's exp (tests/test_exact_counts.py)."""
+    m = _row_max(lw)
+    if m == -math.inf:
+        w[:] = 0.0
+        return m, 0.0, 0.0, 0.0
+    for j in range(lw.shape[0]):  # exp(v), v = lw[j] - m <= 0, as p 2^k (see above)
+        v = lw[j] - m
         keep = v >= _EXP_MIN
         v = max(v, _EXP_MIN)
         k = math.floor(v * _INV_LN2 + 0.5)
@@ -145,28 +159,20 @@ def exp_nonpositive(x, out, bits):
         p = p * r + 0.5
         p = p * r + 1.0
         p = p * r + 1.0
-        out[j] = p
-        bits[j] = ((np.int64(k) + 1023) << 52) if keep else 0
-    scale = bits.view(np.float64)
-    for j in range(n):
-        out[j] *= scale[j]
-
-
-@numba.njit(cache=True, nogil=True)
-def _weights(lw, w, scratch, bits):
-    """w = exp(lw - m) for one cell's row (m its maximum); returns m (-inf: an empty row).
-    ``scratch`` (float) and ``bits`` (int64) have the row's length: the exponential of a
-    separate array vectorises, in place it does not (half the speed, measured)."""
-    m = -math.inf
+        w[j] = p
+        bits[j] = ((np.int64(k) + 1023) << 52) if keep else 0  # 2^k's bits (0 reads as 0.0)
+    scale = bits.view(np.float64)  # a separate pass: the loop above then vectorises
+    total = 0.0
+    s1 = 0.0
+    s2 = 0.0
     for j in range(lw.shape[0]):
-        m = max(m, lw[j])
-    if m == -math.inf:
-        w[:] = 0.0
-        return m
-    for j in range(lw.shape[0]):
-        scratch[j] = lw[j] - m
-    exp_nonpositive(scratch, w, bits)
-    return m
+        x = w[j] * scale[j]
+        w[j] = x
+        total += x
+        s1 += x * j
+        s2 += x * (j * j)
+    mean = s1 / total
+    return m, total, mean, max(s2 / total - mean * mean, 0.0)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -311,12 +317,11 @@ def draw_independent(prior_address, hoisted, point_address, q, counts, offset, g
     bound = 0.0
     kept = 0
     bits = np.empty(W, np.int64)
-    scratch = np.empty(W)
     ones = np.ones(W)
     cdf_row = cdf.reshape(1, W)  # the cell draw reads row 0 of these
     envelope_row = envelope.reshape(4, 1)
     for i in range(d):
-        m = _weights(lw[i], w, scratch, bits)
+        m, _, _, _ = weights_moments(lw[i], w, bits)
         _cumulative(w, ones, cdf)
         if tails[0, i] > 0.0 or tails[3, i] > 0.0:
             _envelope(i, 0.0, m, W, tails, envelope)
@@ -462,8 +467,6 @@ def draw_given_totals(prior_address, hoisted, point_address, q, counts, offset, 
     proposal = np.empty(d, np.int64)
     free = np.empty(d, np.int64)
     bits = np.empty(W, np.int64)
-    scratch = np.empty(W)
-    ones = np.ones(W)
     tilt = np.empty(W)
     stats[:] = 0.0
     for g in range(group_ptr.shape[0] - 1):
@@ -472,8 +475,7 @@ def draw_given_totals(prior_address, hoisted, point_address, q, counts, offset, 
         n_free = 0
         for k in range(group_ptr[g], group_ptr[g + 1]):
             i = group_cells[k]
-            scale[i] = _weights(lw[i], w[i], scratch, bits)
-            z_in, mean[i], var[i] = _moments(w[i], ones)
+            scale[i], z_in, mean[i], var[i] = weights_moments(lw[i], w[i], bits)
             _envelope(i, 0.0, scale[i], W, tails, envelope[:, i])
             if _held(envelope[:, i], z_in, hold_ratio):
                 target -= counts[offset + i]
