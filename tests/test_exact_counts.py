@@ -177,3 +177,29 @@ def test_weights_of_an_empty_row_are_zero():
     w = np.ones(5)
     assert weights_moments(np.full(5, -np.inf), w, np.empty(5, np.int64)) == (-np.inf, 0.0, 0.0, 0.0)
     assert np.all(w == 0.0)
+
+
+def test_start_on_the_totals_spreads_each_groups_surplus_evenly():
+    """Clipping many small cells' releases at 0 raises a group's sum; the start takes the
+    surplus from all cells, about surplus / cells each, not from the largest cells whole (a
+    cell started hundreds of counts outside its window was held there forever)."""
+    from dpinfer.inference.plans import point_on_totals
+
+    rng = np.random.default_rng(3)
+    codes = np.repeat([0, 1, 2], [400, 250, 1])
+    centres = np.concatenate([rng.integers(-8, 30, 400), rng.integers(0, 2000, 250), [7]])
+    clipped = np.maximum(centres, 0)
+    targets = np.array([clipped[:400].sum() - 1_203, clipped[400:650].sum() + 517, 9])
+    x = point_on_totals(centres, codes, targets, (0, None), "x")
+    assert [int(x[codes == g].sum()) for g in range(3)] == targets.tolist()
+    assert x.min() >= 0
+    moved = np.abs(x - clipped)
+    # group 0: 1,203 taken from the cells above 0 (about 330 of them): a few counts each
+    assert moved[:400].max() <= -(-1_203 // np.count_nonzero(clipped[:400])) + 1
+    assert moved[400:650].max() <= -(-517 // 250)  # group 1: 517 added to 250 cells
+    assert x[650] == 9
+    # an upper bound and a total out of reach
+    x = point_on_totals(np.array([5, 9, 2]), np.zeros(3, int), np.array([3]), (0, 4), "x")
+    assert x.sum() == 3 and x.max() <= 4 and x.min() >= 0
+    with pytest.raises(ValueError, match="outside what its cells can reach"):
+        point_on_totals(np.array([1, 2]), np.zeros(2, int), np.array([9]), (0, 4), "x")

@@ -282,13 +282,13 @@ def plan_fibre(model, latent, entries: list[Entry], *, allow_convolution: bool =
         mech = e.record.mechanism
         if respects_invariants(mech):
             a_mat = mech.invariants.constraint_matrix
-            q = np.eye(d, dtype=np.int64) if e.query is None else e.query
-            if a_mat.shape[1] != q.shape[0]:
+            n_values = d if e.query is None else e.query.shape[0]
+            if a_mat.shape[1] != n_values:
                 raise ValueError(
                     f"release {e.record.name!r}: the invariants cover {a_mat.shape[1]} cells but "
-                    f"the released values have {q.shape[0]}"
+                    f"the released values have {n_values}"
                 )
-            rows.append(a_mat @ q)
+            rows.append(a_mat if e.query is None else a_mat @ e.query)  # (no d x d identity)
             values.append(a_mat @ e.value)
             if e.query is None:
                 structured.append(mech.invariants)

@@ -283,7 +283,14 @@ class ChildrenPlan(CellsPlan):
 
 def point_on_totals(centres, codes, targets, support, name: str) -> np.ndarray:
     """Counts near ``centres`` inside ``support`` whose group sums equal ``targets``: each
-    group's surplus taken from (or deficit added to) its cells in turn, largest first."""
+    group's surplus (or deficit) spread as evenly as the support allows, so that no cell moves
+    by more than about surplus / cells (+1) beyond what its support forces.
+
+    Why evenly: the chains start here, and a cell started far outside its window (it once took
+    a whole group's surplus, hundreds of counts, when clipping the releases of many small cells
+    at 0 raised the group's sum) drags its rate along and is then held at every sweep, its
+    window holding almost none of its conditional law: a chain stuck at the start (seen on the
+    30,000-cell benchmark)."""
     lower, upper = support
     lo = -np.inf if lower is None else lower
     hi = np.inf if upper is None else upper
@@ -292,18 +299,20 @@ def point_on_totals(centres, codes, targets, support, name: str) -> np.ndarray:
         cells = np.flatnonzero(codes == g)
         cells = cells[np.argsort(-x[cells], kind="stable")]
         diff = int(x[cells].sum() - target)
-        for i in cells:
-            if diff == 0:
-                break
-            room = x[i] - lo if diff > 0 else hi - x[i]
-            step = int(min(abs(diff), room))
-            x[i] += -step if diff > 0 else step
-            diff += -step if diff > 0 else step
-        if diff != 0:
-            raise ValueError(
-                f"the released total {int(target)} of group {g} of {name!r} is outside what its "
-                f"cells can reach in their support {support}"
-            )
+        while diff != 0:
+            sign = 1 if diff > 0 else -1
+            room = np.minimum(x[cells] - lo if sign > 0 else hi - x[cells], abs(diff)).astype(np.int64)
+            movable = cells[room > 0]
+            if movable.size == 0:
+                raise ValueError(
+                    f"the released total {int(target)} of group {g} of {name!r} is outside "
+                    f"what its cells can reach in their support {support}"
+                )
+            share = -(-abs(diff) // movable.size)  # ceil: one pass moves at least ...
+            step = np.minimum(room[room > 0], share)
+            step = np.diff(np.minimum(np.cumsum(step), abs(diff)), prepend=0)  # ... no more than diff
+            x[movable] -= sign * step
+            diff -= sign * int(step.sum())
     return x
 
 
