@@ -23,7 +23,8 @@ machine; ``--cold-kernels`` clears that cache first to time a fresh machine).
 
 Reported per size: cells, states, seconds (compilation and sampling), peak memory of the
 process (resident set), min bulk ESS over the hyperparameters (mu0, tau, sigma), over the
-states' mu and over every count, and the largest R-hat over the parameters. The curve runs 100 cells (one state), 3,143 (the
+states' mu and over every count (with the slowest count's posterior mean and how many counts
+have ESS below 400), and the largest R-hat over the parameters. The curve runs 100 cells (one state), 3,143 (the
 nation) and 30,000 (each county split into about 10 tract-sized cells, still grouped by state).
 
 Run:  .venv/bin/python benchmarks/bench_nation.py [--sizes 100 3143 30000] [--cold-kernels]
@@ -130,6 +131,9 @@ def one_size(n_cells: int, draws: int, tune: int) -> dict:
         "min_ess_hyper": round(min(float(ess[v]) for v in hyper)),
         "min_ess_state_mu": round(float(ess["mu"].min())),
         "min_ess_counts": round(float(ess["x"].min())),
+        # the slowest count's posterior mean: small counts near 0 mix slowest
+        "slowest_count_mean": round(float(draws_x[:, int(ess["x"].argmin())].mean()), 2),
+        "counts_ess_below_400": int((ess["x"] < 400).sum()),
         "max_rhat": round(max(float(rhat[v].max()) for v in hyper + ["mu", "log_rate"]), 4),
         "divergences": int(idata.sample_stats["diverging"].values.sum()),
         "coverage_90": round(float(np.mean((lo <= truth) & (truth <= hi))), 3),
