@@ -163,10 +163,12 @@ def test_densities_integrate_to_one(x, b, l, u):
     assert integral_on_bounds(bit, x, 0) + atoms == pytest.approx(1.0, abs=1e-9)
 
 
-def test_log_likelihood_outside_bounds_is_minus_inf_and_memoryless():
+def test_a_release_outside_the_bounds_is_an_error_and_the_likelihood_memoryless():
     trunc, bit = truncated_with_scale(0.3), bit_with_scale(0.3)
-    assert np.all(trunc.log_likelihood([-0.1, 1.1], [0.5, 0.5]) == -np.inf)
-    assert np.all(bit.log_likelihood([-0.1, 1.1], [0.5, 0.5]) == -np.inf)
+    for mech in (trunc, bit):  # as ClampedGeometric: not a release of this mechanism
+        for outside in ([-0.1, 0.5], [0.5, 1.1]):
+            with pytest.raises(ValueError, match="release"):
+                mech.log_likelihood(outside, [0.5, 0.5])
     r = np.linspace(0, 1, 7)
     far = trunc.log_likelihood(r, np.full(7, -1e6))
     np.testing.assert_allclose(far, trunc.log_likelihood(r, np.zeros(7)), rtol=1e-14)

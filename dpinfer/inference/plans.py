@@ -56,7 +56,7 @@ from dpinfer.inference.window import (
     window_centres,
 )
 from dpinfer.lattice.convolution import log_convolution_at, sample_given_sums
-from dpinfer.mechanisms.records import ReleaseRecord
+from dpinfer.mechanisms.records import ReleaseRecord, closest_free_variables
 from pytensor.tensor.random.op import RandomVariable
 
 
@@ -341,13 +341,24 @@ def _cells_plan(model, record: ReleaseRecord) -> CellsPlan:
                 support=prior_support(node))
 
 
+def is_continuous_release(model, record: ReleaseRecord) -> bool:
+    """A continuous mechanism's release of real-valued latents (a mean, a sum, a regression
+    statistic): an ordinary observed variable of the model, which NUTS samples with the
+    latent; nothing to marginalise or draw, so no plan."""
+    latents = closest_free_variables(model, record.latent) if hasattr(record.latent, "owner") else []
+    return (not record.mechanism.discrete and bool(latents)
+            and all(not v.type.dtype.startswith(("int", "uint")) for v in latents))
+
+
 def plan_releases(model, records, *, method: str = "auto") -> list:
-    """One plan per latent count vector (module docstring). Latents whose releases are all
+    """One plan per latent count vector (module docstring; releases of continuous latents by
+    continuous mechanisms need none: :func:`is_continuous_release`). Latents whose releases are all
     of the counts themselves get a cells plan (the first release sets the window; further
     releases make it a children plan); latents with a conditioned release or a release of a
     linear query get a fibre plan, or a totals plan for group totals (``method="fibre"``:
     a fibre plan there too)."""
     plans = []
+    records = [r for r in records if not is_continuous_release(model, r)]
     for latent, entries in entries_from(model, records, resolve_query).items():
         special = [e for e in entries if respects_invariants(e.record.mechanism) or e.query is not None]
         if not special:

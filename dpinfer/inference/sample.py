@@ -29,7 +29,7 @@ import pymc as pm
 from dpinfer._validation import check_probability
 from dpinfer.inference import compiled_engine, pymc_engine
 from dpinfer.inference.chains import NUTS_PER_SWEEP
-from dpinfer.inference.plans import plan_releases
+from dpinfer.inference.plans import is_continuous_release, plan_releases
 from dpinfer.mechanisms.records import releases_of
 
 MAX_WIDENINGS = 4
@@ -50,7 +50,9 @@ def sample(
     method: str = "auto",
     **sample_kwargs,
 ):
-    """Sample the posterior of a model with privatised releases of latent counts.
+    """Sample the posterior of a model with privatised releases of latent counts (and of
+    continuous latent statistics released by continuous mechanisms, which NUTS samples with
+    the other parameters; report entries under the release's name).
 
     Parameters
     ----------
@@ -95,6 +97,8 @@ def sample(
         raise ValueError("the model has no release registered with Mechanism.observe(...); use pm.sample")
     rng = np.random.default_rng(random_seed)
     plans = plan_releases(model, records, method=method)
+    if not plans:  # only continuous latents: plain NUTS, one transition per stored draw
+        sample_kwargs.setdefault("nuts_per_sweep", 1)
     reason = compiled_engine.refusal(model, plans, method)
     compiled = None
     if reason is None:
@@ -137,6 +141,13 @@ def sample(
         entry["engine"] = "compiled" if compiled is not None else "pymc"
         if compiled is None:
             entry["engine_reason"] = reason
+    for record in records:
+        if is_continuous_release(model, record):
+            report[record.name] = {
+                "release": record.name, "mechanism": repr(record.mechanism),
+                "method": "NUTS on the continuous latent with the release observed (its exact "
+                          "likelihood; nothing to marginalise)",
+                "engine": "compiled" if compiled is not None else "pymc"}
     idata.posterior.attrs["dpinfer"] = json.dumps(report)
     if log_likelihood:  # per-cell marginal log-likelihoods, on windows proven to within tol
         with marginal_model(model, tol) if compiled is not None else fit.model:

@@ -21,7 +21,7 @@ from dpinfer._validation import (
     check_rng,
     check_same_shape,
 )
-from dpinfer.mechanisms.records import latent_candidates, record_release
+from dpinfer.mechanisms.records import check_latent_type, latent_candidates, record_release
 
 NEIGHBOUR_RELATIONS = ("add-remove", "substitution")
 
@@ -134,8 +134,11 @@ class Mechanism(abc.ABC):
         """Register the release ``observed`` of ``true_values`` as an observed variable of the
         current PyMC model, and record it so that :func:`dpinfer.sample` can marginalise or
         Gibbs-sample the latent true values exactly. ``true_values`` is latent counts x or a
-        linear query of them (``Q @ x``, margins, totals)."""
+        linear query of them (``Q @ x``, margins, totals), or, for a continuous mechanism, a
+        real-valued latent statistic (then an ordinary observed variable for NUTS); a discrete
+        mechanism on a continuous latent is refused."""
         model = pm.modelcontext(model)
+        check_latent_type(model, true_values, self, name)
         if hasattr(observed, "get_value"):  # pm.Data: validate its value, keep it symbolic
             value = self.check_release(observed.get_value())
         else:

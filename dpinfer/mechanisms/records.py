@@ -41,6 +41,34 @@ def releases_of(model) -> list[ReleaseRecord]:
     return list(getattr(model, _ATTRIBUTE, []))
 
 
+def closest_free_variables(model, true_values) -> list:
+    """The free random variables ``true_values`` is computed from, keeping only the closest
+    (not through another free variable): [x] for x itself or a query Q @ x, also where x's
+    own parameters are free variables."""
+    if true_values in model.free_RVs:
+        return [true_values]
+    found = [v for v in model.free_RVs if v in ancestors([true_values])]
+    return [v for v in found if not any(v in ancestors([w]) for w in found if w is not v)]
+
+
+def check_latent_type(model, true_values, mechanism, name: str) -> None:
+    """Refuse a discrete mechanism (whole-number releases of counts) on true values computed
+    from a continuous latent: its likelihood is a pmf over whole numbers, meaningless for a
+    real-valued latent, and the engines would treat the latent as counts."""
+    if not getattr(mechanism, "discrete", False) or not hasattr(true_values, "owner"):
+        return
+    continuous = [v for v in closest_free_variables(model, true_values)
+                  if not v.type.dtype.startswith(("int", "uint"))]
+    if continuous:
+        names = [getattr(v, "name", str(v)) for v in continuous]
+        raise ValueError(
+            f"release {name!r}: {type(mechanism).__name__} is a discrete mechanism (it releases "
+            f"whole numbers of counts), but its true values depend on the continuous latent "
+            f"{names}; give the latent an integer distribution (Poisson, Binomial, ...) or use "
+            "a continuous mechanism (Laplace, Gaussian) for a real-valued statistic"
+        )
+
+
 def latent_candidates(model, true_values) -> list:
     """The free integer random variables ``true_values`` is computed from, keeping only the
     closest (an integer variable can be an ancestor through another one, x -> y -> Q y): one

@@ -128,12 +128,12 @@ class _BoundedLaplace(Mechanism):
         return release
 
     def _log_likelihood_inputs(self, release, true_values):
-        release = as_real_array("release", release)
+        """(release, true values) broadcast; a release outside [lower, upper] is an error (it
+        cannot be a release of this mechanism), as for every bounded mechanism."""
+        release = self.check_release(release)
         true_values = as_real_array("true_values", true_values)
         check_same_shape("release", release, "true_values", true_values)
-        release, true_values = np.broadcast_arrays(release, true_values)
-        inside = (release >= self.lower) & (release <= self.upper)
-        return release, true_values, inside
+        return np.broadcast_arrays(release, true_values)
 
     # --- release -------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -375,12 +375,12 @@ class TruncatedLaplace(_BoundedLaplace):
         return np.log(0.5 * _two_c(alpha, gamma)) - np.abs(x - x_c) / self.scale
 
     def log_likelihood(self, release, true_values) -> np.ndarray:
-        """log f_T(r | x) = -log b - |r - x_c|/b - log(m_l + m_r) on [l, u], -inf outside.
-        (``observe`` rejects releases outside [l, u] instead: they cannot be data.)"""
-        release, x, inside = self._log_likelihood_inputs(release, true_values)
+        """log f_T(r | x) = -log b - |r - x_c|/b - log(m_l + m_r) on [l, u]; a release outside
+        [l, u] is an error (it cannot be data)."""
+        release, x = self._log_likelihood_inputs(release, true_values)
         x_c, alpha, gamma = self._reduced(x)
         logf = -math.log(self.scale) - np.abs(release - x_c) / self.scale - np.log(_two_c(alpha, gamma))
-        return np.where(inside, logf, -np.inf)
+        return logf
 
     def _log_likelihood_limit(self, release, direction):
         return self.log_likelihood(release, np.where(direction < 0, self.lower, self.upper))
@@ -455,12 +455,12 @@ class BITLaplace(_BoundedLaplace):
         return PrivacyAudit(self._epsilon, 0.0, grid, 0.0, method=method)
 
     def log_likelihood(self, release, true_values) -> np.ndarray:
-        release, x, inside = self._log_likelihood_inputs(release, true_values)
+        release, x = self._log_likelihood_inputs(release, true_values)
         b = self.scale
         interior = -math.log(2 * b) - np.abs(release - x) / b
         at_upper = np.where(release == self.upper, _laplace_logcdf((x - self.upper) / b), interior)
         logp = np.where(release == self.lower, _laplace_logcdf((self.lower - x) / b), at_upper)
-        return np.where(inside, logp, -np.inf)
+        return logp
 
     def _log_likelihood_limit(self, release, direction):
         bound = np.where(direction < 0, self.lower, self.upper)
