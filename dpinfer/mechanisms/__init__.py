@@ -9,6 +9,7 @@ from dpinfer.mechanisms.geometric import ClampedGeometric, DoubleGeometric
 from dpinfer.mechanisms.laplace import Laplace
 from dpinfer.mechanisms.logconcave import Logistic, Subbotin, log_concave_delta
 from dpinfer.mechanisms.multilevel import MultiLevelAudit, MultiLevelGeometric
+from dpinfer.mechanisms.randomized_response import RandomizedResponse
 from dpinfer.mechanisms.generalized_gaussian import GeneralizedGaussian, PrivacyUnverifiedError
 from dpinfer.mechanisms.subspace import GeneralizedLaplace
 from dpinfer.mechanisms.truncated_laplace import BITLaplace, TruncatedLaplace
@@ -29,6 +30,7 @@ __all__ = [
     "Mechanism",
     "MultiLevelAudit",
     "MultiLevelGeometric",
+    "RandomizedResponse",
     "PrivacyAudit",
     "PrivacyGuarantee",
     "Subbotin",
