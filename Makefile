@@ -20,6 +20,7 @@ bench:
 	.venv/bin/python benchmarks/bench_county.py
 	.venv/bin/python benchmarks/bench_invariants.py
 	.venv/bin/python benchmarks/bench_subspace.py
+	.venv/bin/python benchmarks/bench_dapper.py
 
 clean:
 	rm -rf .venv build *.egg-info
