@@ -148,3 +148,12 @@ def test_a_release_outside_a_bounded_mechanisms_bounds_is_an_error(make, outside
         x = pm.Poisson("x", 2.0, shape=2)
         with pytest.raises(ValueError, match="release"):
             mech.observe("s", x, observed=np.asarray(outside))
+
+
+def test_the_pymc_engine_takes_continuous_latents_and_says_why_it_ran():
+    idata = dp.sample(300, tune=300, chains=2, random_seed=2, progressbar=False, model=b1_model(),
+                      method="marginal")
+    entry = json.loads(idata.posterior.attrs["dpinfer"])["s"]
+    assert entry["engine"] == "pymc" and "method='marginal'" in entry["engine_reason"]
+    assert "continuous latent" in entry["method"]
+    assert abs(idata.posterior["theta"].values.mean() - B1_MEAN) < 0.15  # > 5 MC standard errors (sd 0.34, ESS >= 150)

@@ -97,8 +97,6 @@ def sample(
         raise ValueError("the model has no release registered with Mechanism.observe(...); use pm.sample")
     rng = np.random.default_rng(random_seed)
     plans = plan_releases(model, records, method=method)
-    if not plans:  # only continuous latents: plain NUTS, one transition per stored draw
-        sample_kwargs.setdefault("nuts_per_sweep", 1)
     reason = compiled_engine.refusal(model, plans, method)
     compiled = None
     if reason is None:
@@ -111,6 +109,8 @@ def sample(
                 f"{compiled_engine.OPTIONS}); pass method='marginal' to run PyMC's pm.sample with them"
             )
         _check_compiled_options(sample_kwargs)
+        if not plans:  # only continuous latents: plain NUTS, one transition per stored draw
+            sample_kwargs.setdefault("nuts_per_sweep", 1)
     _first_windows(model, plans, tol, compiled=compiled is not None)
 
     seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
@@ -136,18 +136,17 @@ def sample(
         if progressbar:
             print(f"dpinfer: widening the windows of {sorted(failed)} and refitting")
 
-    for entry in report.values():
-        entry["widenings"] = attempt
-        entry["engine"] = "compiled" if compiled is not None else "pymc"
-        if compiled is None:
-            entry["engine_reason"] = reason
     for record in records:
         if is_continuous_release(model, record):
             report[record.name] = {
                 "release": record.name, "mechanism": repr(record.mechanism),
                 "method": "NUTS on the continuous latent with the release observed (its exact "
-                          "likelihood; nothing to marginalise)",
-                "engine": "compiled" if compiled is not None else "pymc"}
+                          "likelihood; nothing to marginalise)"}
+    for entry in report.values():
+        entry["widenings"] = attempt
+        entry["engine"] = "compiled" if compiled is not None else "pymc"
+        if compiled is None:
+            entry["engine_reason"] = reason
     idata.posterior.attrs["dpinfer"] = json.dumps(report)
     if log_likelihood:  # per-cell marginal log-likelihoods, on windows proven to within tol
         with marginal_model(model, tol) if compiled is not None else fit.model:
