@@ -44,10 +44,12 @@ def releases_of(model) -> list[ReleaseRecord]:
 def closest_free_variables(model, true_values) -> list:
     """The free random variables ``true_values`` is computed from, keeping only the closest
     (not through another free variable): [x] for x itself or a query Q @ x, also where x's
-    own parameters are free variables."""
+    own parameters are free variables (an integer x can also sit behind another, x -> y -> Q y:
+    then [y])."""
     if true_values in model.free_RVs:
         return [true_values]
-    found = [v for v in model.free_RVs if v in ancestors([true_values])]
+    upstream = set(ancestors([true_values]))
+    found = [v for v in model.free_RVs if v in upstream]
     return [v for v in found if not any(v in ancestors([w]) for w in found if w is not v)]
 
 
@@ -70,13 +72,8 @@ def check_latent_type(model, true_values, mechanism, name: str) -> None:
 
 
 def latent_candidates(model, true_values) -> list:
-    """The free integer random variables ``true_values`` is computed from, keeping only the
-    closest (an integer variable can be an ancestor through another one, x -> y -> Q y): one
-    element for a release of latent counts x or of a query Q @ x."""
-    if true_values in model.free_RVs:
-        return [true_values]
-    found = [
-        v for v in model.free_RVs
-        if v.type.dtype.startswith("int") and v in ancestors([true_values])
-    ]
-    return [v for v in found if not any(v in ancestors([w]) for w in found if w is not v)]
+    """The latent counts behind ``true_values``: its closest free variables
+    (:func:`closest_free_variables`) that are integer valued; one element for a release of
+    latent counts x or of a query Q @ x."""
+    return [v for v in closest_free_variables(model, true_values)
+            if v.type.dtype.startswith(("int", "uint"))]
