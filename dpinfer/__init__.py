@@ -37,6 +37,7 @@ from dpinfer.mechanisms import (  # noqa: E402
     Subbotin,
     TruncatedLaplace,
 )
+from dpinfer.statistics import clamp, regression_statistic, regression_statistic_labels  # noqa: E402
 from dpinfer.utility import (  # noqa: E402
     Consumer,
     PrivacyTarget,
@@ -68,13 +69,14 @@ __all__ = [
     "Logistic",
     "Mechanism",
     "MultiLevelGeometric",
-    "RandomizedResponse",
     "PrivacyAudit",
     "PrivacyGuarantee",
     "PrivacyTarget",
+    "RandomizedResponse",
     "Subbotin",
     "TruncatedLaplace",
     "calibrate",
+    "clamp",
     "compare",
     "equal_privacy_table",
     "fit_many",
@@ -84,5 +86,7 @@ __all__ = [
     "minimax_risk",
     "optimal_mechanism",
     "optimal_remap",
+    "regression_statistic",
+    "regression_statistic_labels",
     "sample",
 ]

@@ -4,10 +4,13 @@ The pipeline, for the releases recorded by ``Mechanism.observe``:
 
 1. **plan**: one plan per latent count vector (:mod:`dpinfer.inference.plans`): independent
    cells, cells on group totals, cells with other children, or cells on a fibre;
-2. **engine**: the compiled exact Gibbs engine (:mod:`dpinfer.inference.compiled_engine`)
-   where every plan is cells or totals and every other free variable is continuous, else the
-   PyMC engine (:mod:`dpinfer.inference.pymc_engine`); why the compiled engine was not taken
-   is recorded;
+2. **engine**: for a model without latent counts (only continuous latents released by
+   continuous mechanisms), nutpie (:mod:`dpinfer.inference.nutpie_engine`), with Normal latents
+   summed out of Gaussian or Laplace releases in closed form and drawn exactly afterwards
+   (:mod:`dpinfer.inference.closed_form`); otherwise the compiled exact Gibbs engine
+   (:mod:`dpinfer.inference.compiled_engine`) where every plan is cells or totals and every
+   other free variable is continuous, else the PyMC engine
+   (:mod:`dpinfer.inference.pymc_engine`); why an engine was not taken is recorded;
 3. **windows**: each plan's first window (exact tails on the compiled engine, a window proven
    to within ``tol`` otherwise);
 4. **sample**: the engine's fit, with the latent counts drawn (exactly given the parameters,
@@ -25,9 +28,10 @@ import os
 
 import numpy as np
 import pymc as pm
+import xarray as xr
 
 from dpinfer._validation import check_probability
-from dpinfer.inference import compiled_engine, pymc_engine
+from dpinfer.inference import closed_form, compiled_engine, nutpie_engine, pymc_engine
 from dpinfer.inference.chains import NUTS_PER_SWEEP
 from dpinfer.inference.plans import is_continuous_release, plan_releases
 from dpinfer.mechanisms.records import releases_of
@@ -50,9 +54,10 @@ def sample(
     method: str = "auto",
     **sample_kwargs,
 ):
-    """Sample the posterior of a model with privatised releases of latent counts (and of
-    continuous latent statistics released by continuous mechanisms, which NUTS samples with
-    the other parameters; report entries under the release's name).
+    """Sample the posterior of a model with privatised releases of latent counts, of
+    continuous latent statistics (a mean, a sum) or of statistics of latent records (a
+    regression's sufficient statistics), released by continuous mechanisms (report entries
+    under the release's name).
 
     Parameters
     ----------
@@ -73,7 +78,8 @@ def sample(
         engine with counts summed out wherever possible. ``"fibre"``: the PyMC engine with
         fibre moves wherever there are invariants or queries (e.g. to compare the samplers).
     sample_kwargs
-        Passed to ``pm.sample`` (PyMC engine); the compiled engine takes ``initvals``,
+        Passed to ``pm.sample`` (PyMC engine); nutpie takes ``target_accept`` and
+        ``max_treedepth``; the compiled engine takes ``initvals``,
         ``target_accept`` (0.8) and ``max_treedepth`` (10), as PyMC's NUTS, and
         ``nuts_per_sweep`` (3) and ``counts_per_sweep`` (2, at most ``nuts_per_sweep``): NUTS
         transitions of the parameters and exact draws of the counts per stored draw, which
@@ -97,6 +103,13 @@ def sample(
         raise ValueError("the model has no release registered with Mechanism.observe(...); use pm.sample")
     rng = np.random.default_rng(random_seed)
     plans = plan_releases(model, records, method=method)
+    nutpie_failure = None
+    if nutpie_engine.refusal(model, plans, method) is None:
+        idata, nutpie_failure = _sample_with_nutpie(
+            model, records, draws=draws, tune=tune, chains=chains, cores=cores, rng=rng,
+            progressbar=progressbar, log_likelihood=log_likelihood, sample_kwargs=sample_kwargs)
+        if idata is not None:
+            return idata
     reason = compiled_engine.refusal(model, plans, method)
     compiled = None
     if reason is None:
@@ -147,11 +160,55 @@ def sample(
         entry["engine"] = "compiled" if compiled is not None else "pymc"
         if compiled is None:
             entry["engine_reason"] = reason
+        elif nutpie_failure is not None:
+            entry["engine_reason"] = nutpie_failure
     idata.posterior.attrs["dpinfer"] = json.dumps(report)
     if log_likelihood:  # per-cell marginal log-likelihoods, on windows proven to within tol
         with marginal_model(model, tol) if compiled is not None else fit.model:
             pm.compute_log_likelihood(idata, progressbar=progressbar)
     return idata
+
+
+def _sample_with_nutpie(model, records, *, draws, tune, chains, cores, rng, progressbar,
+                        log_likelihood, sample_kwargs):
+    """(the fit of a model without latent counts, None) (:mod:`dpinfer.inference.nutpie_engine`),
+    or (None, why) where nutpie cannot compile the model (an Op without a numba
+    implementation: the compiled Gibbs engine or PyMC's then run it and the report says why)."""
+    unknown = sorted(set(sample_kwargs) - set(nutpie_engine.OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"dpinfer.sample got {unknown}, which nutpie (the engine for models without latent "
+            f"counts) does not take (it takes {nutpie_engine.OPTIONS}); pass method='marginal' "
+            "to run PyMC's pm.sample with them")
+    _check_compiled_options(sample_kwargs)
+    summed = closed_form.summable(model, records)
+    fitted = closed_form.summed_out_model(model, summed) if summed else model
+    try:
+        compiled = nutpie_engine.compiled_for(fitted, data_of=model)
+    except Exception as err:  # noqa: BLE001 - any compilation failure: another engine runs it
+        return None, f"nutpie could not compile the model ({type(err).__name__}: {err})"
+    idata = nutpie_engine.run(
+        fitted, compiled, draws=draws, tune=tune, chains=chains,
+        cores=min(chains, cores if cores is not None else (os.cpu_count() or 1)),
+        seed=int(rng.integers(2**31)), progressbar=progressbar, **sample_kwargs)
+    if log_likelihood:  # of the releases given the parameters (latents summed out where they are)
+        with fitted:
+            pm.compute_log_likelihood(idata, progressbar=progressbar)
+    latents = closed_form.draw_latents(model, summed, idata.posterior, rng)
+    if latents:
+        posterior = idata["posterior"].to_dataset()
+        for name, values in latents.items():
+            dims = model.named_vars_to_dims.get(name) or [f"{name}_dim_{i}" for i in range(values.ndim - 2)]
+            coords = {d: np.asarray(model.coords[d]) for d in dims if model.coords.get(d) is not None}
+            posterior[name] = xr.DataArray(values, dims=("chain", "draw", *dims), coords=coords)
+        idata["posterior"] = posterior
+    methods = {item.record.name: item.method for item in summed}
+    report = {record.name: {"release": record.name, "mechanism": repr(record.mechanism),
+                            "method": methods.get(record.name, nutpie_engine.METHOD),
+                            "engine": "nutpie", "widenings": 0}
+              for record in records}
+    idata.posterior.attrs["dpinfer"] = json.dumps(report)
+    return idata, None
 
 
 def _check_compiled_options(options: dict) -> None:

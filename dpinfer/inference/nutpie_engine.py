@@ -1,0 +1,77 @@
+"""dpinfer's engine for models without latent counts: nutpie's compiled NUTS.
+
+A model whose releases are all of continuous latents by continuous mechanisms (a privatised
+mean, sum or regression statistic, with or without its records; see
+:func:`dpinfer.inference.plans.is_continuous_release`) has nothing for dpinfer's Gibbs steps to
+do: every free variable is continuous and every release is an ordinary observed variable with
+its exact likelihood. Such a model goes to nutpie (PyMC's compiled NUTS), whose mass-matrix
+adaptation from draws and gradients (Seyboldt et al.) mixes better than a draw-variance
+adaptation on record-level models, where the parameters are strongly coupled to aggregates
+of hundreds of latent records.
+
+The compiled nutpie model is kept on the PyMC model and reused: a refit after ``pm.set_data``
+(new releases, new covariates) hands the new values to it (``with_data``) without compiling
+again; it is rebuilt only when the model's variables change.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_KEPT = "_dpinfer_nutpie_model"
+OPTIONS = ("target_accept", "max_treedepth")
+METHOD = ("NUTS (nutpie) on the continuous latent and the parameters, with the release observed "
+          "(its exact likelihood; nothing to marginalise)")
+
+
+def refusal(model, plans, method: str) -> str | None:
+    """Why nutpie cannot fit this model (None: it can): latent counts, a discrete parameter or
+    a method other than "auto"."""
+    if method != "auto":
+        return f"method={method!r} selects the PyMC engine"
+    if plans:
+        return "the model has latent counts (dpinfer's compiled Gibbs engine draws them)"
+    discrete = [rv.name for rv in model.free_RVs if rv.type.dtype.startswith(("int", "uint", "bool"))]
+    if discrete:
+        return f"the discrete free variables {discrete} need PyMC's step methods"
+    return None
+
+
+def compiled_for(model, data_of=None):
+    """The nutpie model kept on ``model`` (built on first use, or when the model's variables
+    changed), with the current values of the data of ``data_of`` (default ``model``; a
+    rewritten model holds copies of its original's data). Raises what nutpie raises when an
+    Op has no numba implementation."""
+    import nutpie
+
+    key = (tuple(v.name for v in model.free_RVs), tuple(v.name for v in model.observed_RVs),
+           tuple(v.name for v in model.deterministics))
+    kept = getattr(model, _KEPT, None)
+    if kept is None or kept[0] != key:
+        kept = (key, nutpie.compile_pymc_model(model))
+        setattr(model, _KEPT, kept)
+    source = data_of or model
+    data = {v.name: source[v.name].get_value() for v in model.data_vars if hasattr(v, "get_value")}
+    return kept[1].with_data(**data) if data else kept[1]
+
+
+def run(model, compiled, *, draws: int, tune: int, chains: int, cores: int, seed: int,
+        progressbar: bool, target_accept: float = 0.8, max_treedepth: int = 10):
+    """One nutpie fit: an ``xarray.DataTree`` with ``posterior`` (free variables and
+    Deterministics, with the model's dims) and ``sample_stats`` (nutpie's statistics, with
+    PyMC's names added for ``tree_depth`` and ``reached_max_treedepth``), checked with PyMC's
+    convergence checks when ``progressbar`` is on (as ``pm.sample`` does)."""
+    import nutpie
+    from pymc.stats.convergence import log_warnings, run_convergence_checks
+
+    idata = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains, cores=cores,
+                          seed=seed, progress_bar=progressbar, save_warmup=False,
+                          target_accept=target_accept, maxdepth=max_treedepth)
+    stats = idata["sample_stats"].to_dataset()
+    stats["tree_depth"] = stats["depth"].astype(np.int64)
+    stats["reached_max_treedepth"] = stats["maxdepth_reached"]
+    stats.attrs["tuning_steps"] = tune
+    idata["sample_stats"] = stats
+    if progressbar:
+        log_warnings(run_convergence_checks(idata, model))
+    return idata

@@ -1,0 +1,95 @@
+"""Record-additive statistics of confidential records, for the curator and the analyst alike.
+
+A release of record-level data privatises a statistic T(x) = sum_i t(x_i) of n records, often
+of clamped values (clamping bounds each record's contribution, hence the sensitivity). The
+same function computes T on the curator's numpy arrays (the true statistic, before
+``mechanism.release``) and on the analyst's PyTensor tensors of latent records (the true values
+behind ``mechanism.observe``), so clamping is part of the model exactly as the curator applied
+it. Each function takes numpy arrays or PyTensor tensors and returns the same kind.
+
+Source of the regression statistic: Ju, Awan, Gong & Rao (NeurIPS 2022), "Data augmentation
+MCMC for Bayesian inference from privatized data", §5.2 (and their companion repository
+``nianqiaoju/dataaugmentation-mcmc-differentialprivacy``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytensor.tensor as pt
+from pytensor.graph.basic import Variable
+
+from dpinfer._validation import check_bounds
+
+__all__ = ["clamp", "regression_statistic", "regression_statistic_labels"]
+
+
+def _is_symbolic(*values) -> bool:
+    return any(isinstance(v, Variable) for v in values)
+
+
+def clamp(values, lower, upper, *, scale: bool = False):
+    """min(max(v, lower), upper) elementwise; with ``scale=True`` then mapped affinely onto
+    [-1, 1]: (2 v - lower - upper) / (upper - lower).
+
+    ``lower < upper`` are public, data-independent numbers (checked: reversed or equal bounds
+    are an error naming them). Works on numpy arrays (the curator's records) and PyTensor
+    tensors (the analyst's latent records; the gradient is 0 where a record is clamped, and
+    the density stays continuous).
+    """
+    lower, upper = check_bounds(lower, upper)
+    if _is_symbolic(values):
+        clamped = pt.clip(values, lower, upper)
+    else:
+        clamped = np.clip(np.asarray(values, dtype=np.float64), lower, upper)
+    if not scale:
+        return clamped
+    return (2.0 * clamped - (lower + upper)) / (upper - lower)
+
+
+def regression_statistic(design, response):
+    """The sufficient statistics of a linear regression with an intercept, as released by Ju
+    et al. (2022):
+
+        [X'y (p + 1 values), y'y, the entries of X'X below the diagonal (row by row:
+         (2,1), (3,1), (3,2), ...), the diagonal of X'X without its (1,1) entry n],
+
+    with X = [1, design] (n x (p + 1)) and y = ``response`` (n), both usually clamped and
+    scaled (:func:`clamp`). Every entry is a sum over records, so the statistic is
+    record-additive; X'X's (1,1) entry is n and is not part of it (it carries no noise).
+
+    ``design`` is n x p, ``response`` has n values (numpy arrays or PyTensor tensors).
+    """
+    symbolic = _is_symbolic(design, response)
+    lib = pt if symbolic else np
+    if not symbolic:
+        design = np.asarray(design, dtype=np.float64)
+        response = np.asarray(response, dtype=np.float64)
+    if design.ndim != 2:
+        raise ValueError(f"design must be an n x p matrix of records, got {design.ndim} dimensions")
+    if response.ndim != 1:
+        raise ValueError(f"response must be a vector of n records, got {response.ndim} dimensions")
+    if not symbolic and design.shape[0] != response.shape[0]:
+        raise ValueError(f"design has {design.shape[0]} records but response has {response.shape[0]}")
+    columns = design.type.shape[1] if symbolic else design.shape[1]
+    if columns is None:
+        raise ValueError("design must have a known number of columns (give the latent records a shape)")
+    k = columns + 1
+    full = lib.concatenate([lib.ones((design.shape[0], 1)), design], axis=1)
+    gram = full.T @ full
+    rows, cols = np.tril_indices(k, k=-1)
+    diagonal = np.arange(1, k)
+    parts = [full.T @ response, lib.stack([response @ response]), gram[rows, cols],
+             gram[diagonal, diagonal]]
+    return lib.concatenate(parts)
+
+
+def regression_statistic_labels(p: int) -> list[str]:
+    """Names of :func:`regression_statistic`'s entries for p covariates (1-based indices of
+    X = [1, design])."""
+    if int(p) != p or p < 1:
+        raise ValueError(f"p must be a whole number >= 1, got {p!r}")
+    k = p + 1
+    rows, cols = np.tril_indices(k, k=-1)
+    return ([f"XY[{i + 1}]" for i in range(k)] + ["YY"]
+            + [f"XX[{r + 1},{c + 1}]" for r, c in zip(rows, cols)]
+            + [f"XX[{i + 1},{i + 1}]" for i in range(1, k)])
