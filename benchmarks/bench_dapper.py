@@ -5,9 +5,9 @@ B1, dapper's README example: y_i ~ N(theta, 1), n = 100, theta ~ N(0, 2^2); the 
 released with Gaussian noise of sd 1/3, s = -2.097902. Exact posterior theta | s ~ N(0.970612 s,
 0.117552). dapper 1.1.0 on this kind of machine: 833 ESS in 15.4 s, about 54 ESS/s (issue 13).
 dpinfer: ybar ~ N(theta, 1/100) as a continuous latent, the release observed through
-``dp.Gaussian.from_sigma(1/3)``, ``dp.sample`` (compiled NUTS), 2 chains x (1000 tune + 2000
-draws) in parallel, compiled by an untimed first call; median of ``--repeats`` runs with
-different seeds.
+``dp.Gaussian.from_sigma(1/3)``, ``dp.sample`` (ybar summed out in closed form, nutpie on theta,
+ybar drawn exactly after), 2 chains x (1000 tune + 2000 draws) in parallel, compiled by an
+untimed first call; median of ``--repeats`` runs with different seeds.
 
 B2, dapper's vignette: UC Berkeley admissions, n = 400 records of two binary attributes
 released by randomised response keeping each bit with probability 3/4; privatised cells (104,

@@ -3,8 +3,9 @@
 n = 100 confidential records y_i ~ N(theta, 1); the curator releases their mean with Gaussian
 noise of sd 1/3: s = ybar + N(0, (1/3)^2) = -2.097902. The analyst's prior is theta ~ N(0, 2^2).
 The mean is sufficient for theta, so the record-level model reduces to ybar ~ N(theta, 1/100),
-a continuous latent that ``dp.sample`` samples by NUTS with the release observed through the
-same mechanism object the curator used.
+a continuous latent observed through the same mechanism object the curator used; ``dp.sample``
+sums it out in closed form (s ~ N(theta, sqrt(1/100 + 1/9))), samples theta by NUTS and draws
+ybar exactly for every posterior draw.
 
 Exact posterior: s | theta ~ N(theta, 1/100 + 1/9), so theta | s ~ N(0.970612 s, 0.117552).
 The naive analysis takes the release as the true mean (s = ybar) and is overconfident: its
