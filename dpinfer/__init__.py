@@ -17,6 +17,7 @@ clear_if_stale()  # before any cached kernel is loaded
 
 from dpinfer.batch import FitJob, fit_many  # noqa: E402
 from dpinfer.inference import marginal_model, sample  # noqa: E402
+from dpinfer.io import UnsupportedMechanismError, from_diffprivlib, from_opendp  # noqa: E402
 from dpinfer.lattice.invariants import Invariants  # noqa: E402
 from dpinfer.mechanisms import (  # noqa: E402
     BITLaplace,
@@ -75,11 +76,14 @@ __all__ = [
     "RandomizedResponse",
     "Subbotin",
     "TruncatedLaplace",
+    "UnsupportedMechanismError",
     "calibrate",
     "clamp",
     "compare",
     "equal_privacy_table",
     "fit_many",
+    "from_diffprivlib",
+    "from_opendp",
     "is_derivable",
     "marginal_model",
     "mechanism_matrix",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dpinfer"
 # lower number = lower layer; a module may import only its own layer or lower ones
-LAYERS = {"lattice": 0, "distributions": 1, "mechanisms": 1, "inference": 2, "utility": 3}
+LAYERS = {"lattice": 0, "distributions": 1, "mechanisms": 1, "inference": 2, "utility": 3, "io": 4}
 
 
 def _modules() -> dict:
