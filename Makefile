@@ -8,6 +8,7 @@ demo:
 
 test:
 	@tools/ensure-venv
+	@tools/ensure-chromium
 	.venv/bin/python -m pytest -q -n 2 --dist loadfile
 
 validate:

@@ -17,7 +17,15 @@ clear_if_stale()  # before any cached kernel is loaded
 
 from dpinfer.batch import FitJob, fit_many  # noqa: E402
 from dpinfer.inference import marginal_model, sample  # noqa: E402
-from dpinfer.io import UnsupportedMechanismError, from_diffprivlib, from_opendp  # noqa: E402
+from dpinfer.io import (  # noqa: E402
+    Release,
+    ReleaseFileError,
+    UnsupportedMechanismError,
+    from_diffprivlib,
+    from_opendp,
+    read_release,
+    write_release,
+)
 from dpinfer.lattice.invariants import Invariants  # noqa: E402
 from dpinfer.mechanisms import (  # noqa: E402
     BITLaplace,
@@ -74,6 +82,8 @@ __all__ = [
     "PrivacyGuarantee",
     "PrivacyTarget",
     "RandomizedResponse",
+    "Release",
+    "ReleaseFileError",
     "Subbotin",
     "TruncatedLaplace",
     "UnsupportedMechanismError",
@@ -90,7 +100,9 @@ __all__ = [
     "minimax_risk",
     "optimal_mechanism",
     "optimal_remap",
+    "read_release",
     "regression_statistic",
     "regression_statistic_labels",
     "sample",
+    "write_release",
 ]

@@ -10,6 +10,7 @@ from pathlib import Path
 COMMANDS = {
     "demo": "privatise census counts and recover them with a Bayesian model",
     "compare": "compare mechanisms at equal privacy: a preset or a config file in, a table and a PNG out",
+    "fit": "fit a model to a release file: the posterior, a summary table and an HTML report out",
 }
 
 CONFIG_KEYS = {"target", "families", "sensitivity", "true_values", "levels", "tails", "prob",
@@ -30,6 +31,8 @@ def main(argv=None) -> None:
         demo_main(rest)
     elif command == "compare":
         compare_main(rest)
+    elif command == "fit":
+        fit_main(rest)
     else:
         raise SystemExit(f"dpinfer: unknown command {command!r}; choose from {sorted(COMMANDS)}")
 
@@ -76,6 +79,40 @@ def _from_config(path: Path):
                    priors=config.get("priors"),
                    replications=config.get("replications", 2000),
                    rng=np.random.default_rng(config.get("seed", 0)))
+
+
+def fit_main(argv) -> None:
+    """``dpinfer fit RELEASE [--model NAME|FILE.py] [--out DIR] [--draws N] ...``."""
+    from dpinfer.io.templates import TEMPLATES
+
+    parser = argparse.ArgumentParser(
+        prog="dpinfer fit", description=COMMANDS["fit"],
+        epilog="models: " + "; ".join(f"{k}: {v}" for k, v in TEMPLATES.items())
+        + "; or a Python file defining build_model(release) -> (pm.Model, latent name)")
+    parser.add_argument("release", type=Path, help="the release's manifest (release.toml)")
+    parser.add_argument("--model", default="poisson-hierarchical",
+                        help="a model template or a Python model file (default poisson-hierarchical)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="directory for the report (default: <release name>-fit beside the manifest)")
+    parser.add_argument("--draws", type=int, default=1000)
+    parser.add_argument("--tune", type=int, default=1000)
+    parser.add_argument("--chains", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--exposure", default=None,
+                        help="a column of the values file giving each cell's exposure (e.g. population)")
+    parser.add_argument("--truth", default=None,
+                        help="a column of the values file holding the true counts, where known")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    from dpinfer.io.fit import fit_release
+
+    try:
+        index = fit_release(args.release, model=args.model, out=args.out, draws=args.draws,
+                            tune=args.tune, chains=args.chains, seed=args.seed,
+                            exposure=args.exposure, truth=args.truth, progressbar=not args.quiet)
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        raise SystemExit(f"dpinfer fit: {err}") from None
+    print(f"report: {index}")
 
 
 def compare_main(argv) -> None:

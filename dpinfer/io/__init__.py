@@ -2,5 +2,23 @@
 diffprivlib): how a release reaches dpinfer as a file or as another library's object."""
 
 from dpinfer.io.adapters import UnsupportedMechanismError, from_diffprivlib, from_opendp
+from dpinfer.io.release_file import (
+    Release,
+    ReleaseFileError,
+    mechanism_from_manifest,
+    mechanism_to_manifest,
+    read_release,
+    write_release,
+)
 
-__all__ = ["UnsupportedMechanismError", "from_diffprivlib", "from_opendp"]
+__all__ = [
+    "Release",
+    "ReleaseFileError",
+    "UnsupportedMechanismError",
+    "from_diffprivlib",
+    "from_opendp",
+    "mechanism_from_manifest",
+    "mechanism_to_manifest",
+    "read_release",
+    "write_release",
+]
