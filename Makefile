@@ -1,6 +1,6 @@
 # Every target sets up .venv itself (tools/ensure-venv): `make demo` and `make test` are all
 # a fresh machine needs.
-.PHONY: demo test validate bench clean
+.PHONY: demo test validate bench docs clean
 
 demo:
 	@tools/ensure-venv
@@ -23,5 +23,9 @@ bench:
 	.venv/bin/python benchmarks/bench_subspace.py
 	.venv/bin/python benchmarks/bench_dapper.py
 
+docs:
+	@tools/ensure-venv
+	.venv/bin/mkdocs build --strict
+
 clean:
-	rm -rf .venv build *.egg-info
+	rm -rf .venv build *.egg-info site

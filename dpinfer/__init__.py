@@ -48,6 +48,10 @@ from dpinfer.mechanisms import (  # noqa: E402
 )
 from dpinfer.statistics import clamp, regression_statistic, regression_statistic_labels  # noqa: E402
 from dpinfer.utility import (  # noqa: E402
+    imputations,
+    posterior_predictive_releases,
+    ppc_pvalues,
+    rubin,
     Consumer,
     PrivacyTarget,
     calibrate,
@@ -94,15 +98,19 @@ __all__ = [
     "fit_many",
     "from_diffprivlib",
     "from_opendp",
+    "imputations",
     "is_derivable",
     "marginal_model",
     "mechanism_matrix",
     "minimax_risk",
     "optimal_mechanism",
     "optimal_remap",
+    "posterior_predictive_releases",
+    "ppc_pvalues",
     "read_release",
     "regression_statistic",
     "regression_statistic_labels",
+    "rubin",
     "sample",
     "write_release",
 ]

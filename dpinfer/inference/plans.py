@@ -29,6 +29,7 @@ truncated mechanisms) is checked as on the PyMC engine.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -134,8 +135,11 @@ class CellsPlan:
                                 self.window.half_width, log_eta=log_eta)
 
     def compiled_report(self, stats, block, tol: float) -> tuple[dict, float | None]:
-        """(report entry, the largest neglected-mass bound if it exceeds tol, else None)."""
+        """(report entry, the largest neglected-mass bound if it exceeds tol, else None;
+        infinite when cells were held too often: :func:`held_too_often`)."""
         entry = self._compiled_entry(stats, block, tol)
+        if held_too_often(stats[block.stat_names[1]].values):
+            return entry, math.inf
         if self.exact_tails:
             return entry, None
         bound = float(np.max(stats[block.stat_names[0]].values))
@@ -223,7 +227,7 @@ class TotalsPlan(CellsPlan):
         entry = self._compiled_entry(stats, block, tol)
         entry.update(mean_tries_per_sweep=float(stats[block.stat_names[0]].values.mean()),
                      blocks_kept_after_tuning=int(stats[block.stat_names[2]].values.sum()))
-        return entry, None
+        return entry, (math.inf if held_too_often(stats[block.stat_names[1]].values) else None)
 
     def marginal_log_likelihood(self, terms, release):
         """log p(s | theta) (inference notes §2): sum over groups of log (g_1 * ... * g_n)(t_g)
@@ -339,6 +343,20 @@ def _cells_plan(model, record: ReleaseRecord) -> CellsPlan:
     return kind(record=record, latent_name=name,
                 release_value=current_value(model.rvs_to_values[record.release_rv]),
                 support=prior_support(node))
+
+
+STUCK_SHARE = 0.5  # a chain holding cells in more than this share of its draws is stuck
+
+
+def held_too_often(held) -> bool:
+    """True if some chain (rows of ``held``, the held cells per stored draw) held cells in
+    more than ``STUCK_SHARE`` of its draws. The hold rule of the compiled engine
+    (:mod:`dpinfer.inference.exact_counts`) leaves p(x | theta) invariant, but where the
+    posterior puts a cell far outside its window (a release far from anything the prior
+    allows) the cell is held at every sweep and never leaves its start: the chain is not
+    ergodic. ``dpinfer.sample`` then widens the windows and fits again."""
+    held = np.asarray(held).reshape(-1, np.shape(held)[-1])
+    return bool(np.any(np.mean(held > 0, axis=1) > STUCK_SHARE))
 
 
 def is_continuous_release(model, record: ReleaseRecord) -> bool:

@@ -8,9 +8,25 @@ pure, approximate or zero-concentrated DP target through its exact privacy profi
 {0..n} (:mod:`~dpinfer.utility.consumers`), their optimal post-processing of a release and the
 optimal mechanism tailored to each (:mod:`~dpinfer.utility.remap`), and mechanism matrices and
 derivability from the range-restricted geometric mechanism
-(:mod:`~dpinfer.utility.derivability`).
+(:mod:`~dpinfer.utility.derivability`). The analyst's tools on a ``dp.sample`` result
+(:mod:`~dpinfer.utility.analysis`: LOO, posterior predictive checks of the releases, derived
+quantities, prior sensitivity) and multiple imputation with Rubin's rules
+(:mod:`~dpinfer.utility.imputation`).
 """
 
+from dpinfer.utility.analysis import (
+    PriorSensitivity,
+    exceeds,
+    posterior_predictive_releases,
+    ppc_pvalues,
+    prior_sensitivity,
+    rank_probabilities,
+    ranked_first,
+    ranks,
+    ratio,
+    shares,
+    with_log_likelihood,
+)
 from dpinfer.utility.compare import Analysis, Comparison, compare
 from dpinfer.utility.consumers import (
     BUILT_IN_LOSSES,
@@ -35,6 +51,13 @@ from dpinfer.utility.derivability import (
     is_derivable,
     mechanism_matrix,
 )
+from dpinfer.utility.imputation import (
+    RubinResult,
+    imputations,
+    rubin,
+    share_analysis,
+    total_analysis,
+)
 from dpinfer.utility.equal_privacy import Calibration, PrivacyTarget, calibrate, equal_privacy_table
 from dpinfer.utility.remap import (
     DesignedMechanism,
@@ -54,8 +77,10 @@ __all__ = [
     "Consumer",
     "DesignedMechanism",
     "NonMonotoneLossWarning",
+    "PriorSensitivity",
     "PrivacyTarget",
     "Remap",
+    "RubinResult",
     "absolute_loss",
     "asymmetric_linear_loss",
     "bayes_optimal_mechanism",
@@ -67,17 +92,31 @@ __all__ = [
     "compare",
     "derivable_transform",
     "equal_privacy_table",
+    "exceeds",
     "geometric_inverse",
     "geometric_matrix",
+    "imputations",
     "is_derivable",
     "is_monotone_loss",
     "mechanism_matrix",
     "minimax_risk",
     "optimal_mechanism",
     "optimal_remap",
+    "posterior_predictive_releases",
     "power_loss",
+    "ppc_pvalues",
+    "prior_sensitivity",
+    "rank_probabilities",
+    "ranked_first",
+    "ranks",
+    "ratio",
     "risk_profile",
+    "rubin",
+    "share_analysis",
+    "shares",
     "squared_loss",
     "threshold_loss",
+    "total_analysis",
+    "with_log_likelihood",
     "zero_one_loss",
 ]
