@@ -49,6 +49,10 @@ For the same reason the tilt is recomputed from lambda = 0 at every sweep rather
 from the previous sweep's value, which depends on the chain's past counts.
 
 Both are counted (held cells; groups or cells kept after a cap); after tuning they are rare.
+Holding is invariant but not ergodic where the posterior itself puts a cell far outside its
+window (a release far from anything the prior allows): the cell would never move. A chain that
+holds cells in most of its draws therefore makes ``dpinfer.sample`` widen the windows and fit
+again (:func:`dpinfer.inference.plans.held_too_often`).
 
 Mechanisms without that form (clamped, truncated) keep the tables alone and report the
 neglected mass as in inference notes §1: sum_i log1p(eta_i / L_i), eta_i the mechanism's bound

@@ -141,6 +141,14 @@ def sample(
         if not failed:
             break
         if attempt == MAX_WIDENINGS:
+            held = sorted(name for name, bound in failed.items() if bound == np.inf)
+            if held:
+                raise RuntimeError(
+                    f"cells of {held} were held (not updated) in most draws after {MAX_WIDENINGS} "
+                    "widenings of their windows: at the parameters the chains visit, their "
+                    "windows hold almost none of the counts' conditional law. Either the chains "
+                    "have not reached the posterior (raise tune) or the model puts the counts far "
+                    "from the releases - check the model")
             raise RuntimeError(
                 f"the window bound still exceeds tol={tol} after {MAX_WIDENINGS} widenings for "
                 f"{sorted(failed)}; the posterior puts mass where the likelihood is tiny - check the model"
