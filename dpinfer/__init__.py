@@ -18,11 +18,13 @@ clear_if_stale()  # before any cached kernel is loaded
 from dpinfer.batch import FitJob, fit_many  # noqa: E402
 from dpinfer.inference import marginal_model, sample  # noqa: E402
 from dpinfer.io import (  # noqa: E402
+    NoisyMeasurements,
     Release,
     ReleaseFileError,
     UnsupportedMechanismError,
     from_diffprivlib,
     from_opendp,
+    read_noisy_measurements,
     read_release,
     write_release,
 )
@@ -82,6 +84,7 @@ __all__ = [
     "Logistic",
     "Mechanism",
     "MultiLevelGeometric",
+    "NoisyMeasurements",
     "PrivacyAudit",
     "PrivacyGuarantee",
     "PrivacyTarget",
@@ -107,6 +110,7 @@ __all__ = [
     "optimal_remap",
     "posterior_predictive_releases",
     "ppc_pvalues",
+    "read_noisy_measurements",
     "read_release",
     "regression_statistic",
     "regression_statistic_labels",

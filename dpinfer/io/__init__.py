@@ -2,6 +2,7 @@
 diffprivlib): how a release reaches dpinfer as a file or as another library's object."""
 
 from dpinfer.io.adapters import UnsupportedMechanismError, from_diffprivlib, from_opendp
+from dpinfer.io.noisy_measurements import NoisyMeasurements, read_noisy_measurements
 from dpinfer.io.release_file import (
     Release,
     ReleaseFileError,
@@ -12,6 +13,7 @@ from dpinfer.io.release_file import (
 )
 
 __all__ = [
+    "NoisyMeasurements",
     "Release",
     "ReleaseFileError",
     "UnsupportedMechanismError",
@@ -19,6 +21,7 @@ __all__ = [
     "from_opendp",
     "mechanism_from_manifest",
     "mechanism_to_manifest",
+    "read_noisy_measurements",
     "read_release",
     "write_release",
 ]
