@@ -13,11 +13,11 @@ B2, dapper's vignette: UC Berkeley admissions, n = 400 records of two binary att
 released by randomised response keeping each bit with probability 3/4; privatised cells (104,
 120, 74, 102); prior Dirichlet(1, 1, 1, 1). Exact posterior means (quadrature, tests/
 test_randomized_response.py) (0.28233, 0.33572, 0.10950, 0.27245). dapper: about 2-3 ESS/s
-(152 s; issue 13), taken here as 3. dpinfer: the table's law given the cell probabilities is
-Multinomial(n, M^T pi) (``dp.RandomizedResponse.report_probabilities``), a PyMC model sampled by
-nutpie (compiled once, as ``pm.sample`` would run it), then one exact draw of the true table
-per posterior draw (``draw_true_table``), timed with the sampling; min ESS over the 4 cells.
-(``dp.sample`` does not take randomised-response releases yet.)
+(152 s; issue 13), taken here as 3. dpinfer: the analyst's model, a latent true table
+Multinomial(n, pi) with the release observed by ``dp.RandomizedResponse.observe``;
+``dp.sample`` sums the table out (the release ~ Multinomial(n, M^T pi)), runs nutpie on pi
+(compiled by an untimed first call) and draws the true table exactly per posterior draw, all
+timed; min ESS over the 4 cells.
 
 B3, Ju et al.'s linear regression at epsilon = 10 (their published release; issue 13): N = 100
 records x ~ N2((0.90014, -1.17335), I), y ~ N(beta0 + beta'x, 2), beta ~ N(0, 2^2 I), x and y
@@ -70,30 +70,25 @@ def b1_model():
     return model
 
 
-def b2_compiled():
-    import nutpie
-
+def b2_model():
     rr = dp.RandomizedResponse(0.75, attributes=2)
     with pm.Model() as model:
         pi = pm.Dirichlet("pi", np.ones(4))
-        pm.Multinomial("s", n=int(B2_RELEASE.sum()), p=rr.report_probabilities(pi), observed=B2_RELEASE)
-    return rr, nutpie.compile_pymc_model(model)
+        table = pm.Multinomial("table", n=int(B2_RELEASE.sum()), p=pi)
+        rr.observe("s", table, B2_RELEASE)
+    return model
 
 
-def run_b2(rr, compiled, draws, seed):
-    import nutpie
-
+def run_b2(model, draws, seed):
     t0 = time.perf_counter()
-    idata = nutpie.sample(compiled, draws=draws, tune=1000, chains=2, cores=2, seed=seed,
-                          progress_bar=False)
-    pi = idata.posterior["pi"].values.reshape(-1, 4)
-    rng = np.random.default_rng(seed)
-    tables = np.stack([rr.draw_true_table(p, B2_RELEASE, rng) for p in pi])
+    idata = dp.sample(draws, tune=1000, chains=2, cores=2, random_seed=seed, progressbar=False,
+                      model=model)
     seconds = time.perf_counter() - t0
+    pi = idata.posterior["pi"].values.reshape(-1, 4)
     ess = float(az.ess(idata, var_names=["pi"])["pi"].min())
     return {"seconds": seconds, "ess": ess, "ess_per_s": ess / seconds,
             "max_abs_error_of_means": float(np.abs(pi.mean(axis=0) - B2_EXACT_MEANS).max()),
-            "true_table_mean_total": float(tables.sum(axis=1).mean())}
+            "true_table_mean_total": float(idata.posterior["table"].values.sum(axis=-1).mean())}
 
 
 def b3_model():
@@ -165,9 +160,9 @@ def main(argv=None):
         print(table)
     print(f"\nB1: dpinfer / dapper ESS per second = {med['ess_per_s'] / dapper_rate:.0f}x (goal >= 100x)")
 
-    rr, compiled = b2_compiled()
-    run_b2(rr, compiled, 100, 0)  # warm
-    b2 = pd.DataFrame([run_b2(rr, compiled, args.draws, seed) for seed in range(1, args.repeats + 1)])
+    model2 = b2_model()
+    run_b2(model2, 100, 0)  # compile
+    b2 = pd.DataFrame([run_b2(model2, args.draws, seed) for seed in range(1, args.repeats + 1)])
     med2 = b2.median()
     with pd.option_context("display.width", 200, "display.max_columns", None,
                            "display.float_format", "{:.4g}".format):

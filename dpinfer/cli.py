@@ -90,8 +90,8 @@ def fit_main(argv) -> None:
         epilog="models: " + "; ".join(f"{k}: {v}" for k, v in TEMPLATES.items())
         + "; or a Python file defining build_model(release) -> (pm.Model, latent name)")
     parser.add_argument("release", type=Path, help="the release's manifest (release.toml)")
-    parser.add_argument("--model", default="poisson-hierarchical",
-                        help="a model template or a Python model file (default poisson-hierarchical)")
+    parser.add_argument("--model", default="auto",
+                        help="a model template or a Python model file (default auto)")
     parser.add_argument("--out", type=Path, default=None,
                         help="directory for the report (default: <release name>-fit beside the manifest)")
     parser.add_argument("--draws", type=int, default=1000)

@@ -4,10 +4,11 @@ UC Berkeley admissions: n = 400 records of two binary attributes (4 cells). Each
 released by randomised response keeping each bit with probability 3/4, so a report is the true
 cell with probability 9/16; the privatised cell counts are s = (104, 120, 74, 102). The
 analyst's prior on the cell probabilities is pi ~ Dirichlet(1, 1, 1, 1). If the true cells are
-i.i.d. categorical(pi), the reports are i.i.d. categorical(M^T pi) (M the mechanism's transition
-matrix), so s ~ Multinomial(400, M^T pi): a PyMC model with ``rr.report_probabilities(pi)``,
-sampled by nutpie. Given pi and s, the true table is a sum of multinomials, drawn exactly by
-``rr.draw_true_table`` once per posterior draw.
+i.i.d. categorical(pi), the true table is T ~ Multinomial(400, pi) and the analyst writes just
+that, with ``rr.observe`` for the release; ``dp.sample`` sums T out (the reports are i.i.d.
+categorical(M^T pi), M the mechanism's transition matrix, so s ~ Multinomial(400, M^T pi)),
+runs nutpie on pi and draws T exactly given pi and s once per posterior draw (a sum of
+multinomials, ``rr.draw_true_table``).
 
 Exact posterior: pi | s is proportional to prod_o (M^T pi)_o^s_o on the simplex, a polynomial,
 integrated here by Gauss-Legendre quadrature (40 points per axis, as in tests/
@@ -39,14 +40,13 @@ print(f"epsilon per attribute {rr.epsilon_per_attribute:.4f} (log 3), per record
 
 with pm.Model() as model:
     pi = pm.Dirichlet("pi", np.ones(CELLS))
-    pm.Multinomial("s", n=N, p=rr.report_probabilities(pi), observed=RELEASE)
+    table = pm.Multinomial("table", n=N, p=pi)
+    rr.observe("release", table, RELEASE)
 start = time.perf_counter()
-idata = pm.sample(2000, tune=1000, chains=4, nuts_sampler="nutpie", random_seed=1,
-                  progressbar=False, model=model)
-pi_draws = idata.posterior["pi"].values.reshape(-1, CELLS)
-rng = np.random.default_rng(1)
-tables = np.stack([rr.draw_true_table(p, RELEASE, rng) for p in pi_draws])
+idata = dp.sample(2000, tune=1000, chains=4, random_seed=1, progressbar=False, model=model)
 seconds = time.perf_counter() - start
+pi_draws = idata.posterior["pi"].values.reshape(-1, CELLS)
+tables = idata.posterior["table"].values.reshape(-1, CELLS)
 mcse = np.asarray(az.mcse(idata, var_names=["pi"])["pi"]).ravel()
 ess = np.asarray(az.ess(idata, var_names=["pi"])["pi"]).ravel()
 

@@ -62,10 +62,10 @@ def test_every_gallery_release_fits_from_its_file(manifest, tmp_path):
 
 
 def _mechanisms():
-    """A release of every family dp.sample takes on a count vector, 4 cells summing to 40 (not
-    here: TruncatedLaplace, whose likelihood is flat beyond its bounds, so no window holds the
-    counts; MultiLevelGeometric, several releases per cell; RandomizedResponse, a table of
-    records' answers, not noisy counts)."""
+    """A release of every mechanism family, 4 true cells summing to 40 (fitted with
+    ``--model auto``: TruncatedLaplace with binomial counts out of its upper bound,
+    RandomizedResponse with a Dirichlet-multinomial table; MultiLevelGeometric releases two
+    levels per cell)."""
     total = dp.Invariants.total(4)
     return {
         "DoubleGeometric": dp.DoubleGeometric(0.5),
@@ -77,9 +77,19 @@ def _mechanisms():
         "GeneralizedLaplace": dp.GeneralizedLaplace(0.5, total, "l1"),
         "GeneralizedGaussian": dp.GeneralizedGaussian(2.0, total, epsilon=1.0),
         "BITLaplace": dp.BITLaplace(0.5, 0, 40),
+        "TruncatedLaplace": dp.TruncatedLaplace(0.5, 0, 40),
         "Logistic": dp.Logistic(0.5),
         "Subbotin": dp.Subbotin(1.5, 0.5, 1e-6),
+        "MultiLevelGeometric": dp.MultiLevelGeometric([0.5, 0.25]),
+        "RandomizedResponse": dp.RandomizedResponse(0.75, attributes=2),
     }
+
+
+def test_every_mechanism_family_is_in_the_round_trip():
+    """Every mechanism the release file format writes is fitted below."""
+    from dpinfer.io.release_file import FAMILIES
+
+    assert set(_mechanisms()) == set(FAMILIES)
 
 
 @pytest.mark.parametrize("family", sorted(_mechanisms()))
@@ -94,9 +104,9 @@ def test_release_file_fit_report_round_trip_for_every_mechanism(family, tmp_path
     index = fit_release(manifest, out=tmp_path / "report", truth="truth", **FAST)
     check_report(index, 4)
     counts = pd.read_csv(tmp_path / "report" / "counts.csv")
-    np.testing.assert_array_equal(counts["release"], values)
+    np.testing.assert_array_equal(counts["release"], values[:, 0] if values.ndim == 2 else values)
     np.testing.assert_array_equal(counts["truth"], truth)
-    if family in ("Conditioned", "GeneralizedLaplace", "GeneralizedGaussian"):  # keep the total
+    if family in ("Conditioned", "GeneralizedLaplace", "GeneralizedGaussian", "RandomizedResponse"):
         import xarray as xr
 
         posterior = xr.open_datatree(tmp_path / "report" / "posterior.nc")["posterior"]
@@ -105,11 +115,39 @@ def test_release_file_fit_report_round_trip_for_every_mechanism(family, tmp_path
 
 def test_baseline_keeps_the_invariants_and_is_non_negative():
     mechanism = dp.Conditioned(dp.DoubleGeometric(0.5), dp.Invariants.total(4))
-    release = type("R", (), {"values": np.array([-3, 10, 20, 13]), "mechanism": mechanism})
+    def fake(values, mechanism):  # what baseline reads of a release
+        return type("R", (), {"values": values, "mechanism": mechanism,
+                              "per_true_value": lambda self: (self.values, None)})()
+
+    release = fake(np.array([-3, 10, 20, 13]), mechanism)
     base = baseline(release)
     assert base.sum() == 40 and np.all(base >= 0)
-    plain = type("R", (), {"values": np.array([-3.4, 10.6, 2.2]), "mechanism": dp.Laplace(1.0)})
+    plain = fake(np.array([-3.4, 10.6, 2.2]), dp.Laplace(1.0))
     np.testing.assert_array_equal(baseline(plain), [0, 11, 2])
+    rr = dp.RandomizedResponse(0.75, attributes=2)  # the unbiased table, kept at n = 40 and >= 0
+    base = baseline(fake(np.array([2, 9, 14, 15]), rr))
+    assert base.sum() == 40 and np.all(base >= 0)
+    np.testing.assert_allclose(base, rr.unbiased_table([2, 9, 14, 15]).clip(0) * 40
+                               / rr.unbiased_table([2, 9, 14, 15]).clip(0).sum(), atol=1.0)
+
+
+def test_templates_refuse_releases_they_do_not_fit(tmp_path):
+    def release_file(name, mechanism, values, **kw):
+        return write_release(tmp_path / name / "release.toml", mechanism, np.asarray(values),
+                             name=name, **kw)
+
+    counts = release_file("counts", dp.DoubleGeometric(1.0), [3, 5, 8, 2])
+    table = release_file("table", dp.RandomizedResponse(0.75, attributes=2), [3, 5, 8, 2])
+    query = release_file("query", dp.DoubleGeometric(1.0), [8, 10],
+                         query={"kind": "totals", "groups": ["g", "g", "h", "h"], "columns": list("abcd")})
+    for path, model, message in (
+            (counts, "binomial-hierarchical", "needs the number of trials"),
+            (counts, "dirichlet-multinomial", "is for randomised-response releases"),
+            (table, "poisson-hierarchical", "use --model dirichlet-multinomial"),
+            (table, "loglinear", "use --model dirichlet-multinomial"),
+            (query, "auto", r"declares a \[query\]")):
+        with pytest.raises(ValueError, match=message):
+            fit_release(path, model=model, out=tmp_path / "out", **FAST)
 
 
 def test_the_cli_writes_the_report_and_refuses_bad_input(tmp_path, capsys):

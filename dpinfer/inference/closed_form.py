@@ -9,14 +9,20 @@ its release s = y + noise leaves the release with a closed-form law given the pa
   (:class:`~dpinfer.distributions.NormalLaplace`; Reed & Jorgensen 2004), and y | s is a
   mixture of two truncated normals (:func:`~dpinfer.distributions.draw_normal_given_laplace_release`).
 
-The model is rewritten with y gone and the release still observed, now with that law (as
+A true table t ~ Multinomial(n, p) of n records' cells whose only child is its
+randomised-response release S (each bit kept with probability q) leaves S ~ Multinomial(n, M^T p)
+given p, and t | S, p = sum_o Multinomial(S_o, w(. | o)) with w(c | o) = p_c M[c, o] / (M^T p)_o
+(:class:`~dpinfer.mechanisms.RandomizedResponse`, whose module docstring derives both).
+
+The model is rewritten with the latent gone and the release still observed, now with that law (as
 :mod:`dpinfer.inference.marginal` does for counts), NUTS runs on the parameters alone, and y is
 drawn exactly from its conditional law for every posterior draw: the same posterior as
 sampling y by NUTS, with the latent's part of the sampling error removed.
 
 Summed out: a free ``pm.Normal`` latent released whole (not through a query) by ``dp.Gaussian``
-or ``dp.Laplace``, with no other variable of the model depending on it; other continuous
-latents stay in the model and NUTS samples them.
+or ``dp.Laplace``, and a free ``pm.Multinomial`` table released by ``dp.RandomizedResponse``,
+with no other variable of the model depending on it; other continuous latents stay in the
+model and NUTS samples them.
 """
 
 from __future__ import annotations
@@ -30,15 +36,17 @@ import pytensor.tensor as pt
 from pymc.model.fgraph import fgraph_from_model, model_from_fgraph, model_observed_rv
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors
-from pytensor.tensor.random.basic import NormalRV
+from pytensor.tensor.random.basic import MultinomialRV, NormalRV
 
 from dpinfer.distributions import (
     NormalLaplace,
     draw_normal_given_gaussian_release,
     draw_normal_given_laplace_release,
 )
+from dpinfer.inference.latents import NotMarginalisableError, current_value
 from dpinfer.mechanisms.gaussian import Gaussian
 from dpinfer.mechanisms.laplace import Laplace
+from dpinfer.mechanisms.randomized_response import RandomizedResponse
 from dpinfer.mechanisms.records import ReleaseRecord
 
 _KEPT = "_dpinfer_closed_form_model"
@@ -62,36 +70,110 @@ class SummedLatent:
         return (f"summed out in closed form (latent Normal(mu, sigma) with {noise}); NUTS (nutpie) "
                 "on the parameters, then the latent drawn exactly given each posterior draw")
 
-    def marginal(self, mu, sigma, size):
-        """The release's law given the parameters (PyMC distribution, unregistered)."""
+    def marginal(self, params, shape):
+        """The release's law given the latent's parameters (PyMC distribution, unregistered)."""
+        mu, sigma = params
         mechanism = self.record.mechanism
         if isinstance(mechanism, Gaussian):
-            return pm.Normal.dist(mu, pt.sqrt(sigma**2 + mechanism.sigma**2), size=size)
-        return NormalLaplace.dist(mu, sigma, mechanism.scale, size=size)
+            return pm.Normal.dist(mu, pt.sqrt(sigma**2 + mechanism.sigma**2), size=shape)
+        return NormalLaplace.dist(mu, sigma, mechanism.scale, size=shape)
 
-    def draw(self, release, mu, sigma, rng: np.random.Generator) -> np.ndarray:
-        """Exact draws of the latent given the release, one per row of mu and sigma."""
+    def draw_params(self, params, release):
+        """The parameters :meth:`draw` takes, as graphs of the latent's parameters."""
+        mu, sigma, _ = pt.broadcast_arrays(*params, release)
+        return [mu, sigma]
+
+    def draw(self, release, params, n_draws: int, rng: np.random.Generator) -> np.ndarray:
+        """Exact draws of the latent given the release, one per posterior draw (parameters
+        free of the model's free variables come without the draws' axis)."""
+        shape = (n_draws, *release.shape)
+        mu, sigma = (np.broadcast_to(v, shape) for v in params)
         mechanism = self.record.mechanism
         if isinstance(mechanism, Gaussian):
             return draw_normal_given_gaussian_release(release, mu, sigma, mechanism.sigma, rng)
         return draw_normal_given_laplace_release(release, mu, sigma, mechanism.scale, rng)
 
 
-def summable(model, records) -> list[SummedLatent]:
+@dataclass(frozen=True)
+class SummedTable:
+    """A Multinomial true table summed out of its randomised-response release."""
+
+    record: ReleaseRecord
+
+    @property
+    def latent_name(self) -> str:
+        return self.record.latent.name
+
+    @property
+    def method(self) -> str:
+        return ("summed out in closed form (true table Multinomial(n, p) under randomised "
+                "response: the release ~ Multinomial(n, M^T p)); NUTS (nutpie) on the parameters, "
+                "then the true table drawn exactly given each posterior draw")
+
+    def marginal(self, params, shape):
+        """Multinomial(n, M^T p): one table (``shape`` is the table's, fixed by p)."""
+        n, p = params
+        return pm.Multinomial.dist(n=n, p=self.record.mechanism.report_probabilities(p))
+
+    def draw_params(self, params, release):
+        return list(params)
+
+    def draw(self, release, params, n_draws: int, rng: np.random.Generator) -> np.ndarray:
+        n, p = params
+        n = np.broadcast_to(n, (n_draws,))
+        p = np.broadcast_to(p, (n_draws, release.shape[-1]))
+        if np.any(n != release.sum()):
+            raise ValueError(f"release {self.record.name!r}: the true table's n = {int(n[0])} is not "
+                             f"the number of reports {int(release.sum())} (randomised response "
+                             "keeps the number of records)")
+        mechanism = self.record.mechanism
+        return np.stack([mechanism.draw_true_table(p[i] / p[i].sum(), release, rng)
+                         for i in range(n_draws)])
+
+
+def _only_child(model, record) -> bool:
+    latent = record.latent
+    others = [v for v in model.basic_RVs + model.deterministics + model.potentials
+              if v is not latent and v is not record.release_rv]
+    return not any(latent in ancestors([v]) for v in others)
+
+
+def summable(model, records) -> list:
     """The releases whose latent can be summed out (module docstring)."""
     found = []
     for record in records:
         latent = record.latent
-        if type(record.mechanism) not in (Gaussian, Laplace) or latent not in model.free_RVs:
+        if latent not in model.free_RVs or not _only_child(model, record):
             continue
-        if not isinstance(latent.owner.op, NormalRV):
-            continue
-        others = [v for v in model.basic_RVs + model.deterministics + model.potentials
-                  if v is not latent and v is not record.release_rv]
-        if any(latent in ancestors([v]) for v in others):
-            continue
-        found.append(SummedLatent(record))
+        if type(record.mechanism) in (Gaussian, Laplace) and isinstance(latent.owner.op, NormalRV):
+            found.append(SummedLatent(record))
+        elif (isinstance(record.mechanism, RandomizedResponse)
+              and isinstance(latent.owner.op, MultinomialRV)):
+            found.append(SummedTable(record))
     return found
+
+
+def check_tables(model, records) -> list[SummedTable]:
+    """The randomised-response releases' tables, all summable, or a NotMarginalisableError:
+    no other engine draws a Multinomial table (its cells move together)."""
+    tables = [r for r in records if isinstance(r.mechanism, RandomizedResponse)]
+    summed = [s for s in summable(model, tables) if isinstance(s, SummedTable)]
+    refused = sorted(r.name for r in tables if r.name not in {s.record.name for s in summed})
+    if refused:
+        raise NotMarginalisableError(
+            f"randomised-response releases {refused}: dpinfer.sample needs the true table to be a "
+            "free pm.Multinomial(n, p) (p the cell probabilities, n the number of records) whose "
+            "only child is the release; it is then summed out (the release ~ Multinomial(n, M^T p)) "
+            "and drawn exactly given p. Model the table that way, or write the marginal form with "
+            "mechanism.dist_given_probabilities(p, n) and use pm.sample")
+    for item in summed:
+        n = item.record.latent.owner.op.dist_params(item.record.latent.owner)[0]
+        reports = int(np.sum(current_value(model.rvs_to_values[item.record.release_rv])))
+        if not (set(ancestors([n])) & set(model.free_RVs)) and np.any(n.eval() != reports):
+            raise ValueError(
+                f"release {item.record.name!r}: the true table's n = {n.eval()} is not the number "
+                f"of reports {reports} (randomised response keeps the number of records)")
+    return summed
 
 
 def summed_out_model(model, summed: list[SummedLatent]):
@@ -107,11 +189,10 @@ def summed_out_model(model, summed: list[SummedLatent]):
     for item in summed:
         latent_var = memo[item.record.latent]
         release_var = memo[item.record.release_rv]
-        normal = latent_var.owner.inputs[0]
-        mu, sigma = normal.owner.op.dist_params(normal.owner)
+        latent_rv = latent_var.owner.inputs[0]
         _, release_data = release_var.owner.inputs
         op = release_var.owner.op
-        marginal = item.marginal(mu, sigma, size=tuple(normal.shape))
+        marginal = item.marginal(latent_rv.owner.op.dist_params(latent_rv.owner), shape=tuple(latent_rv.shape))
         new_release = model_observed_rv(marginal, release_data, op.name, *op.dims)
         fgraph.replace(release_var, new_release, import_missing=True)
         fgraph.remove_output(fgraph.outputs.index(latent_var))
@@ -130,17 +211,14 @@ def draw_latents(model, summed: list[SummedLatent], posterior, rng: np.random.Ge
     out = {}
     for item in summed:
         latent = item.record.latent
-        normal_mu, normal_sigma = latent.owner.op.dist_params(latent.owner)
         release = model.rvs_to_values[item.record.release_rv]
-        mu, sigma, _ = pt.broadcast_arrays(normal_mu, normal_sigma, release)
+        params = item.draw_params(latent.owner.op.dist_params(latent.owner), release)
         placeholders = [rv.type() for rv in free]
-        params = clone_replace([mu, sigma], dict(zip(free, placeholders)))
+        params = clone_replace(params, dict(zip(free, placeholders)))
         batched = [pt.tensor(dtype=p.type.dtype, shape=(None, *p.type.shape)) for p in placeholders]
         params = vectorize_graph(params, replace=dict(zip(placeholders, batched)))
-        mu_draws, sigma_draws = pytensor.function(batched, params, on_unused_input="ignore")(*batch)
+        param_draws = pytensor.function(batched, params, on_unused_input="ignore")(*batch)
         release_value = np.asarray(release.eval())
-        shape = (chains * draws, *release_value.shape)  # parameters free of theta lack the batch axis
-        mu_draws, sigma_draws = np.broadcast_to(mu_draws, shape), np.broadcast_to(sigma_draws, shape)
-        values = item.draw(release_value, mu_draws, sigma_draws, rng)
+        values = item.draw(release_value, param_draws, chains * draws, rng)
         out[item.latent_name] = values.reshape(chains, draws, *values.shape[1:])
     return out

@@ -24,14 +24,16 @@ METHOD = ("NUTS (nutpie) on the continuous latent and the parameters, with the r
           "(its exact likelihood; nothing to marginalise)")
 
 
-def refusal(model, plans, method: str) -> str | None:
+def refusal(model, plans, method: str, summed=()) -> str | None:
     """Why nutpie cannot fit this model (None: it can): latent counts, a discrete parameter or
-    a method other than "auto"."""
+    a method other than "auto". ``summed``: the discrete latents summed out in closed form
+    (tables under randomised response), which nutpie never sees."""
     if method != "auto":
         return f"method={method!r} selects the PyMC engine"
     if plans:
         return "the model has latent counts (dpinfer's compiled Gibbs engine draws them)"
-    discrete = [rv.name for rv in model.free_RVs if rv.type.dtype.startswith(("int", "uint", "bool"))]
+    discrete = [rv.name for rv in model.free_RVs if rv.type.dtype.startswith(("int", "uint", "bool"))
+                and rv.name not in summed]
     if discrete:
         return f"the discrete free variables {discrete} need PyMC's step methods"
     return None

@@ -33,6 +33,7 @@ import xarray as xr
 from dpinfer._validation import check_probability
 from dpinfer.inference import closed_form, compiled_engine, nutpie_engine, pymc_engine
 from dpinfer.inference.chains import NUTS_PER_SWEEP
+from dpinfer.inference.latents import NotMarginalisableError
 from dpinfer.inference.plans import is_continuous_release, plan_releases
 from dpinfer.mechanisms.records import releases_of
 
@@ -102,14 +103,21 @@ def sample(
     if not records:
         raise ValueError("the model has no release registered with Mechanism.observe(...); use pm.sample")
     rng = np.random.default_rng(random_seed)
-    plans = plan_releases(model, records, method=method)
+    tables = closed_form.check_tables(model, records)
+    table_names = {t.record.name for t in tables}
+    plans = plan_releases(model, [r for r in records if r.name not in table_names], method=method)
     nutpie_failure = None
-    if nutpie_engine.refusal(model, plans, method) is None:
+    refused = nutpie_engine.refusal(model, plans, method, summed=[t.latent_name for t in tables])
+    if refused is None:
         idata, nutpie_failure = _sample_with_nutpie(
             model, records, draws=draws, tune=tune, chains=chains, cores=cores, rng=rng,
             progressbar=progressbar, log_likelihood=log_likelihood, sample_kwargs=sample_kwargs)
         if idata is not None:
             return idata
+    if tables:
+        raise NotMarginalisableError(
+            f"randomised-response releases {sorted(table_names)} are fitted by nutpie with their "
+            f"tables summed out, which this model does not allow: {refused or nutpie_failure}")
     reason = compiled_engine.refusal(model, plans, method)
     compiled = None
     if reason is None:

@@ -84,6 +84,12 @@ def initial_half_width(mechanism, release, *, log_target: float, support=(None, 
     while not ok(hi):
         hi *= 2
         if hi > MAX_HALF_WIDTH:
+            if np.any(log_eta(mechanism, release, hi, support) >= log_eta(mechanism, release, hi // 4, support)):
+                raise ValueError(
+                    f"{type(mechanism).__name__}'s likelihood does not decay away from the release "
+                    "(a TruncatedLaplace is flat for true values beyond its bounds, which are "
+                    "clipped before the noise), so no window of counts is exact: give the counts a "
+                    "prior bounded by the mechanism's bounds, e.g. pm.Binomial(upper, p)")
             raise ValueError(
                 "the mechanism's noise is too wide for exact windowed marginalisation "
                 f"(a window of more than {MAX_HALF_WIDTH} counts per cell would be needed)"

@@ -1112,6 +1112,28 @@ class Release:
         return [f"{r}/{c}" for r in rows for c in self.columns]
 
     @property
+    def true_shape(self) -> tuple:
+        """Shape of the true values the release observes: the queried counts' (one per
+        ``query_columns`` label) with a declared query, the rows' for a multi-level release
+        (its k levels are columns of one row), else the values'."""
+        if self.query_matrix is not None:
+            return (len(self.query_columns),)
+        if isinstance(self.mechanism, MultiLevelGeometric):
+            return self.values.shape[:-1]
+        return self.values.shape
+
+    def per_true_value(self) -> tuple[np.ndarray, list[str]] | None:
+        """(one released value per true value, their labels), or None with a declared query
+        (released values are then sums of true values). A multi-level release gives its level
+        0: the least private level, of which the others are post-processing (x-free
+        transitions, seed 003), so it carries everything the release says about the counts."""
+        if self.query_matrix is not None:
+            return None
+        if isinstance(self.mechanism, MultiLevelGeometric):
+            return self.values[..., 0], self.row_labels
+        return self.values, self.cell_labels
+
+    @property
     def coords(self) -> dict:
         """PyMC coords for the declared dims: the row labels (strings for several index columns)
         and, for 2-D values, the value columns. Empty without declared dims."""
@@ -1350,7 +1372,8 @@ def write_release(path, mechanism, values, *, name: str, index=None, columns=Non
                   invariants=None, description: str = "", units: str = "", provenance: str = "",
                   created=None, extra_columns=None, query=None, dims=None,
                   values_file: str | None = None) -> Path:
-    """Write a release (curator side): the values file and the manifest beside it. Returns the
+    """Write a release (curator side): the values file and the manifest beside it (their
+    directory is created if missing). Returns the
     manifest's path; the files are read back with :func:`read_release` before returning, so
     everything written is readable.
 
@@ -1463,6 +1486,7 @@ def write_release(path, mechanism, values, *, name: str, index=None, columns=Non
             document["query"] = {"kind": "matrix", "matrix": _plain(q.tolist())}
 
     values_path = path.parent / values_name
+    values_path.parent.mkdir(parents=True, exist_ok=True)  # the manifest's directory too
     if values_path.suffix == ".parquet":
         try:
             import pyarrow  # noqa: F401

@@ -36,6 +36,8 @@ from fractions import Fraction
 
 import numpy as np
 import pymc as pm
+import pytensor.tensor as pt
+from pytensor.compile.ops import wrap_py
 from pytensor.graph.basic import Variable
 
 from dpinfer._validation import as_integer_array, as_real_array, check_epsilon, check_rng, check_within
@@ -383,20 +385,29 @@ class RandomizedResponse(Mechanism):
         return out
 
     def dist(self, true_values):
-        raise NotImplementedError(
-            "RandomizedResponse has no PyMC distribution of the report table given a latent true "
-            "table (a sum of multinomials, one per true cell); model the cell probabilities pi and "
-            "use dist_given_probabilities(pi, n) = Multinomial(n, M^T pi), or log_likelihood for "
-            "the exact numpy P(release_table | true_table)"
-        )
+        """PyMC distribution of the report table given the symbolic true table (length 2^k):
+        log-p is the exact :meth:`log_likelihood` (numpy, evaluated outside the gradient: the
+        true table is discrete), draws are :meth:`release`. With ``observe``, this is how a
+        model states that the release privatises a latent table; :func:`dpinfer.sample` then
+        sums a ``pm.Multinomial(n, p)`` table out (release ~ Multinomial(n, M^T p)) and draws
+        it exactly given p (module docstring)."""
+        mechanism = self
 
-    def observe(self, name: str, true_values, observed, *, dims=None, model=None):
-        raise NotImplementedError(
-            "RandomizedResponse.observe is not available (no PyMC likelihood given a latent true "
-            "table); in a PyMC model write pm.Multinomial(name, n=n, p=mech.report_probabilities(pi), "
-            "observed=release_table) with pi the cell probabilities, and draw the true table with "
-            "draw_true_table(pi, release_table, rng) if needed"
-        )
+        @wrap_py(itypes=[pt.lvector, pt.lvector], otypes=[pt.dscalar])
+        def table_log_likelihood(release_table, true_table):
+            return np.float64(mechanism.log_likelihood(release_table, true_table))
+
+        def logp(value, true_table):
+            return table_log_likelihood(pt.cast(value, "int64"), pt.cast(true_table, "int64"))
+
+        def random(true_table, rng=None, size=None):
+            if size not in (None, ()) and np.prod(size) != 1:
+                raise NotImplementedError("RandomizedResponse draws one report table per call")
+            return mechanism.release(np.asarray(true_table), check_rng(rng))
+
+        return pm.CustomDist.dist(true_values, logp=logp, random=random,
+                                  signature="(k)->(k)", dtype="int64",
+                                  class_name="RandomizedResponse")
 
     def log_likelihood_bound_outside(self, release, k: int, *, support=(-np.inf, np.inf)) -> np.ndarray:
         raise NotImplementedError(
