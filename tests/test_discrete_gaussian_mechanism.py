@@ -14,7 +14,7 @@ from test_exact_sampling import chi_square_pvalue
 from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
 from dpinfer.privacy import hockey_stick
 
-mpmath.mp.dps = 30
+MPMATH_DPS = 30  # mpmath precision of every test here (tests/conftest.py)
 SIGMAS = [0.3, 0.9, 1.0, 1.7, 4.2308, 50.0]
 
 

@@ -30,7 +30,7 @@ from dpinfer.distributions import (
     discrete_gaussian_variance,
 )
 
-mp.mp.dps = 40
+MPMATH_DPS = 40  # mpmath precision of every test here (tests/conftest.py)
 INF = np.inf
 
 # Integer domains with unbounded edges must list +-inf explicitly (reference notes §5(b) 12).

@@ -13,7 +13,7 @@ from scipy import stats
 
 from dpinfer.mechanisms.gaussian import Gaussian, calibrate_sigma
 
-mp.mp.dps = 40
+MPMATH_DPS = 40  # mpmath precision of every test here (tests/conftest.py)
 
 # seed-004 note §6 T3 (Δ = 1): sigma(ε, δ), 8 significant digits.
 T3 = {

@@ -14,7 +14,7 @@ from test_exact_sampling import chi_square_pvalue
 
 from dpinfer.mechanisms.geometric import ClampedGeometric, DoubleGeometric
 
-mpmath.mp.dps = 40
+MPMATH_DPS = 40  # mpmath precision of every test here (tests/conftest.py)
 
 
 def mp_pmf(e, epsilon, sensitivity):

@@ -20,7 +20,7 @@ from dpinfer.mechanisms.laplace import Laplace
 from dpinfer.mechanisms.logconcave import Logistic, Subbotin, log_concave_delta
 from test_inference import _assert_matches_exact
 
-mp.mp.dps = 40
+MPMATH_DPS = 40  # mpmath precision of every test here (tests/conftest.py)
 
 
 # --- independent references in 40-digit arithmetic ------------------------------------------------

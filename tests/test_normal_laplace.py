@@ -27,7 +27,7 @@ from dpinfer.distributions.normal_laplace import (
     normal_laplace_logpdf,
 )
 
-mp.mp.dps = 20
+MPMATH_DPS = 20  # mpmath precision of every test here (tests/conftest.py)
 Z_TOL = 4.5  # Monte Carlo tolerance, in standard errors
 
 
@@ -139,7 +139,8 @@ def _grid():
 
 
 GRID = _grid()
-GRID_REF = np.array([ref_logpdf(*row) for row in GRID])
+with mp.workdps(MPMATH_DPS):  # computed at import, outside the tests' precision fixture
+    GRID_REF = np.array([ref_logpdf(*row) for row in GRID])
 
 
 @functools.cache

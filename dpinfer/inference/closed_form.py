@@ -53,14 +53,19 @@ _KEPT = "_dpinfer_closed_form_model"
 
 
 @dataclass(frozen=True)
-class SummedLatent:
-    """A Normal latent summed out of its release by a Gaussian or Laplace mechanism."""
+class _SummedOut:
+    """A latent summed out of its release (``record``); subclasses give the release's law
+    given the latent's parameters (``marginal``) and the latent's exact draws (``draw``)."""
 
     record: ReleaseRecord
 
     @property
     def latent_name(self) -> str:
         return self.record.latent.name
+
+
+class SummedLatent(_SummedOut):
+    """A Normal latent summed out of its release by a Gaussian or Laplace mechanism."""
 
     @property
     def method(self) -> str:
@@ -94,15 +99,8 @@ class SummedLatent:
         return draw_normal_given_laplace_release(release, mu, sigma, mechanism.scale, rng)
 
 
-@dataclass(frozen=True)
-class SummedTable:
+class SummedTable(_SummedOut):
     """A Multinomial true table summed out of its randomised-response release."""
-
-    record: ReleaseRecord
-
-    @property
-    def latent_name(self) -> str:
-        return self.record.latent.name
 
     @property
     def method(self) -> str:
