@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pymc as pm
+import pytensor
 import pytensor.tensor as pt
 import pytest
 from scipy import stats
@@ -280,3 +281,16 @@ def test_sbc_of_the_nonnegativity_likelihood():
     df, text = sbc_nonnegative.run(100)
     print(text)
     assert df[df["method"] == "dpinfer"]["passed"].all()
+
+
+def test_the_normaliser_op_recomputes_exactly_when_the_counts_change():
+    """The Op keeps its last value for repeated evaluations at the same counts (NUTS steps with
+    x fixed) and matches log_normaliser at every new x, also after returning to an old one."""
+    from dpinfer.mechanisms.conditioned import _LogNormaliserOp
+
+    mechanism = dp.Conditioned(dp.DoubleGeometric(0.7), dp.Invariants.total(3), nonnegative=True)
+    x = pt.lvector("x")
+    evaluate = pytensor.function([x], _LogNormaliserOp(mechanism)(x), mode="FAST_COMPILE")
+    for counts in ([0, 2, 5], [0, 2, 5], [1, 1, 5], [0, 2, 5], [4, 0, 0]):
+        assert float(evaluate(np.array(counts))) == mechanism.log_normaliser(np.array(counts))
+    assert float(evaluate(np.array([-1, 2, 5]))) == np.inf

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from dpinfer.lattice.convolution import log_convolution_at, sample_given_sums
@@ -43,21 +44,40 @@ MAX_DIMENSION = 6  # a box of side >= 13 per coordinate exceeds MAX_LATTICE_POIN
 def log_sum_pmf(log_rows: np.ndarray, lows: np.ndarray) -> tuple[int, np.ndarray]:
     """(lowest value, log pmf) of the sum of independent integer variables; row j of
     ``log_rows`` holds log P(X_j = lows[j] + t), t = 0..W-1 (-inf allowed). Direct convolution
-    with rescaling by the maximum after every step (relative accuracy in every entry)."""
+    with rescaling by the maximum after every step (relative accuracy in every entry), in a
+    compiled kernel (:func:`_convolve_rescaled`)."""
     log_rows = np.asarray(log_rows, dtype=float)
     lo = int(np.sum(lows))
     if log_rows.shape[0] == 0:
         return 0, np.zeros(1)
     shift = log_rows.max(axis=1, keepdims=True)
-    rows = np.exp(log_rows - shift)
-    acc = rows[0]
-    for row in rows[1:]:
-        acc = np.convolve(acc, row)
-        top = acc.max()
-        acc /= top
-        shift[0] += np.log(top)
+    acc, log_scale = _convolve_rescaled(np.ascontiguousarray(np.exp(log_rows - shift)))
     with np.errstate(divide="ignore"):
-        return lo, np.log(acc) + float(np.sum(shift))
+        return lo, np.log(acc) + (float(np.sum(shift)) + log_scale)
+
+
+@numba.njit(cache=True)
+def _convolve_rescaled(rows):
+    """(acc, log c): the convolution of the non-negative rows is c * acc, max(acc) = 1 after
+    every step but the first (the first row as given)."""
+    n, width = rows.shape
+    acc = np.zeros(n * (width - 1) + 1)
+    work = np.zeros_like(acc)
+    acc[:width] = rows[0]
+    length, log_scale = width, 0.0
+    for j in range(1, n):
+        new_length = length + width - 1
+        work[:new_length] = 0.0
+        for a in range(length):
+            v = acc[a]
+            if v != 0.0:
+                for b in range(width):
+                    work[a + b] += v * rows[j, b]
+        top = work[:new_length].max()
+        acc[:new_length] = work[:new_length] / top
+        log_scale += np.log(top)
+        length = new_length
+    return acc[:length].copy(), log_scale
 
 
 @dataclass(frozen=True)

@@ -628,12 +628,14 @@ warnings.filterwarnings("ignore", message="Numba will use object mode to run _Lo
 
 class _LogNormaliserOp(Op):
     """log P(A e = 0, x + e >= 0) of a non-negativity-conditioned mechanism at integer x
-    (no gradient: x is a vector of counts)."""
+    (no gradient: x is a vector of counts). The last value is kept: NUTS evaluates the model
+    many times per transition of the parameters with the counts x unchanged."""
 
     __props__ = ("mechanism",)
 
     def __init__(self, mechanism: Conditioned):
         self.mechanism = mechanism
+        self._last = (None, None)  # (x, value) of the last evaluation
 
     def make_node(self, x):
         x = pt.as_tensor_variable(x)
@@ -641,5 +643,8 @@ class _LogNormaliserOp(Op):
 
     def perform(self, node, inputs, output_storage):
         x = np.asarray(inputs[0])
-        value = self.mechanism.log_normaliser(x) if np.all(x >= 0) else np.inf
+        last_x, value = self._last
+        if last_x is None or not np.array_equal(last_x, x):
+            value = self.mechanism.log_normaliser(x) if np.all(x >= 0) else np.inf
+            self._last = (x.copy(), value)
         output_storage[0][0] = np.asarray(value, dtype=np.float64)
