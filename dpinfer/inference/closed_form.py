@@ -117,13 +117,9 @@ class SummedTable(_SummedOut):
         return list(params)
 
     def draw(self, release, params, n_draws: int, rng: np.random.Generator) -> np.ndarray:
-        n, p = params
-        n = np.broadcast_to(n, (n_draws,))
-        p = np.broadcast_to(p, (n_draws, release.shape[-1]))
-        if np.any(n != release.sum()):
-            raise ValueError(f"release {self.record.name!r}: the true table's n = {int(n[0])} is not "
-                             f"the number of reports {int(release.sum())} (randomised response "
-                             "keeps the number of records)")
+        """Exact draws of the table given the release, one per posterior draw of p (n equals
+        the number of reports: :func:`check_tables`)."""
+        p = np.broadcast_to(params[1], (n_draws, release.shape[-1]))
         mechanism = self.record.mechanism
         return np.stack([mechanism.draw_true_table(p[i] / p[i].sum(), release, rng)
                          for i in range(n_draws)])

@@ -60,7 +60,8 @@ def fit_release(path, *, model: str = "auto", out=None, draws: int = 1000,
     (default: ``<release name>-fit`` beside the manifest). ``exposure`` and ``truth`` name
     columns of the release's values file. Returns the path of the report's index.html."""
     release = read_release(path)
-    if release.per_true_value() is None:
+    per_true_value = release.per_true_value()
+    if per_true_value is None:
         raise ValueError("dpinfer fit: the release declares a [query] (its values are sums of the "
                          "true counts); the report sets one released value beside each true "
                          "count, so fit it in Python with release.observe(counts) and dp.sample")
@@ -70,7 +71,7 @@ def fit_release(path, *, model: str = "auto", out=None, draws: int = 1000,
     idata = sample(draws, tune=tune, chains=chains, random_seed=seed, progressbar=progressbar,
                    model=pm_model)
     out = Path(out) if out is not None else Path(path).with_name(f"{release.name}-fit")
-    shown, labels = release.per_true_value()
+    shown, labels = per_true_value
     return write_report(
         out, idata, latent=latent, release=shown, labels=labels,
         baseline=baseline(release), truth=truth_values,

@@ -1118,9 +1118,7 @@ class Release:
         (its k levels are columns of one row), else the values'."""
         if self.query_matrix is not None:
             return (len(self.query_columns),)
-        if isinstance(self.mechanism, MultiLevelGeometric):
-            return self.values.shape[:-1]
-        return self.values.shape
+        return np.shape(self.per_true_value()[0])
 
     def per_true_value(self) -> tuple[np.ndarray, list[str]] | None:
         """(one released value per true value, their labels), or None with a declared query
