@@ -395,9 +395,9 @@ def test_refit_with_new_data_uses_the_new_values_on_both_paths():
 
 
 def test_compiled_model_is_kept_when_only_the_release_changes():
-    """The compiled engine freezes the data its functions use: a new release (not used by them)
-    keeps the compiled model and gives the draws of a fresh model fitted to that release; a new
-    value of data the model's own terms use (here the binomial's n) compiles again."""
+    """The compiled engine hands the model's data to its functions at every fit: a new release
+    (not used by them) or a new value of data the model's own terms use (here the binomial's
+    n) keeps the compiled model and gives the draws of a fresh model fitted to those data."""
     from dpinfer.inference.compiled_engine import _COMPILED
 
     def model_with(release, n):
@@ -420,8 +420,13 @@ def test_compiled_model_is_kept_when_only_the_release_changes():
     for name in ("theta", "x"):
         np.testing.assert_array_equal(refit.posterior[name].values, fresh.posterior[name].values)
     pm.set_data({"n": 900}, model=model)
-    fit(model)
-    assert getattr(model, _COMPILED)[1] is not compiled
+    refit = fit(model)
+    assert getattr(model, _COMPILED)[1] is compiled
+    fresh = fit(model_with(580, 900))
+    for name in ("theta", "x"):
+        np.testing.assert_array_equal(refit.posterior[name].values, fresh.posterior[name].values)
+
+
 def test_gibbs_path_starts_where_the_default_start_is_impossible():
     """The prior's default start x = 20 is impossible with y = 30 ~ Binomial(x, 0.6); the
     Gibbs step supplies a valid start and the posterior matches enumeration."""
@@ -500,12 +505,13 @@ def test_compiled_log_density_is_minus_inf_where_a_parameter_check_fails(capfd):
     q = np.zeros(compiled.n)
     q[compiled.slices[compiled.names.index("sigma_log__")]] = -800.0
     counts = np.array([9, 11], dtype=np.int64)
+    env = compiled.environment(counts)
     grad = np.empty(compiled.n)
-    assert log_density_at(compiled.logp_grad_address, q, grad, counts) == -np.inf
+    assert log_density_at(compiled.logp_grad_address, q, grad, env) == -np.inf
     point = compiled.prior_tables["x"].point_address
-    assert _prior_at(point, q, counts, 0, 9) == -np.inf
+    assert _prior_at(point, q, env, 0, 9) == -np.inf
     q[:] = 0.0
-    assert np.isfinite(log_density_at(compiled.logp_grad_address, q, grad, counts))
+    assert np.isfinite(log_density_at(compiled.logp_grad_address, q, grad, env))
     assert "ParameterValueError" not in capfd.readouterr().err
 
 

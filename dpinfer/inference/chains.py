@@ -113,14 +113,14 @@ def _metric_variance(m2_q, m2_grad, c):
 
 
 @numba.njit(cache=True, nogil=True)
-def _draw_blocks(q, counts, cells, totals, hold_ratio, rng, row):
+def _draw_blocks(q, counts, env, cells, totals, hold_ratio, rng, row):
     """Every count block's draw; their statistics into ``row`` at each block's columns."""
     for b in literal_unroll(cells):
         (full, hoisted, point, offset, grid, release_table, release, tails, shape, log_eta,
          lw, w, cdf, envelope, column) = b
         if grid.shape[0] == 0:
             continue
-        bound, kept = draw_independent(full, hoisted, point, q, counts, offset, grid, release_table,
+        bound, kept = draw_independent(full, hoisted, point, q, counts, env, offset, grid, release_table,
                                        lw, w, cdf, envelope, release, tails, shape, log_eta,
                                        hold_ratio, rng)
         if bound < 0.0:
@@ -132,7 +132,7 @@ def _draw_blocks(q, counts, cells, totals, hold_ratio, rng, row):
          group_cells, targets, lw, w, cdf, envelope, stats, column) = b
         if grid.shape[0] == 0:
             continue
-        draw_given_totals(full, hoisted, point, q, counts, offset, grid, release_table, lw, w, cdf,
+        draw_given_totals(full, hoisted, point, q, counts, env, offset, grid, release_table, lw, w, cdf,
                           envelope, release, tails, shape, group_ptr, group_cells, targets,
                           hold_ratio, rng, stats)
         row[column] += stats[0]
@@ -142,7 +142,7 @@ def _draw_blocks(q, counts, cells, totals, hold_ratio, rng, row):
 
 
 @numba.njit(cache=True, nogil=True)
-def _sweeps(first, last, tune, logp_grad, q, grad, counts, inv_mass, adapt, metric_count,
+def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt, metric_count,
             metric_mean, metric_m2, window_ends, max_depth, cells, totals, rng, out_q, out_counts,
             out_stats, row, nuts_per_sweep, counts_per_sweep):
     """Iterations first..last-1 of a chain (module docstring). Returns 0, or 1 if a count
@@ -166,21 +166,21 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, inv_mass, adapt, metr
         c_sweep = counts_per_sweep if it >= tune else 1
         for t in range(n_sweep):
             if it >= warm_start and (t * c_sweep) // n_sweep > ((t - 1) * c_sweep) // n_sweep:
-                if not _draw_blocks(q, counts, cells, totals, hold_ratio, rng, row):
+                if not _draw_blocks(q, counts, env, cells, totals, hold_ratio, rng, row):
                     return 1
             if n == 0:
                 continue
-            f_lp = log_density_at(logp_grad, q, grad, counts)
+            f_lp = log_density_at(logp_grad, q, grad, env)
             if f_lp == -math.inf:
                 return 2
             if adapt[_EPS] <= 0.0:  # first iteration: Hoffman & Gelman's initial step size
                 for i in range(n):  # and nutpie's first metric, 1 / |gradient| (bounded)
                     inv_mass[i] = min(max(1.0 / abs(grad[i]), 1e-4), 1e4) if grad[i] != 0.0 else 1.0
-                _restart_step_size(adapt, reasonable_step_size(logp_grad, counts, q, grad, f_lp,
+                _restart_step_size(adapt, reasonable_step_size(logp_grad, env, q, grad, f_lp,
                                                                1.0, inv_mass, rng))
             eps = adapt[_EPS]
             lp, depth, steps, accept, diverging, energy, energy_error = nuts_transition(
-                logp_grad, counts, q, grad, f_lp, eps, inv_mass, max_depth, rng)
+                logp_grad, env, q, grad, f_lp, eps, inv_mass, max_depth, rng)
             row[0] = lp  # the sweep's last transition; the tree's largest depth, the steps
             row[1] = max(row[1], depth)  # summed, a divergence in any of its transitions
             row[2] += steps
@@ -207,9 +207,9 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, inv_mass, adapt, metr
                         metric_mean[:, i] = 0.0
                         metric_m2[:, i] = 0.0
                     metric_count[0] = 0.0
-                    lp0 = log_density_at(logp_grad, q, grad, counts)
+                    lp0 = log_density_at(logp_grad, q, grad, env)
                     _restart_step_size(adapt, reasonable_step_size(
-                        logp_grad, counts, q, grad, lp0, adapt[_EPS], inv_mass, rng))
+                        logp_grad, env, q, grad, lp0, adapt[_EPS], inv_mass, rng))
             if it == tune - 1:
                 adapt[_EPS] = math.exp(adapt[_LOG_EPS_BAR])
         if it >= tune:
@@ -257,6 +257,7 @@ def run_chain(model, blocks, *, tune: int, draws: int, rng: np.random.Generator,
     n = model.n
     q = np.array(q0, dtype=float)
     counts = np.array(counts0, dtype=np.int64)
+    env = model.environment(counts)  # the model functions' view of the counts and the data
     names, columns = _stat_columns(blocks)
     cells = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "cells")
     totals = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "totals")
@@ -276,7 +277,7 @@ def run_chain(model, blocks, *, tune: int, draws: int, rng: np.random.Generator,
     chunk = max(1, math.ceil(total / _CHUNKS))
     for first in range(0, total, chunk):
         last = min(total, first + chunk)
-        code = _sweeps(first, last, tune, model.logp_grad_address, q, grad, counts, inv_mass,
+        code = _sweeps(first, last, tune, model.logp_grad_address, q, grad, counts, env, inv_mass,
                        adapt, metric_count, metric_mean, metric_m2, window_ends, max_tree_depth,
                        cells, totals, stream, out_q, out_counts, out_stats, row, nuts_per_sweep,
                        counts_per_sweep)

@@ -19,10 +19,13 @@ the model's PyTensor graph and with PyTensor's numba backend:
   its constrained space (free variables, Deterministics), for the trace.
 
 ``logp_grad`` and the prior tables are numba ``cfunc``s handed to the compiled kernels by
-address (:mod:`dpinfer.inference.native`). The model's data (pm.Data, constants) are frozen
-into them; :meth:`CompiledModel.matches` tells whether the data they use have changed since.
-The releases' own data are not among those (their terms are left out), so a refit after
-``pm.set_data`` of new releases alone keeps the compiled model: replication studies compile once.
+address (:mod:`dpinfer.inference.native`). Their graphs have the model's data taken out as
+inputs (``pm.Data``, literal parameters, observed values: :class:`ModelData`), handed to them
+at run time through an environment array (:meth:`CompiledModel.environment`), so each
+function depends on the model's structure alone and is kept in the model cache
+(:mod:`dpinfer.inference.model_cache`): a new model object of a structure compiled before,
+in this process or another, compiles nothing. The releases' own data are not among them
+(their terms are left out); ``pm.set_data`` between fits changes the data handed over.
 """
 
 from __future__ import annotations
@@ -38,8 +41,16 @@ from pymc.initial_point import make_initial_point_fn
 from pymc.logprob.abstract import _logprob_helper
 from pymc.pytensorf import compile as compile_pymc
 from pytensor.graph.replace import clone_replace, vectorize_graph
-from pytensor.graph.traversal import ancestors, io_toposort
+from pytensor.graph.basic import Constant
+from pytensor.graph.traversal import io_toposort
 
+from dpinfer.inference.model_cache import (
+    NotCacheableError,
+    graph_key,
+    lift_data,
+    native_function,
+    thaw_literals,
+)
 from dpinfer.inference.native import LOGP_GRAD, PRIOR_POINT, PRIOR_TABLE, pointer
 
 
@@ -63,8 +74,8 @@ class CompiledModel:
     expand_fn: object  # PyTensor function (q batch, counts batch) -> named values
     expand_names: list
     _initial_point: object
-    _data: dict = field(repr=False, default_factory=dict)  # the data the functions use
-    _data_names: set = field(repr=False, default_factory=set)  # every data variable's name
+    data: "ModelData" = field(repr=False)
+    variables: tuple = ()  # the model's named variables when compiled
 
     @property
     def n(self) -> int:
@@ -111,21 +122,27 @@ class CompiledModel:
         return dict(zip(self.expand_names, outputs))
 
     def matches(self, model) -> bool:
-        """True while the model has the same data variables and those the functions use hold
-        the values frozen into them (the releases' data may change)."""
-        current = _shared_values(model)
-        return current.keys() == self._data_names and all(
-            np.array_equal(current[k], v) for k, v in self._data.items())
+        """True while ``model`` has the variables compiled for and its ``pm.Data`` keep the
+        shapes compiled for (their values may change: they are read at every fit,
+        :meth:`environment`)."""
+        return tuple(model.named_vars) == self.variables and self.data.matches()
 
+    def refresh(self) -> None:
+        """Read the model's ``pm.Data`` values again (before a fit)."""
+        self.data.refresh()
 
-def _shared_values(model) -> dict:
-    return {v.name: np.asarray(v.get_value()) for v in model.data_vars if hasattr(v, "get_value")}
+    def environment(self, counts: np.ndarray) -> np.ndarray:
+        """The int64 array the native functions take beside q: the address of the counts
+        buffer ``counts`` (int64, the chain's), then each data array's. Keep ``counts`` and
+        this model alive while it is used."""
+        return self.data.fill(counts)
 
 
 def compile_model(model, latents: list, exclude: list) -> CompiledModel:
     """Native functions of ``model`` with the free count variables ``latents`` as data and the
     observed variables ``exclude`` (the releases, whose terms are constant given the counts)
-    left out.
+    left out. Each function is loaded from the model cache when one of the same graph was
+    compiled before (:mod:`dpinfer.inference.model_cache`), else compiled and saved there.
 
     Raises :class:`NotCompilableError` if a free variable other than the latents is discrete
     or the graph has an Op numba cannot compile."""
@@ -146,50 +163,65 @@ def compile_model(model, latents: list, exclude: list) -> CompiledModel:
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
     slices = [slice(int(a), int(b)) for a, b in zip(offsets[:-1], offsets[1:])]
 
-    latent_values = [model.rvs_to_values[rv] for rv in latents]
     latent_shapes = {rv.name: tuple(int(s) for s in rv.shape.eval()) for rv in latents}
     counts_offsets = np.concatenate([[0], np.cumsum([int(np.prod(latent_shapes[n])) for n in latent_names])])
     latent_slices = {n: slice(int(a), int(b)) for n, a, b in zip(latent_names, counts_offsets[:-1], counts_offsets[1:])}
+    n, m = int(offsets[-1]), int(counts_offsets[-1])
 
     q = pt.dvector("q")
     counts = pt.lvector("counts")
-    to_inputs = {v: q[s].reshape(shape) for v, s, shape in zip(values, slices, shapes)}
-    to_inputs.update({v: counts[latent_slices[n]].reshape(latent_shapes[n]).astype(v.dtype)
-                      for v, n in zip(latent_values, latent_names)})
 
-    terms = [rv for rv in model.basic_RVs if rv not in exclude] + list(model.potentials)
-    logp = model.logp(vars=terms)
-    grads = pt.grad(logp, values) if values else []
-    grad = pt.concatenate([g.ravel() for g in grads]) if values else pt.zeros(0)
-    logp, grad = clone_replace([logp, grad], to_inputs)
-    logp_fn = _numba_function([q, counts], [logp, grad])
-    logp_grad = _logp_grad_cfunc(logp_fn, int(offsets[-1]), int(counts_offsets[-1]))
+    def to_inputs(model_):  # the model's value variables -> slices of q and counts
+        named = {v.name: v for v in model_.rvs_to_values.values()}
+        replace = {named[v]: q[s].reshape(shape) for v, s, shape in zip(names, slices, shapes)}
+        replace.update({named[model_.rvs_to_values[model_[k]].name]:
+                        counts[latent_slices[k]].reshape(latent_shapes[k]).astype(model_[k].dtype)
+                        for k in latent_names})
+        return replace
 
-    prior_tables = {}
-    graphs = [logp, grad, *(rv.shape for rv in latents)]  # every graph frozen below
-    n, m = int(offsets[-1]), int(counts_offsets[-1])
-    for rv, name in zip(latents, latent_names):
-        node = rv.owner
-        grid = pt.tensor("grid", dtype="int64", shape=(*latent_shapes[name], None))
+    # the native functions' graphs, on a copy of the model with its data as shared variables
+    thawed, sources = thaw_literals(model)
+    replace = to_inputs(thawed)
+    excluded = {rv.name for rv in exclude}
+    terms = [rv for rv in thawed.basic_RVs if rv.name not in excluded] + list(thawed.potentials)
+    logp = thawed.logp(vars=terms)
+    wrt = [thawed.rvs_to_values[thawed[rv.name]] for rv in params]
+    grads = pt.grad(logp, wrt) if wrt else []
+    grad = pt.concatenate([g.ravel() for g in grads]) if wrt else pt.zeros(0)
+    logp, grad = clone_replace([logp, grad], replace)
+
+    cell = pt.lvector("cell")  # (1,): numba takes tensors, not scalars
+    value = pt.lvector("value")
+    grids, tables, points = [], [], []
+    for name in latent_names:
+        node, shape = thawed[name].owner, latent_shapes[name]
+        grid = pt.tensor("grid", dtype="int64", shape=(*shape, None))
         # parameters with a trailing axis broadcast against each cell's row of candidates
         row_params = [pt.shape_padright(pt.as_tensor(p)) for p in node.op.dist_params(node)]
         _, prior = node.op(*row_params, rng=pt.random.rng(), return_next_rng=True)
         table = pt.broadcast_to(_logprob_helper(prior, grid), grid.shape)
-        [table] = model.replace_rvs_by_values([table])
-        table = clone_replace(table, to_inputs).astype("float64")
-        cell = pt.lvector("cell")  # (1,): numba takes tensors, not scalars
-        value = pt.lvector("value")
-        cell_params = [_at_cell(p, cell[0], latent_shapes[name]) for p in node.op.dist_params(node)]
+        [table] = thawed.replace_rvs_by_values([table])
+        table = clone_replace(table, replace).astype("float64")
+        grids.append(grid)
+        tables.append(table)
+        cell_params = [_at_cell(p, cell[0], shape) for p in node.op.dist_params(node)]
         _, one = node.op(*cell_params, rng=pt.random.rng(), return_next_rng=True)
-        [point] = model.replace_rvs_by_values([_logprob_helper(one, value[0])])
-        point = clone_replace(point, to_inputs).astype("float64")
-        graphs += [table, point]
-        prior_tables[name] = PriorTable.build(table, q, counts, grid, n, m, latent_shapes[name],
-                                              point=(point, cell, value))
+        [prior_point] = thawed.replace_rvs_by_values([_logprob_helper(one, value[0])])
+        points.append(clone_replace(prior_point, replace).astype("float64"))
+
+    data = ModelData.lift([logp, grad, *tables, *points], sources)
+    logp, grad, *rest = data.graphs
+    tables, points = rest[:len(latents)], rest[len(latents):]
+    logp_grad = _native("logp_grad", [q, counts], [logp, grad], data, LOGP_GRAD,
+                        _LOGP_GRAD_SOURCE, n=n, m=m)
+    prior_tables = {
+        name: PriorTable.build(table, point, q, counts, grid, cell, value, data, n=n, m=m,
+                               shape=latent_shapes[name])
+        for name, table, point, grid in zip(latent_names, tables, points, grids)}
 
     expand_vars = [rv for rv in params] + list(model.deterministics)
     expand_names = [v.name for v in expand_vars]
-    outputs = clone_replace(model.replace_rvs_by_values(expand_vars), to_inputs)
+    outputs = clone_replace(model.replace_rvs_by_values(expand_vars), to_inputs(model))
     q_batch = pt.dmatrix("q_batch")
     counts_batch = pt.lmatrix("counts_batch")
     outputs = vectorize_graph(outputs, replace={q: q_batch, counts: counts_batch})
@@ -198,15 +230,45 @@ def compile_model(model, latents: list, exclude: list) -> CompiledModel:
                                   mode="FAST_COMPILE")
 
     initial_point = make_initial_point_fn(model=model, jitter_rvs=set(params), return_transformed=True)
-    data = _shared_values(model)
-    # the parameters' graphs carry the data their initial point may use
-    used = {v.name for v in ancestors([*graphs, *outputs, *params])} & data.keys()
     return CompiledModel(
         names=names, slices=slices, shapes=shapes, latents=latent_names,
         latent_slices=latent_slices, latent_shapes=latent_shapes, logp_grad=logp_grad,
         prior_tables=prior_tables, expand_fn=expand_fn, expand_names=expand_names,
-        _initial_point=initial_point, _data={k: data[k] for k in used}, _data_names=set(data),
+        _initial_point=initial_point, data=data, variables=tuple(model.named_vars),
     )
+
+
+class ModelData:
+    """The data of a model's compiled functions, taken out of their graphs
+    (:func:`dpinfer.inference.model_cache.lift_data`) and handed to them at run time through
+    the environment array (:meth:`CompiledModel.environment`). The values of ``pm.Data``
+    variables are read again by :meth:`refresh` (``pm.set_data`` between fits, in place, so
+    the addresses hold); literals are fixed with the model."""
+
+    def __init__(self, graphs, inputs, values, sources):
+        self.graphs, self.inputs, self.values, self._sources = graphs, inputs, values, sources
+        self.addresses = np.array([v.ctypes.data for v in values], dtype=np.int64)
+
+    @classmethod
+    def lift(cls, graphs, sources: dict) -> "ModelData":
+        """The data of ``graphs`` (built on a model from
+        :func:`~dpinfer.inference.model_cache.thaw_literals`, whose ``sources`` are given)."""
+        return cls(*lift_data(graphs, sources))
+
+    def refresh(self) -> None:
+        """Read the ``pm.Data`` values again (their shapes are fixed: :meth:`matches`)."""
+        for j, source in enumerate(self._sources):
+            if source is not None:
+                self.values[j][...] = source.get_value()
+
+    def matches(self) -> bool:
+        """True while every ``pm.Data`` the functions use keeps the shape compiled for."""
+        return all(source is None or np.shape(source.get_value()) == self.values[j].shape
+                   for j, source in enumerate(self._sources))
+
+    def fill(self, table: np.ndarray) -> np.ndarray:
+        """The environment array for the counts buffer ``table``: its address, then the data's."""
+        return np.concatenate([[table.ctypes.data], self.addresses]).astype(np.int64)
 
 
 def _at_cell(param, cell, shape: tuple):
@@ -223,34 +285,55 @@ def _at_cell(param, cell, shape: tuple):
     return param[tuple(0 if b else i for i, b in zip(axes, param.type.broadcastable))] if axes else param
 
 
-def _numba_function(inputs, outputs):
-    """(numba-jitted function of the inputs and the shared values, the shared values).
-
-    Compiled with PyMC's rewrites (``pymc.pytensorf.compile``), which turn the parameter
-    checks of log densities (sigma > 0, ...) into -inf: a raised check cannot leave the
-    native functions (numba would print it and return an undefined value)."""
+def _jit_function(inputs, outputs):
+    """The numba-jitted function of ``inputs`` computing ``outputs``, compiled with PyMC's
+    rewrites (``pymc.pytensorf.compile``), which turn the parameter checks of log densities
+    (sigma > 0, ...) into -inf: a raised check cannot leave the native functions (numba would
+    print it and return an undefined value)."""
     try:
         fn = compile_pymc(inputs, outputs, mode="NUMBA", on_unused_input="ignore")
     except Exception as err:  # pragma: no cover - depends on the model's Ops
         raise NotCompilableError(f"PyTensor's numba backend cannot compile the model: {err}") from err
-    shared = tuple(np.asarray(v.get_value()) for v in fn.get_shared())
-    return fn.vm.jit_fn, shared
+    if fn.get_shared():
+        raise NotCompilableError(f"the model's functions read shared variables that are not data: "
+                                 f"{fn.get_shared()}")
+    return fn.vm.jit_fn
 
 
-def _logp_grad_cfunc(fn, n: int, m: int):
-    jit_fn, shared = fn
+def _native(name: str, inputs: list, outputs: list, data: "ModelData", signature, template: str,
+            **constants):
+    """The cfunc ``name`` of ``template`` (formatted with ``constants`` and the data's
+    unpacking) around the jitted function of ``inputs`` + the data's inputs -> ``outputs``,
+    from the model cache or compiled (and saved)."""
+    unpack = "".join(
+        f"    d{j} = carray(pointer(env[{j + 1}]), {tuple(v.shape)}, dtype=np.{v.dtype.name})\n"
+        for j, v in enumerate(data.values))
+    args = "".join(f", d{j}" for j in range(len(data.values)))
+    source = template.format(unpack=unpack, data=args, k=len(data.values) + 1, **constants)
+    try:
+        key = graph_key([*inputs, *data.inputs], outputs, source)
+    except NotCacheableError:
+        key = None
 
-    @numba.cfunc(LOGP_GRAD)
-    def logp_grad(q_ptr, grad_ptr, counts_ptr):
-        q = numba.carray(q_ptr, (n,), dtype=np.float64)
-        grad = numba.carray(grad_ptr, (n,), dtype=np.float64)
-        counts = numba.carray(counts_ptr, (m,), dtype=np.int64)
-        lp, g = jit_fn(q, counts, *shared)
-        for i in range(n):
-            grad[i] = g[i]
-        return lp[()]
+    def namespace():
+        return {"carray": numba.carray, "np": np, "pointer": pointer,
+                "jit_fn": _jit_function([*inputs, *data.inputs], outputs)}
 
-    return logp_grad
+    return native_function(key, source, name, signature, namespace)
+
+
+_LOGP_GRAD_SOURCE = """
+def logp_grad(q_ptr, grad_ptr, env_ptr):
+    q = carray(q_ptr, ({n},), dtype=np.float64)
+    grad = carray(grad_ptr, ({n},), dtype=np.float64)
+    env = carray(env_ptr, ({k},), dtype=np.int64)
+    counts = carray(pointer(env[0]), ({m},), dtype=np.int64)
+{unpack}
+    lp, g = jit_fn(q, counts{data})
+    for i in range({n}):
+        grad[i] = g[i]
+    return lp[()]
+"""
 
 
 class PriorTable:
@@ -258,26 +341,36 @@ class PriorTable:
 
     ``point`` evaluates one cell at one value (off the window: the exact draws' tails).
     ``full`` is the table's graph with every subexpression that depends on the grid alone (and
-    the model's constants) taken out as an input: :meth:`prepare` computes those once per grid
+    the model's data) taken out as an input: :meth:`prepare` computes those once per grid
     (log v!, support masks, ...), so a sweep costs about 1 ns per candidate instead of 15
     (measured on a Poisson prior). Subexpressions are taken out only where their shape is the
     grid's (else they stay in the graph)."""
 
-    def __init__(self, point, full, hoist_fn, hoisted_types, shape):
+    def __init__(self, point, full, hoist_fn, hoisted_types, shape, data):
         self.point, self.full, self._hoist_fn = point, full, hoist_fn
-        self._hoisted_types, self.shape = hoisted_types, shape
+        self._hoisted_types, self.shape, self._data = hoisted_types, shape, data
 
     @classmethod
-    def build(cls, table, q, counts, grid, n: int, m: int, shape: tuple, *, point) -> "PriorTable":
-        point_graph, cell, value = point
-        point = _point_cfunc(_numba_function([q, counts, cell, value], [point_graph]), n, m)
+    def build(cls, table, point, q, counts, grid, cell, value, data: ModelData, *, n: int,
+              m: int, shape: tuple) -> "PriorTable":
+        point = _native("prior_point", [q, counts, cell, value], [point], data, PRIOR_POINT,
+                        _POINT_SOURCE, n=n, m=m)
         frontier = _grid_only_terms(table, grid, [q, counts])
         replacements = [pt.tensor(dtype=v.dtype, shape=(None,) * v.ndim) for v in frontier]
         full_graph = clone_replace(table, dict(zip(frontier, replacements)))
-        full = _table_cfunc(_numba_function([q, counts, grid, *replacements], [full_graph]),
-                            n, m, shape, [v.dtype for v in frontier])
-        hoist_fn = pytensor.function([grid], frontier, mode="FAST_COMPILE") if frontier else None
-        return cls(point, full, hoist_fn, [v.dtype for v in frontier], shape)
+        full_graph = full_graph.reshape((int(np.prod(shape)), grid.shape[-1]))  # rows of cells
+        dtypes = [v.dtype for v in frontier]
+        unpack = "".join(
+            f"    h{j} = carray(pointer(hoisted[{j}]), ({int(np.prod(shape))}, width), "
+            f"dtype=np.{np.dtype(dt).name}).reshape({tuple(shape)} + (width,))\n"
+            for j, dt in enumerate(dtypes))
+        full = _native("prior_table", [q, counts, grid, *replacements], [full_graph], data,
+                       PRIOR_TABLE, _TABLE_SOURCE.replace("{hoisted_unpack}", unpack),
+                       n=n, m=m, d=int(np.prod(shape)), h=max(len(dtypes), 1), shape=tuple(shape),
+                       hoisted="".join(f", h{j}" for j in range(len(dtypes))))
+        hoist_fn = (pytensor.function([grid, *data.inputs], frontier, mode="FAST_COMPILE",
+                                      on_unused_input="ignore") if frontier else None)
+        return cls(point, full, hoist_fn, dtypes, shape, data)
 
     @property
     def point_address(self) -> int:
@@ -292,17 +385,17 @@ class PriorTable:
         ``full`` takes (keep both alive while it is used)."""
         if self._hoist_fn is None:
             return [], np.zeros(1, dtype=np.int64)
-        grid = grid.reshape((*self.shape, grid.shape[-1]))
+        grid = np.ascontiguousarray(grid, dtype=np.int64).reshape((*self.shape, grid.shape[-1]))
         buffers = [np.ascontiguousarray(np.broadcast_to(v, grid.shape), dtype=dtype)
-                   for v, dtype in zip(self._hoist_fn(grid), self._hoisted_types)]
+                   for v, dtype in zip(self._hoist_fn(grid, *self._data.values), self._hoisted_types)]
         return buffers, np.array([b.ctypes.data for b in buffers], dtype=np.int64)
 
 
 def _grid_only_terms(output, grid, dynamic_inputs) -> list:
-    """Variables of ``output``'s graph computed from ``grid`` (and constants) but not from
-    ``dynamic_inputs``, that feed a computation that depends on the latter, with the grid's
-    number of dimensions and no broadcastable axis (so they can be computed once per grid
-    and passed in with the grid's shape)."""
+    """Variables of ``output``'s graph computed from ``grid`` (and data or constants) but not
+    from ``dynamic_inputs``, that feed a computation that depends on the latter, with the
+    grid's number of dimensions and no broadcastable axis (so they can be computed once per
+    grid and passed in with the grid's shape)."""
     order = io_toposort([grid, *dynamic_inputs], [output])
     static, dynamic = {grid}, set(dynamic_inputs)
     for node in order:
@@ -322,45 +415,28 @@ def _grid_only_terms(output, grid, dynamic_inputs) -> list:
 
 
 _TABLE_SOURCE = """
-def prior_table(q_ptr, counts_ptr, grid_ptr, out_ptr, width, hoisted_ptr):
-    q = carray(q_ptr, (n,), dtype=np.float64)
-    counts = carray(counts_ptr, (m,), dtype=np.int64)
-    grid = carray(grid_ptr, (d, width), dtype=np.int64).reshape(shape + (width,))
-    out = carray(out_ptr, (d, width), dtype=np.float64)
-    hoisted = carray(hoisted_ptr, (k,), dtype=np.int64)
-{unpack}
-    (table,) = jit_fn(q, counts, grid{extra}, *shared)
-    out[:] = np.ascontiguousarray(table).reshape((d, width))
+def prior_table(q_ptr, env_ptr, grid_ptr, out_ptr, width, hoisted_ptr):
+    q = carray(q_ptr, ({n},), dtype=np.float64)
+    env = carray(env_ptr, ({k},), dtype=np.int64)
+    counts = carray(pointer(env[0]), ({m},), dtype=np.int64)
+    grid = carray(grid_ptr, ({d}, width), dtype=np.int64).reshape({shape} + (width,))
+    out = carray(out_ptr, ({d}, width), dtype=np.float64)
+    hoisted = carray(hoisted_ptr, ({h},), dtype=np.int64)
+{hoisted_unpack}{unpack}
+    (table,) = jit_fn(q, counts, grid{hoisted}{data})
+    out[:] = table
 """
 
-
-def _table_cfunc(fn, n: int, m: int, shape: tuple, hoisted_dtypes: list):
-    """The PRIOR_TABLE cfunc around a numba function (q, counts, grid, *hoisted, *shared),
-    the hoisted buffers read from the address array (generated per number of buffers)."""
-    jit_fn, shared = fn
-    unpack = "".join(
-        f"    h{j} = carray(pointer(hoisted[{j}]), (d, width), dtype=np.{np.dtype(dt).name})"
-        f".reshape(shape + (width,))\n" for j, dt in enumerate(hoisted_dtypes))
-    extra = "".join(f", h{j}" for j in range(len(hoisted_dtypes)))
-    namespace = {"carray": numba.carray, "np": np, "pointer": pointer, "jit_fn": jit_fn,
-                 "shared": shared, "n": n, "m": m, "d": int(np.prod(shape)), "shape": tuple(shape),
-                 "k": max(len(hoisted_dtypes), 1)}
-    exec(_TABLE_SOURCE.format(unpack=unpack, extra=extra), namespace)
-    return numba.cfunc(PRIOR_TABLE)(namespace["prior_table"])
-
-
-def _point_cfunc(fn, n: int, m: int):
-    jit_fn, shared = fn
-
-    @numba.cfunc(PRIOR_POINT)
-    def prior_point(q_ptr, counts_ptr, cell, value):
-        q = numba.carray(q_ptr, (n,), dtype=np.float64)
-        counts = numba.carray(counts_ptr, (m,), dtype=np.int64)
-        cells = np.empty(1, dtype=np.int64)
-        values = np.empty(1, dtype=np.int64)
-        cells[0] = cell
-        values[0] = value
-        (lp,) = jit_fn(q, counts, cells, values, *shared)
-        return lp[()]
-
-    return prior_point
+_POINT_SOURCE = """
+def prior_point(q_ptr, env_ptr, cell, value):
+    q = carray(q_ptr, ({n},), dtype=np.float64)
+    env = carray(env_ptr, ({k},), dtype=np.int64)
+    counts = carray(pointer(env[0]), ({m},), dtype=np.int64)
+{unpack}
+    cells = np.empty(1, dtype=np.int64)
+    values = np.empty(1, dtype=np.int64)
+    cells[0] = cell
+    values[0] = value
+    (lp,) = jit_fn(q, counts, cells, values{data})
+    return lp[()]
+"""

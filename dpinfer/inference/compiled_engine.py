@@ -69,10 +69,13 @@ def compile_for(model, plans):
 
 def compiled_model_for(model, latents: list, releases: list):
     """The compiled model kept on ``model`` if it was built for the same latents and the
-    model's data have not changed since; otherwise a new one (kept)."""
+    model still matches it (:meth:`~dpinfer.inference.compiled.CompiledModel.matches`);
+    otherwise a new one (kept), its functions from the model cache where they were compiled
+    before (:mod:`dpinfer.inference.model_cache`)."""
     key = (tuple(rv.name for rv in latents), tuple(rv.name for rv in releases))
     cached = getattr(model, _COMPILED, None)
     if cached is not None and cached[0] == key and cached[1].matches(model):
+        cached[1].refresh()
         return cached[1]
     compiled = compile_model(model, latents, releases)
     setattr(model, _COMPILED, (key, compiled))

@@ -96,21 +96,23 @@ def noise_log(e, c0, c1, power):
 
 
 @numba.njit(cache=True, nogil=True)
-def log_weight_tables(prior_address, hoisted, q, counts, grid, release_table, out):
+def log_weight_tables(prior_address, hoisted, q, env, grid, release_table, out):
     """out[i, j] = log p(x_i = grid[i, j] | theta) + release_table[i, j], all (d, W): the
     prior's table from the full table function at ``prior_address`` (``hoisted``: the
-    addresses of its grid-only terms), one contiguous row per cell."""
+    addresses of its grid-only terms; ``env``: the model's environment, the counts' address
+    and the data's, :meth:`dpinfer.inference.compiled.CompiledModel.environment`), one
+    contiguous row per cell."""
     f = prior_table_at(prior_address)
-    f(pointer(q.ctypes.data), pointer(counts.ctypes.data), pointer(grid.ctypes.data),
+    f(pointer(q.ctypes.data), pointer(env.ctypes.data), pointer(grid.ctypes.data),
       pointer(out.ctypes.data), grid.shape[1], pointer(hoisted.ctypes.data))
     out += release_table
 
 
 @numba.njit(cache=True, nogil=True)
-def _prior_at(point_address, q, counts, i, v):
+def _prior_at(point_address, q, env, i, v):
     """log p(x_i = v | theta) for one cell at one value, off the table."""
     f = prior_point_at(point_address)
-    return f(pointer(q.ctypes.data), pointer(counts.ctypes.data), i, v)
+    return f(pointer(q.ctypes.data), pointer(env.ctypes.data), i, v)
 
 
 # exp(x) for x <= 0: x = k ln 2 + r, |r| <= ln(2)/2 (Cody & Waite's two-part ln 2), e^r by its
@@ -262,7 +264,7 @@ def _geometric(r, rng):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _draw_cell(i, row, cdf, envelope, lo, tails, release, shape, point_address, q, counts, rng):
+def _draw_cell(i, row, cdf, envelope, lo, tails, release, shape, point_address, q, env, rng):
     """One exact draw of cell i from its tilted conditional (module docstring), given its
     cumulative table cdf[row] and its envelopes envelope[:, row] = (E_L, E_R, r_L, r_R) with
     the same tilt and scale. Returns the count, or _FAILED if no tail proposal was accepted
@@ -275,11 +277,11 @@ def _draw_cell(i, row, cdf, envelope, lo, tails, release, shape, point_address, 
     if u < z_in:
         return lo + _search(cdf, row, u)
     return _draw_tails(i, row, u, cdf, envelope, lo, tails, release, shape, point_address, q,
-                       counts, rng)
+                       env, rng)
 
 
 @numba.njit(cache=True, nogil=True)
-def _draw_tails(i, row, u, cdf, envelope, lo, tails, release, shape, point_address, q, counts,
+def _draw_tails(i, row, u, cdf, envelope, lo, tails, release, shape, point_address, q, env,
                 rng):
     """The rejection loop of :func:`_draw_cell` from a first uniform ``u`` (scaled to the
     total mass) that fell in the tails' envelopes."""
@@ -298,7 +300,7 @@ def _draw_tails(i, row, u, cdf, envelope, lo, tails, release, shape, point_addre
             t = _geometric(envelope[3, row], rng)
             v = lo + W + t
             log_env = tails[4, i] - t * tails[5, i]
-        log_target = _prior_at(point_address, q, counts, i, v) + noise_log(
+        log_target = _prior_at(point_address, q, env, i, v) + noise_log(
             release - v, shape[0], shape[1], int(shape[2]))
         if math.log(uniform_open(rng)) <= log_target - log_env:
             return v
@@ -307,16 +309,17 @@ def _draw_tails(i, row, u, cdf, envelope, lo, tails, release, shape, point_addre
 
 
 @numba.njit(cache=True, nogil=True)
-def draw_independent(prior_address, hoisted, point_address, q, counts, offset, grid,
+def draw_independent(prior_address, hoisted, point_address, q, counts, env, offset, grid,
                      release_table, lw, w, cdf, envelope, release, tails, shape, log_eta,
                      hold_ratio, rng):
     """Exact draws of every cell of one latent given theta, written to
-    counts[offset:offset + d]. ``tails`` (6, d) as in :func:`_envelope` (all zero: no exact
+    counts[offset:offset + d] (``env``: the model's environment, whose counts are
+    ``counts``). ``tails`` (6, d) as in :func:`_envelope` (all zero: no exact
     tails, the neglected mass is bounded with ``log_eta`` instead). ``grid`` (d, W) holds
     each cell's window. Scratch: lw (d, W), w and cdf (W,), envelope (4,). Returns (the neglected-mass bound
     sum_i log1p(eta_i / L_i) of the cells without exact tails, 0 when all have them, or -1 if
     such a window holds no mass; the number of cells held or given up)."""
-    log_weight_tables(prior_address, hoisted, q, counts, grid, release_table, lw)
+    log_weight_tables(prior_address, hoisted, q, env, grid, release_table, lw)
     d, W = lw.shape
     bound = 0.0
     kept = 0
@@ -339,7 +342,7 @@ def draw_independent(prior_address, hoisted, point_address, q, counts, offset, g
             if log_eta[i] > -math.inf:
                 bound += math.log1p(math.exp(min(log_eta[i] - m - math.log(cdf[W - 1]), 700.0)))
         v = _draw_cell(i, 0, cdf_row, envelope_row, grid[i, 0], tails, release[i], shape,
-                       point_address, q, counts, rng)
+                       point_address, q, env, rng)
         if v == _FAILED:
             kept += 1
             continue
@@ -349,7 +352,7 @@ def draw_independent(prior_address, hoisted, point_address, q, counts, offset, g
 
 @numba.njit(cache=True, nogil=True)
 def _draw_subset(cells, target, lw, w, cdf, envelope, scale, mean, var, tilt, grid, tails,
-                 release, shape, point_address, q, counts, offset, hold_ratio, rng, stats,
+                 release, shape, point_address, q, counts, env, offset, hold_ratio, rng, stats,
                  proposal):
     """An exact draw of the counts of ``cells`` given theta and their sum ``target`` (the
     rejection scheme of the module docstring), written to ``counts``; their untilted weights,
@@ -429,7 +432,7 @@ def _draw_subset(cells, target, lw, w, cdf, envelope, scale, mean, var, tilt, gr
             if i == last:
                 continue
             v = _draw_cell(i, i, cdf, envelope, grid[i, 0], tails, release[i], shape,
-                           point_address, q, counts, rng)
+                           point_address, q, env, rng)
             if v == _FAILED:
                 failed = True
                 break
@@ -442,7 +445,7 @@ def _draw_subset(cells, target, lw, w, cdf, envelope, scale, mean, var, tilt, gr
         if 0 <= j < W:
             log_q = lw[last, j] + lam * j  # -inf outside the prior's support: rejected
         elif (j < 0 and tails[0, last] > 0.0) or (j >= W and tails[3, last] > 0.0):
-            log_q = _prior_at(point_address, q, counts, last, v) + noise_log(
+            log_q = _prior_at(point_address, q, env, last, v) + noise_log(
                 release[last] - v, c0, c1, power) + lam * j
         else:
             continue
@@ -455,7 +458,7 @@ def _draw_subset(cells, target, lw, w, cdf, envelope, scale, mean, var, tilt, gr
 
 
 @numba.njit(cache=True, nogil=True)
-def draw_given_totals(prior_address, hoisted, point_address, q, counts, offset, grid,
+def draw_given_totals(prior_address, hoisted, point_address, q, counts, env, offset, grid,
                       release_table, lw, w, cdf, envelope, release, tails, shape, group_ptr,
                       group_cells, targets, hold_ratio, rng, stats):
     """Exact draws of one latent's cells given theta and every group's total (module
@@ -463,7 +466,7 @@ def draw_given_totals(prior_address, hoisted, point_address, q, counts, offset, 
     (they do on exit). Groups in CSR form (group_ptr, group_cells); ``grid`` (d, W) holds each
     cell's window. Scratch: lw, w and cdf (d, W), envelope (4, d). ``stats`` receives (tries, Newton steps,
     cells held, blocks kept) summed over groups."""
-    log_weight_tables(prior_address, hoisted, q, counts, grid, release_table, lw)
+    log_weight_tables(prior_address, hoisted, q, env, grid, release_table, lw)
     d, W = lw.shape
     scale = np.empty(d)
     mean = np.empty(d)
@@ -491,7 +494,7 @@ def draw_given_totals(prior_address, hoisted, point_address, q, counts, offset, 
             continue
         if n_free <= BLOCK_CELLS:
             _draw_subset(free[:n_free], target, lw, w, cdf, envelope, scale, mean, var, tilt, grid,
-                         tails, release, shape, point_address, q, counts, offset, hold_ratio, rng,
+                         tails, release, shape, point_address, q, counts, env, offset, hold_ratio, rng,
                          stats, proposal)
             continue
         # random blocks: shuffle the free cells (Fisher-Yates), cut into near-equal blocks
@@ -505,5 +508,5 @@ def draw_given_totals(prior_address, hoisted, point_address, q, counts, offset, 
             for i in cells:
                 block_sum += counts[offset + i]
             _draw_subset(cells, block_sum, lw, w, cdf, envelope, scale, mean, var, tilt, grid, tails,
-                         release, shape, point_address, q, counts, offset, hold_ratio, rng, stats,
-                         proposal)
+                         release, shape, point_address, q, counts, env, offset, hold_ratio, rng,
+                         stats, proposal)

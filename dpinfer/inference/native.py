@@ -22,18 +22,21 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+# Model functions (:mod:`dpinfer.inference.compiled`) take an environment ``env``: an int64
+# array holding the address of the chain's counts vector (m,) int64, then the address of each
+# of the model's data arrays (CompiledModel.environment).
 # log density and gradient of the continuous parameters given the latent counts:
-#   logp = f(q, grad_out, counts)  q (n,) float64, grad_out (n,) float64, counts (m,) int64
+#   logp = f(q, grad_out, env)  q (n,) float64, grad_out (n,) float64
 LOGP_GRAD = types.float64(types.voidptr, types.voidptr, types.voidptr)
 _LOGP_GRAD_TYPE = types.FunctionType(LOGP_GRAD)
-# the counts' prior log pmf on a grid of candidates: f(q, counts, grid, out, W, hoisted)
+# the counts' prior log pmf on a grid of candidates: f(q, env, grid, out, W, hoisted)
 #   grid (d, W) int64 -> out (d, W) float64, d the latent's number of cells; ``hoisted`` the
 #   address of an int64 array of buffer addresses (terms of the grid alone, computed once per
-#   grid; see :class:`dpinfer.inference.compiled.PriorTable`), 0 for a function without them
+#   grid; see :class:`dpinfer.inference.compiled.PriorTable`)
 PRIOR_TABLE = types.void(types.voidptr, types.voidptr, types.voidptr, types.voidptr, types.intp,
                          types.voidptr)
 _PRIOR_TABLE_TYPE = types.FunctionType(PRIOR_TABLE)
-# the prior log pmf of one cell at one value: logp = f(q, counts, cell, value)
+# the prior log pmf of one cell at one value: logp = f(q, env, cell, value)
 PRIOR_POINT = types.float64(types.voidptr, types.voidptr, types.intp, types.int64)
 _PRIOR_POINT_TYPE = types.FunctionType(PRIOR_POINT)
 

@@ -1,0 +1,195 @@
+"""The disk cache of compiled model functions (dpinfer.inference.model_cache): a new model
+object of a structure compiled before compiles nothing, in this process or a fresh one, and
+computes with its own data; a change of structure or of a version is a new key; a corrupt,
+unwritable or foreign cache is passed over with a warning and never gives another function."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pymc as pm
+import pytest
+from scipy import stats
+
+from dpinfer.inference import model_cache, sample
+from dpinfer.mechanisms.geometric import DoubleGeometric
+
+FIT = {"draws": 1000, "tune": 500, "chains": 2, "progressbar": False}
+
+
+def beta_binomial(a, b, n, epsilon, release, prior="beta"):
+    with pm.Model() as model:
+        theta = pm.Beta("theta", a, b) if prior == "beta" else pm.Uniform("theta", 0.0, 1.0)
+        x = pm.Binomial("x", n, theta)
+        DoubleGeometric(epsilon=epsilon).observe("release", x, observed=release)
+    return model
+
+
+def exact_theta_mean(a, b, n, epsilon, release) -> float:
+    """E[theta | release] by enumerating x = 0..n: p(x | s) ∝ BetaBinomial(x; n, a, b) f(s - x)."""
+    xs = np.arange(n + 1)
+    log_w = (stats.betabinom.logpmf(xs, n, a, b)
+             + DoubleGeometric(epsilon=epsilon).log_likelihood(np.full(n + 1, release), xs))
+    w = np.exp(log_w - log_w.max())
+    return float(np.sum(w * (a + xs) / (a + b + n)) / w.sum())
+
+
+def assert_theta_exact(idata, a, b, n, epsilon, release):
+    """The posterior mean of theta within 4 Monte Carlo standard errors of the exact one."""
+    draws = idata.posterior["theta"].values.ravel()
+    import arviz as az
+
+    se = draws.std() / np.sqrt(float(az.ess(idata, var_names=["theta"])["theta"]))
+    assert abs(draws.mean() - exact_theta_mean(a, b, n, epsilon, release)) < 4 * se
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """A model cache holding the Beta-binomial structure, compiled once for the module."""
+    path = tmp_path_factory.mktemp("model-cache")
+    previous = os.environ.get(model_cache.CACHE_ENV)
+    os.environ[model_cache.CACHE_ENV] = str(path)
+    forget()
+    sample(model=beta_binomial(10, 10, 1000, 0.1, 612), random_seed=1, **FIT)
+    yield path
+    if previous is None:
+        del os.environ[model_cache.CACHE_ENV]
+    else:
+        os.environ[model_cache.CACHE_ENV] = previous
+    forget()
+
+
+def forget():
+    """This process forgets what it loaded and warned (the disk cache is what is tested)."""
+    model_cache._LOADED.clear()
+    model_cache._WARNED.clear()
+    model_cache.STATS.clear()
+
+
+def entries(root) -> list:
+    return sorted(p for p in (root / "models").glob("??/*") if p.is_dir())
+
+
+def test_a_new_model_object_of_the_same_structure_compiles_nothing(cache_dir):
+    """Other prior, n, epsilon and release (literals of other magnitudes and kinds: 3.5 and 2
+    against 10 and 10, 200 against 1000): every function is loaded from disk, and the fit is
+    the new model's exact posterior (its data reach the loaded functions)."""
+    forget()
+    args = (3.5, 2.0, 200, 0.5, 120)
+    idata = sample(model=beta_binomial(*args), random_seed=2, **FIT)
+    assert model_cache.STATS == {"loaded": 3}
+    assert_theta_exact(idata, *args)
+    sample(model=beta_binomial(*args), random_seed=3, **FIT)  # this process keeps them
+    assert model_cache.STATS == {"loaded": 3, "reused": 3}
+
+
+def test_a_fresh_process_loads_every_function(cache_dir):
+    script = textwrap.dedent("""
+        import json, numpy as np, pymc as pm
+        import dpinfer as dp
+        from dpinfer.inference import model_cache
+        with pm.Model() as model:
+            theta = pm.Beta("theta", 10, 10)
+            x = pm.Binomial("x", 1000, theta)
+            dp.DoubleGeometric(epsilon=0.1).observe("release", x, observed=612)
+            idata = dp.sample(200, tune=200, progressbar=False, random_seed=5)
+        print(json.dumps({"stats": dict(model_cache.STATS),
+                          "mean": float(idata.posterior["theta"].mean())}))
+    """)
+    env = {**os.environ, model_cache.CACHE_ENV: str(cache_dir)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         check=True, timeout=600)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["stats"] == {"loaded": 3}
+    assert 0.55 < result["mean"] < 0.66  # exact 0.6082 (benchmarks/bench_beta_binomial.py)
+
+
+def test_a_change_of_structure_or_of_a_version_is_a_new_key(cache_dir, monkeypatch):
+    forget()
+    before = entries(cache_dir)
+    sample(model=beta_binomial(1, 1, 1000, 0.1, 612, prior="uniform"), random_seed=1, **FIT)
+    assert model_cache.STATS["compiled"] == 3  # the prior's transform is another graph
+    forget()
+    for i, name in ((1, "dpinfer"), (2, "pymc"), (3, "pytensor"), (4, "numba")):
+        versions = list(model_cache.versions())
+        versions[i] = versions[i] + "-other"
+        monkeypatch.setattr(model_cache, "_VERSIONS", tuple(versions))
+        assert model_cache.STATS["compiled"] == 0
+        args = (10, 10, 1000, 0.1, 612)
+        assert_theta_exact(sample(model=beta_binomial(*args), random_seed=1, **FIT), *args)
+        assert model_cache.STATS["compiled"] == 3, name
+        forget()
+    assert len(entries(cache_dir)) == len(before) + 5 * 3
+
+
+def test_a_corrupt_entry_is_compiled_afresh_with_a_warning(cache_dir, tmp_path, monkeypatch):
+    copy = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(cache_dir, copy)
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(copy))
+    for data in (copy / "models").glob("??/*/*.nbc"):
+        data.write_bytes(data.read_bytes()[:100])  # truncated
+    forget()
+    args = (10, 10, 1000, 0.1, 612)
+    with pytest.warns(model_cache.ModelCacheWarning, match="could not be loaded"):
+        idata = sample(model=beta_binomial(*args), random_seed=1, **FIT)
+    assert model_cache.STATS["compiled"] >= 1
+    assert_theta_exact(idata, *args)
+
+
+def test_an_unwritable_cache_warns_and_the_fit_goes_on(tmp_path, monkeypatch):
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(not_a_directory))
+    forget()
+    args = (10, 10, 1000, 0.1, 612)
+    with pytest.warns(model_cache.ModelCacheWarning, match="cannot be used"):
+        idata = sample(model=beta_binomial(*args), random_seed=1, **FIT)
+    assert_theta_exact(idata, *args)
+
+
+def test_the_cache_is_private_and_another_users_entries_are_never_loaded(cache_dir, monkeypatch):
+    root = cache_dir / "models"
+    for path in (root, *entries(cache_dir)):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+    args = (10, 10, 1000, 0.1, 612)
+    # an entry that group or others could have written: passed over, compiled again
+    forget()
+    sample(model=beta_binomial(*args), random_seed=1, **FIT)
+    key = next(iter(model_cache._LOADED))
+    victim = next((root / key[:2] / key).iterdir())
+    victim.chmod(victim.stat().st_mode | stat.S_IWGRP)
+    forget()
+    with pytest.warns(model_cache.ModelCacheWarning, match="writable by other users"):
+        sample(model=beta_binomial(*args), random_seed=1, **FIT)
+    assert model_cache.STATS["compiled"] >= 1
+    victim.chmod(victim.stat().st_mode & ~stat.S_IWGRP)
+    # a cache owned by another user: not used at all
+    monkeypatch.setattr(model_cache, "_this_user", lambda: os.getuid() + 1)
+    forget()
+    with pytest.warns(model_cache.ModelCacheWarning, match="owned by uid"):
+        idata = sample(model=beta_binomial(*args), random_seed=1, **FIT)
+    assert model_cache.STATS == {"compiled": 3}
+    assert_theta_exact(idata, *args)
+
+
+def test_the_key_describes_ops_by_their_parameters_and_refuses_what_it_cannot():
+    import pytensor.tensor as pt
+
+    x = pt.dvector("x")
+    assert model_cache.graph_key([x], [pt.exp(x)]) == model_cache.graph_key([x], [pt.exp(x)])
+    assert model_cache.graph_key([x], [pt.exp(x)]) != model_cache.graph_key([x], [pt.log(x)])
+    assert model_cache.graph_key([x], [x.sum()]) != model_cache.graph_key([x], [x.max()])
+    assert model_cache.graph_key([x], [x * 2.0]) != model_cache.graph_key([x], [x * 3.0])
+    y = pt.dvector("y")
+    with pytest.raises(model_cache.NotCacheableError, match="not data"):
+        model_cache.graph_key([x], [x + y])  # y is neither an input nor a constant
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert model_cache.describe(lambda v: v + 1) != model_cache.describe(lambda v: v + 2)
