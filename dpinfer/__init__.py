@@ -15,106 +15,60 @@ from dpinfer._kernel_cache import clear_if_stale
 
 clear_if_stale()  # before any cached kernel is loaded
 
-from dpinfer.batch import FitJob, fit_many  # noqa: E402
-from dpinfer.inference import marginal_model, sample  # noqa: E402
-from dpinfer.io import (  # noqa: E402
-    NoisyMeasurements,
-    Release,
-    ReleaseFileError,
-    UnsupportedMechanismError,
-    from_diffprivlib,
-    from_opendp,
-    read_noisy_measurements,
-    read_release,
-    write_release,
-)
-from dpinfer.lattice.invariants import Invariants  # noqa: E402
-from dpinfer.mechanisms import (  # noqa: E402
-    BITLaplace,
-    ClampedGeometric,
-    Conditioned,
-    DiscreteGaussian,
-    DoubleGeometric,
-    Gaussian,
-    GeneralizedGaussian,
-    GeneralizedLaplace,
-    Laplace,
-    Logistic,
-    Mechanism,
-    MultiLevelGeometric,
-    RandomizedResponse,
-    PrivacyAudit,
-    PrivacyGuarantee,
-    Subbotin,
-    TruncatedLaplace,
-)
-from dpinfer.statistics import clamp, regression_statistic, regression_statistic_labels  # noqa: E402
-from dpinfer.utility import (  # noqa: E402
-    imputations,
-    posterior_predictive_releases,
-    ppc_pvalues,
-    rubin,
-    Consumer,
-    PrivacyTarget,
-    calibrate,
-    compare,
-    equal_privacy_table,
-    is_derivable,
-    mechanism_matrix,
-    minimax_risk,
-    optimal_mechanism,
-    optimal_remap,
-)
-
 __version__ = "0.1.0"
 
-__all__ = [
-    "BITLaplace",
-    "ClampedGeometric",
-    "Conditioned",
-    "Consumer",
-    "DiscreteGaussian",
-    "DoubleGeometric",
-    "FitJob",
-    "Gaussian",
-    "GeneralizedGaussian",
-    "GeneralizedLaplace",
-    "Invariants",
-    "Laplace",
-    "Logistic",
-    "Mechanism",
-    "MultiLevelGeometric",
-    "NoisyMeasurements",
-    "PrivacyAudit",
-    "PrivacyGuarantee",
-    "PrivacyTarget",
-    "RandomizedResponse",
-    "Release",
-    "ReleaseFileError",
-    "Subbotin",
-    "TruncatedLaplace",
-    "UnsupportedMechanismError",
-    "calibrate",
-    "clamp",
-    "compare",
-    "equal_privacy_table",
-    "fit_many",
-    "from_diffprivlib",
-    "from_opendp",
-    "imputations",
-    "is_derivable",
-    "marginal_model",
-    "mechanism_matrix",
-    "minimax_risk",
-    "optimal_mechanism",
-    "optimal_remap",
-    "posterior_predictive_releases",
-    "ppc_pvalues",
-    "read_noisy_measurements",
-    "read_release",
-    "regression_statistic",
-    "regression_statistic_labels",
-    "rubin",
-    "sample",
-    "write_release",
-]
+# Names are imported on first use (PEP 562), so that ``import dpinfer`` costs little more
+# than ``import pymc`` and a script pays only for what it uses (ArviZ's plots, Dask, the
+# adapters' libraries stay unloaded until asked for).
+_EXPORTS = {
+    "dpinfer.batch": (
+        "FitJob", "fit_many"
+    ),
+    "dpinfer.inference": (
+        "marginal_model", "sample"
+    ),
+    "dpinfer.io": (
+        "NoisyMeasurements", "Release", "ReleaseFileError", "UnsupportedMechanismError",
+        "from_diffprivlib", "from_opendp", "read_noisy_measurements", "read_release",
+        "write_release"
+    ),
+    "dpinfer.lattice.invariants": (
+        "Invariants",
+    ),
+    "dpinfer.mechanisms": (
+        "BITLaplace", "ClampedGeometric", "Conditioned", "DiscreteGaussian", "DoubleGeometric",
+        "Gaussian", "GeneralizedGaussian", "GeneralizedLaplace", "Laplace", "Logistic",
+        "Mechanism", "MultiLevelGeometric", "RandomizedResponse", "PrivacyAudit",
+        "PrivacyGuarantee", "Subbotin", "TruncatedLaplace"
+    ),
+    "dpinfer.statistics": (
+        "clamp", "regression_statistic", "regression_statistic_labels"
+    ),
+    "dpinfer.utility": (
+        "imputations", "posterior_predictive_releases", "ppc_pvalues", "rubin", "Consumer",
+        "PrivacyTarget", "calibrate", "compare", "equal_privacy_table", "is_derivable",
+        "mechanism_matrix", "minimax_risk", "optimal_mechanism", "optimal_remap"
+    ),
+}
+_SUBPACKAGES = ("batch", "demo", "distributions", "inference", "io", "lattice", "mechanisms",
+                "privacy", "statistics", "utility")
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+    elif name in _SUBPACKAGES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_WHERE) | set(_SUBPACKAGES))

@@ -16,7 +16,6 @@ import warnings
 from collections.abc import Callable, Iterable
 
 import numpy as np
-from scipy import optimize
 
 
 def max_privacy_loss(
@@ -141,6 +140,8 @@ def _brent(excess: Callable[[float], float], lo: float, hi: float) -> float:
     def signed(v):
         e = max(excess(v), -1e3)
         return e if e != 0.0 else -1e-300
+
+    from scipy import optimize
 
     return optimize.brentq(signed, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)
 

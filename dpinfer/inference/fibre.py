@@ -38,7 +38,6 @@ from pymc.logprob.abstract import _logprob_helper
 from pymc.pytensorf import compile
 from pymc.step_methods.compound import BlockedStep, Competence
 from pymc.util import get_random_generator
-from scipy.optimize import Bounds, LinearConstraint, milp
 
 from dpinfer.inference.gibbs import terms_depending_on
 from dpinfer.inference.latents import NotMarginalisableError, current_value, prior_support
@@ -233,6 +232,8 @@ class FibrePlan:
     def start(self) -> np.ndarray:
         """A point of the fibre inside the box, closest in l1 to the window centres (a mixed
         integer program; raises if the box holds no point of the fibre)."""
+        from scipy.optimize import Bounds, LinearConstraint, milp
+
         lo, width = self.box()
         lower, upper = self.support
         lb = lo if lower is None else np.maximum(lo, lower)

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import norm
+from scipy.special import ndtri
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class MeetingTimes:
         n = tau.size
         mean = terms.mean(axis=1)
         se = terms.std(axis=1, ddof=1) / math.sqrt(n) if n > 1 else np.full(ls.size, np.inf)
-        ucl = mean + norm.ppf(level) * se
+        ucl = mean + ndtri(level) * se
         floor = 1.0 - (1.0 - level) ** (1.0 / n)
         ucl = np.where(terms.max(axis=1) == 0, floor, ucl)
         if self.n_censored:

@@ -91,7 +91,6 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse
-from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 from dpinfer._validation import as_integer_array, as_real_array
 
@@ -584,6 +583,8 @@ class Invariants:
         return x
 
     def _general_feasible_point(self, a) -> np.ndarray:
+        from scipy.optimize import Bounds, LinearConstraint, milp
+
         kept = self.independent_rows
         A, b = self.matrix, a[kept]
         result = milp(
@@ -654,6 +655,8 @@ class Invariants:
         direction ``y >= 0``, ``y != 0`` with ``A y = 0``). An empty fibre (including non-integer
         ``a``) gives an empty (0, d) array.
         """
+        from scipy.optimize import linprog
+
         if isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1:
             raise ValueError(f"limit must be a whole number >= 1, got {limit!r}")
         a_real = self._check_a_shape(a)
@@ -961,6 +964,8 @@ def kernel_points_in_box(kernel, lows, highs, *, limit: int = 5_000_000,
     """Every integer w (n, m) with lows <= K w <= highs, K = ``kernel`` (r, m) of full column
     rank: the interval of t for m = 1; otherwise a bounding box of w by linear programming,
     enumerated and filtered. Raises ValueError when the box has more than ``limit`` points."""
+    from scipy.optimize import linprog
+
     K = np.asarray(kernel, dtype=np.int64)
     lows, highs = np.asarray(lows, dtype=np.int64), np.asarray(highs, dtype=np.int64)
     m = K.shape[1]

@@ -21,6 +21,7 @@ from dpinfer._validation import (
     check_rng,
     check_same_shape,
 )
+from dpinfer.mechanisms.guard import install as install_guard
 from dpinfer.mechanisms.records import check_latent_type, latent_candidates, record_release
 
 NEIGHBOUR_RELATIONS = ("add-remove", "substitution")
@@ -155,6 +156,7 @@ class Mechanism(abc.ABC):
             latents = latent_candidates(model, true_values)
             if len(latents) == 1:  # otherwise not latent counts: dpinfer.sample reports it
                 latents[0].tag.dpinfer_release = name
+                install_guard()  # plain pm.sample on these counts warns
         record_release(model, name=name, release_rv=rv, latent=true_values, mechanism=self)
         return rv
 

@@ -21,7 +21,6 @@ import math
 
 import numpy as np
 import pymc as pm
-from scipy import integrate
 from scipy.special import log_ndtr, ndtri
 
 from dpinfer._math import log1mexp
@@ -160,6 +159,8 @@ class Gaussian(AdditiveMechanism):
         quadrature; the closed form δ(ε; σ) is printed next to it, and ``measured_epsilon`` is
         the exact ε at the claimed δ from the profile.
         """
+        from scipy import integrate
+
         sigma, d, eps = self.sigma, self.sensitivity, self._epsilon
         y_star = 0.5 * d - eps * sigma**2 / d
 

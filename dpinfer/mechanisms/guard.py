@@ -3,8 +3,8 @@
 PyMC picks a step method for each free variable by asking every class in
 ``pymc.step_methods.STEP_METHODS`` for its competence (PyMC's documented extension point).
 ``LatentCountGuard`` is never competent; asking it is how dpinfer notices, during plain
-``pm.sample``, a latent count that ``Mechanism.observe`` tagged, and points to
-``dpinfer.sample``.
+``pm.sample``, a latent count that ``Mechanism.observe`` tagged (and installed this guard
+for), and points to ``dpinfer.sample``.
 """
 
 from __future__ import annotations

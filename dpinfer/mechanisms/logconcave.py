@@ -58,7 +58,6 @@ from fractions import Fraction
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
-from scipy import integrate, optimize
 from scipy.special import gammaincc, gammaincinv, gammaln, log_expit
 
 from dpinfer._math import log1mexp
@@ -114,6 +113,8 @@ def _lemma1_threshold(epsilon: float, u: float, psi_difference, logcdf) -> float
             return math.inf
         lo, step = hi, 2.0 * step
         hi = 0.5 * u + step
+    from scipy import optimize
+
     return optimize.brentq(h, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)
 
 
@@ -154,6 +155,8 @@ def _integrate_from_edge(integrand, edge: float, width: float, direction: float,
     ends = sorted((edge, far_end))
     points = [edge + direction * width * 10.0**-k for k in range(9)] + list(kinks)
     points = sorted({y for y in points if ends[0] < y < ends[1]})
+    from scipy import integrate
+
     near, _ = integrate.quad(integrand, *ends, points=points, epsabs=0.0, epsrel=epsrel, limit=1000)
     limits = (far_end, np.inf) if direction > 0 else (-np.inf, far_end)
     far, _ = integrate.quad(integrand, *limits, epsabs=epsrel * near, epsrel=epsrel, limit=1000)
@@ -474,6 +477,8 @@ class _LogConcaveMechanism(AdditiveMechanism):
                 f"max log-density ratio on 4001 outputs = {grid:.12g}; supremum Δ/s = {sup:.12g}"
                 + (f"; times {d} coordinates" if d > 1 else ""))
         with warnings.catch_warnings(record=True) as caught:
+            from scipy import integrate
+
             warnings.simplefilter("always", integrate.IntegrationWarning)
             measured = d * self._hockey_stick(self._epsilon / d)
         formula = self.delta_for_epsilon(self._epsilon)
@@ -497,6 +502,8 @@ class _LogConcaveMechanism(AdditiveMechanism):
                 return 0.0  # the ratio never exceeds e^ε where the density is representable
             hi, width = lo, 2.0 * width
             lo = 0.5 * D - width
+        from scipy import optimize
+
         y_star = optimize.brentq(excess, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps)
 
         def integrand(y: float) -> float:

@@ -38,7 +38,7 @@ import math
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
-from scipy import stats
+from scipy.special import gammaincinv
 
 from dpinfer._validation import as_integer_array, check_epsilon, check_rng
 from dpinfer.lattice.coupling import MeetingTimes
@@ -329,7 +329,7 @@ class GeneralizedLaplace(Mechanism):
         limit, k the lattice's dimension. Used to size windows, which are then checked
         exactly."""
         k = self.invariants.n_cells - self.invariants.rank
-        return float(stats.gamma.ppf(prob, max(k, 1))) / self._epsilon
+        return float(gammaincinv(max(k, 1), prob)) / self._epsilon  # Gamma(k, 1) quantile
 
     # --- utility -----------------------------------------------------------------------------
     def bias(self, true_values) -> np.ndarray:

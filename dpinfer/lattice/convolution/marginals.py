@@ -14,7 +14,6 @@ import math
 
 import numba
 import numpy as np
-import scipy.fft
 
 from dpinfer.lattice.convolution.tree import finite_range, root_messages
 
@@ -128,6 +127,8 @@ def downward_lin(tree, t):
     with a parent partial sum outside the parent's window, so its weight in any marginal,
     sum_v A_c(v) sum_w A_sibling(w), is the parent's tail mass outside its window (< 2e-25).
     Consumes the tree's spectra (they are overwritten by the messages' spectra)."""
+    import scipy.fft  # imported where used: a large share of dpinfer's import time otherwise
+
     top = len(tree.levels) - 1
     O = root_messages(tree.levels[top], tree.offs[top], t, 0.0)
     for a, b, N in reversed(tree.steps):

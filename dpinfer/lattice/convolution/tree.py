@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
-import scipy.fft
 
 from dpinfer.lattice.convolution.windows import WINDOW_LOG, plan_windows
 
@@ -247,6 +246,8 @@ def _tree_steps(sizes, lens, all_levels):
     products per node); longer steps skip the levels in between but transform level a at a
     larger N. With ``all_levels`` (sampling: upward pass only, every level inverted) a step
     transforms level a forward and levels a+1..b back."""
+    import scipy.fft  # imported where used: a large share of dpinfer's import time otherwise
+
 
     def step_cost(a, b):
         N = scipy.fft.next_fast_len(max(lens[a : b + 1]), real=True)
@@ -299,6 +300,8 @@ def build_lin(P, kmin, kmax, t, keep_fft, all_levels):
     spectra of modulus <= 1-norms; for a pair, ``|a|_2 |b|_1 + |a|_1 |b|_2``); rho bounds the
     relative error of direct sums of non-negative products. At the root,
     |err(t)| <= e2_L |R|_2 + |L|_2 e2_R + e2_L e2_R."""
+    import scipy.fft  # imported where used: a large share of dpinfer's import time otherwise
+
     B, m, W = P.shape
     sizes = _level_sizes(m)
     top = len(sizes) - 1
