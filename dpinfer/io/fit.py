@@ -18,7 +18,7 @@ from dpinfer.io.release_file import read_release
 from dpinfer.io.report import write_report
 from dpinfer.io.templates import build
 from dpinfer.mechanisms import RandomizedResponse
-from dpinfer.postprocess import nonnegative_least_squares, round_to_invariants
+from dpinfer.utility.baselines import nonnegative_least_squares, round_to_invariants
 
 
 def baseline(release) -> np.ndarray:
@@ -26,7 +26,7 @@ def baseline(release) -> np.ndarray:
     release (for randomised response its unbiased table M^{-T} s, which keeps the number of
     records; for a multi-level release its level 0) onto its invariants (where the mechanism
     declares them; randomised response: the number of records) and the non-negative counts,
-    rounded to integers that keep the invariants (:mod:`dpinfer.postprocess`)."""
+    rounded to integers that keep the invariants (:mod:`dpinfer.utility.baselines`)."""
     values = np.asarray(release.per_true_value()[0], dtype=np.float64)
     mechanism = release.mechanism
     invariants = getattr(mechanism, "invariants", None)
