@@ -43,7 +43,7 @@ from dpinfer.io.release import (
     toml_dumps,
     write_release,
 )
-from dpinfer.io.release.codecs import _fingerprint
+from dpinfer.io.release.mechanism import _fingerprint
 from dpinfer.lattice.coupling import MeetingTimes
 from dpinfer.mechanisms.records import releases_of
 

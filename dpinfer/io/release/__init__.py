@@ -84,7 +84,8 @@ lattice cannot be enumerated).
 
 Modules, one part of the format each: :mod:`~dpinfer.io.release.fields` (a manifest key: its
 kind, checked in Python and stated in the JSON Schema; :class:`ReleaseFileError`),
-:mod:`~dpinfer.io.release.codecs` (the ``[mechanism]`` table of each family),
+:mod:`~dpinfer.io.release.codecs` (each mechanism family's codec: its parameters and how it is
+rebuilt) and :mod:`~dpinfer.io.release.mechanism` (the ``[mechanism]`` table read and written),
 :mod:`~dpinfer.io.release.invariants` and :mod:`~dpinfer.io.release.query` (the
 ``[invariants]`` and ``[query]`` tables), :mod:`~dpinfer.io.release.schema` (the format as a
 JSON Schema), :mod:`~dpinfer.io.release.values` (the values file),
@@ -92,8 +93,9 @@ JSON Schema), :mod:`~dpinfer.io.release.values` (the values file),
 :mod:`~dpinfer.io.release.toml` and :mod:`~dpinfer.io.release.writing` (:func:`write_release`).
 """
 
-from dpinfer.io.release.codecs import FAMILIES, mechanism_from_manifest, mechanism_to_manifest
+from dpinfer.io.release.codecs import FAMILIES
 from dpinfer.io.release.fields import ReleaseFileError
+from dpinfer.io.release.mechanism import mechanism_from_manifest, mechanism_to_manifest
 from dpinfer.io.release.reading import Release, read_release
 from dpinfer.io.release.schema import FORMAT, SCHEMA_PATH, release_schema, write_schema
 from dpinfer.io.release.toml import toml_dumps

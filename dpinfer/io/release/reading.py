@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpinfer.io.release.codecs import _decode_mechanism
 from dpinfer.io.release.fields import _check_fields, _check_keys, _Context
 from dpinfer.io.release.invariants import _decode_invariants
+from dpinfer.io.release.mechanism import _decode_mechanism
 from dpinfer.io.release.query import _decode_query
 from dpinfer.io.release.schema import _RELEASE_FIELDS, _TOP_LEVEL, FORMAT
 from dpinfer.io.release.values import _read_table, _row_of, _values_of

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from dpinfer.io.release.codecs import (
     _CERTIFICATE_FIELDS,
-    _CLASSES,
     _PRIVACY_FIELDS,
     BASE_FAMILIES,
+    CODECS,
     FAMILIES,
     INVARIANT_FAMILIES,
 )
@@ -58,8 +58,8 @@ def _first_doc_line(cls) -> str:
 
 def release_schema() -> dict:
     """The JSON Schema (draft 2020-12) of a release manifest read as JSON (TOML dates as ISO
-    strings), built from :data:`FAMILIES` and the field tables of the other parts: the published documentation of
-    the format, kept in ``release-schema.json`` (:func:`write_schema`)."""
+    strings), built from :data:`FAMILIES` and the field tables of the other parts: the published
+    documentation of the format, kept in ``release-schema.json`` (:func:`write_schema`)."""
     defs: dict = {}
     variants, bases = [], []
     for family, constructors in FAMILIES.items():
@@ -70,7 +70,7 @@ def release_schema() -> dict:
                 fixed["constructor"] = {"const": constructor,
                                         "description": f"the classmethod {family}.{constructor}"}
             extra = {"privacy": {"$ref": "#/$defs/privacy"}}
-            schema = _schema_object(fields, fixed, _first_doc_line(_CLASSES[family]))
+            schema = _schema_object(fields, fixed, _first_doc_line(CODECS[family].cls))
             schema["properties"].update(extra)
             defs[f"mechanism.{key}"] = schema
             variants.append({"$ref": f"#/$defs/mechanism.{key}"})

@@ -9,6 +9,8 @@ import math
 import numbers
 import re
 
+import numpy as np
+
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -52,6 +54,15 @@ def _toml_value(value) -> str:
         lines.append(line)
         return "[\n" + "".join(f"    {ln.rstrip()}\n" for ln in lines) + "]"
     raise TypeError(f"cannot write {value!r} ({type(value).__name__}) to TOML")
+
+
+def _plain(value):
+    """Python scalars for TOML (numpy scalars converted)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def toml_dumps(document: dict, header: str = "") -> str:

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpinfer.io.release.codecs import _plain, mechanism_to_manifest
 from dpinfer.io.release.fields import _Context
+from dpinfer.io.release.mechanism import mechanism_to_manifest
 from dpinfer.io.release.reading import read_release
 from dpinfer.io.release.schema import FORMAT
-from dpinfer.io.release.toml import toml_dumps
+from dpinfer.io.release.toml import _plain, toml_dumps
 from dpinfer.mechanisms import Mechanism, MultiLevelGeometric
 
 
