@@ -37,7 +37,11 @@ from dpinfer.inference import sample
 from dpinfer.lattice.invariants import Invariants
 from dpinfer.mechanisms.conditioned import Conditioned
 from dpinfer.mechanisms.geometric import DoubleGeometric
-from dpinfer.postprocess import noise_only_intervals, nonnegative_least_squares, round_to_invariants
+from dpinfer.utility.baselines import (
+    noise_only_intervals,
+    nonnegative_least_squares,
+    round_to_invariants,
+)
 
 PROB = 0.9
 

@@ -15,7 +15,7 @@ import pytest
 import dpinfer as dp
 from dpinfer.cli import main
 from dpinfer.io.fit import baseline, fit_release
-from dpinfer.io.release_file import read_release, write_release
+from dpinfer.io.release import read_release, write_release
 
 ROOT = Path(__file__).resolve().parents[1]
 GALLERY = sorted(ROOT.glob("models/*/release.toml"))
@@ -87,7 +87,7 @@ def _mechanisms():
 
 def test_every_mechanism_family_is_in_the_round_trip():
     """Every mechanism the release file format writes is fitted below."""
-    from dpinfer.io.release_file import FAMILIES
+    from dpinfer.io.release import FAMILIES
 
     assert set(_mechanisms()) == set(FAMILIES)
 

@@ -1,4 +1,4 @@
-"""Release files (dpinfer.io.release_file; issue 14, part 1): a manifest (TOML) plus a values
+"""Release files (dpinfer.io.release; issue 14, part 1): a manifest (TOML) plus a values
 file, read and written.
 
 * every mechanism class of dpinfer.mechanisms round-trips through its manifest, as TOML text:
@@ -31,12 +31,11 @@ import pytest
 
 import dpinfer as dp
 import dpinfer.mechanisms as mechanisms
-from dpinfer.io.release_file import (
+from dpinfer.io.release import (
     FAMILIES,
     FORMAT,
     SCHEMA_PATH,
     ReleaseFileError,
-    _fingerprint,
     mechanism_from_manifest,
     mechanism_to_manifest,
     read_release,
@@ -44,6 +43,7 @@ from dpinfer.io.release_file import (
     toml_dumps,
     write_release,
 )
+from dpinfer.io.release.mechanism import _fingerprint
 from dpinfer.lattice.coupling import MeetingTimes
 from dpinfer.mechanisms.records import releases_of
 

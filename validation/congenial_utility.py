@@ -6,7 +6,7 @@ Setup (reference note 000 §4.2): tables of 46 cells s_i ~ NegativeBinomial(100,
 female total, voting-age total) and non-negativity. Per table, releases from
     (a) raw double geometric noise, epsilon = 1 per cell;
     (b) (a) projected by non-negative least squares onto {A s = a, s >= 0} (real-valued, as in the
-        paper; ``dpinfer.postprocess.nonnegative_least_squares``);
+        paper; ``dpinfer.utility.baselines.nonnegative_least_squares``);
     (c) the congenial mechanism: double geometric at epsilon_0 = 0.5 conditioned on the
         invariants and non-negativity, by seed 000's Algorithm 1 (proposal epsilon 0.6, the
         paper's solved cells {1, 23, 46}); its guarantee is at most 2 epsilon_0 = 1 (Theorem 2.1);
@@ -31,7 +31,7 @@ import pandas as pd
 
 import dpinfer as dp
 from dpinfer.lattice.independence_sampler import run_independence_chain, unimodular_block
-from dpinfer.postprocess import nonnegative_least_squares
+from dpinfer.utility.baselines import nonnegative_least_squares
 
 SEED = 2020
 EPS_RAW, EPS_0, EPS_PROPOSAL = 1.0, 0.5, 0.6

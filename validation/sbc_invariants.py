@@ -22,9 +22,9 @@ bands, chi-square and simultaneous ECDF tests, Bonferroni over the quantities of
 
 On the same replicates:
 * naive: the release taken as the true counts (point mass at max(s, 0)); counts only.
-* baseline (``dpinfer.postprocess``, Census TopDown-style): point = the integer rounding of the
-  non-negative least-squares projection of s onto the invariants, interval = point +/- the
-  base noise's central interval (``noise_only_intervals``, 50% and 90%). It gives intervals,
+* baseline (``dpinfer.utility.baselines``, Census TopDown-style): point = the integer rounding
+  of the non-negative least-squares projection of s onto the invariants, interval = point +/-
+  the base noise's central interval (``noise_only_intervals``, 50% and 90%). It gives intervals,
   not draws, so it has coverage rows only (no rank tests); the coverage of the closed
   intervals is scored directly.
 
@@ -74,7 +74,11 @@ from dpinfer.inference.sbc import (
     run_sbc,
     sbc_summary,
 )
-from dpinfer.postprocess import nonnegative_least_squares, noise_only_intervals, round_to_invariants
+from dpinfer.utility.baselines import (
+    nonnegative_least_squares,
+    noise_only_intervals,
+    round_to_invariants,
+)
 
 RESULTS = Path(__file__).parent / "results" / "sbc_invariants.md"
 SEED = 20260502
@@ -374,7 +378,7 @@ def write_report(results: dict, seed: int | None = SEED, path: Path = RESULTS) -
         "dependence between the cells of a replicate), alpha = 1% per row.",
         "",
         "naive: release taken as the true counts (point mass at max(s, 0)). baseline",
-        "(`dpinfer.postprocess`): point = integer rounding of the non-negative least-squares",
+        "(`dpinfer.utility.baselines`): point = integer rounding of the non-negative least-squares",
         "projection of the release onto the invariants; interval = point + the base noise's central",
         "interval (`noise_only_intervals`: +/-1 at 50%, +/-5 at 90% for eps = 0.5); intervals only,",
         "no ranks (p-values nan). It does not under-cover here: the projection leaves a release",

@@ -3,7 +3,7 @@ diffprivlib): how a release reaches dpinfer as a file or as another library's ob
 
 from dpinfer.io.adapters import UnsupportedMechanismError, from_diffprivlib, from_opendp
 from dpinfer.io.noisy_measurements import NoisyMeasurements, read_noisy_measurements
-from dpinfer.io.release_file import (
+from dpinfer.io.release import (
     Release,
     ReleaseFileError,
     mechanism_from_manifest,

@@ -1,7 +1,7 @@
 """``dpinfer fit``: a release file in, a posterior and its report out.
 
 ``fit_release(path, model=..., out=...)`` reads the release (values + manifest,
-:mod:`dpinfer.io.release_file`), builds the model of the true counts from a template or a
+:mod:`dpinfer.io.release`), builds the model of the true counts from a template or a
 user's model file (:mod:`dpinfer.io.templates`), fits it with ``dp.sample`` and writes the
 report (:mod:`dpinfer.io.report`): the posterior as netCDF, a summary table, the counts
 beside the release, the post-processed baseline and the truth where the release file has it.
@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from dpinfer.inference import sample
-from dpinfer.io.release_file import read_release
+from dpinfer.io.release import read_release
 from dpinfer.io.report import write_report
 from dpinfer.io.templates import build
 from dpinfer.mechanisms import RandomizedResponse
-from dpinfer.postprocess import nonnegative_least_squares, round_to_invariants
+from dpinfer.utility.baselines import nonnegative_least_squares, round_to_invariants
 
 
 def baseline(release) -> np.ndarray:
@@ -26,7 +26,7 @@ def baseline(release) -> np.ndarray:
     release (for randomised response its unbiased table M^{-T} s, which keeps the number of
     records; for a multi-level release its level 0) onto its invariants (where the mechanism
     declares them; randomised response: the number of records) and the non-negative counts,
-    rounded to integers that keep the invariants (:mod:`dpinfer.postprocess`)."""
+    rounded to integers that keep the invariants (:mod:`dpinfer.utility.baselines`)."""
     values = np.asarray(release.per_true_value()[0], dtype=np.float64)
     mechanism = release.mechanism
     invariants = getattr(mechanism, "invariants", None)

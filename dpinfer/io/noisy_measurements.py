@@ -93,7 +93,7 @@ from dpinfer.lattice.invariants import Invariants
 from dpinfer.mechanisms.base import check_neighbour
 from dpinfer.mechanisms.conditioned import Conditioned
 from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
-from dpinfer.postprocess import generalized_least_squares
+from dpinfer.utility.baselines import generalized_least_squares
 
 __all__ = ["NoisyMeasurements", "QueryRelease", "ZCDPComposition", "read_noisy_measurements"]
 
@@ -223,7 +223,7 @@ class NoisyMeasurements:
         """The least-squares estimate an analyst without a likelihood uses (TopDown style):
         x_hat = argmin_x sum_r ||Q_r x - s_r||^2 / v_r subject to A x = b, x >= 0, v_r the
         exact noise variance of release r (``mechanism.noise_variance``), by
-        :func:`dpinfer.postprocess.generalized_least_squares`. Indexed by :attr:`cells`."""
+        :func:`dpinfer.utility.baselines.generalized_least_squares`. Indexed by :attr:`cells`."""
         kwargs = {}
         if self.invariants is not None:
             kwargs = {"invariants_matrix": self.invariants.constraint_matrix,

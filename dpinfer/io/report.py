@@ -6,7 +6,7 @@
 * ``summary.csv``: ``arviz.summary`` of every parameter (90% equal-tailed intervals, R-hat,
   bulk and tail ESS, Monte Carlo standard errors);
 * ``counts.csv``: per released cell the release, the post-processed baseline (least-squares
-  projection onto the invariants, then integer rounding: :mod:`dpinfer.postprocess`), the
+  projection onto the invariants, then integer rounding: :mod:`dpinfer.utility.baselines`), the
   truth where known, and the posterior median and 90% interval of the true count;
 * ``counts.png``: those intervals beside the release, the baseline and the truth;
 * ``parameters.png``: the posterior of each scalar parameter (histogram per chain);

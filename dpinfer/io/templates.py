@@ -2,7 +2,7 @@
 
 Each template is ``build(release, exposure=None) -> (model, latent_name)``: a model whose
 latent counts carry the release (``release.observe``, invariants included). The counts have
-the release's true shape (:attr:`~dpinfer.io.release_file.Release.true_shape`: one per row of
+the release's true shape (:attr:`~dpinfer.io.release.Release.true_shape`: one per row of
 a multi-level release), and templates centre their priors on the release, per true value.
 
 * ``poisson-hierarchical``: for any release of counts (one value per cell, any shape),

@@ -11,7 +11,9 @@ derivability from the range-restricted geometric mechanism
 (:mod:`~dpinfer.utility.derivability`). The analyst's tools on a ``dp.sample`` result
 (:mod:`~dpinfer.utility.analysis`: LOO, posterior predictive checks of the releases, derived
 quantities, prior sensitivity) and multiple imputation with Rubin's rules
-(:mod:`~dpinfer.utility.imputation`).
+(:mod:`~dpinfer.utility.imputation`). The likelihood-free analyst's baselines
+(:mod:`~dpinfer.utility.baselines`: least-squares projection onto the invariants, integer
+rounding that keeps them, noise-only intervals), to set beside ``dp.sample``'s posteriors.
 """
 
 from dpinfer.utility.analysis import (

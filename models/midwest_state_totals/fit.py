@@ -26,7 +26,11 @@ import pymc as pm
 
 import dpinfer as dp
 from dpinfer.demo import county_model, load_midwest
-from dpinfer.postprocess import noise_only_intervals, nonnegative_least_squares, round_to_invariants
+from dpinfer.utility.baselines import (
+    noise_only_intervals,
+    nonnegative_least_squares,
+    round_to_invariants,
+)
 
 HERE = Path(__file__).parent
 EPSILON = 0.192

@@ -1,5 +1,5 @@
-"""Post-processing baseline (dpinfer.postprocess): least-squares projection onto invariants,
-integer rounding, noise-only intervals.
+"""Post-processing baseline (dpinfer.utility.baselines): least-squares projection onto
+invariants, integer rounding, noise-only intervals.
 
 Every solution is checked against something independent of the code under test: closed forms
 derived by hand, a root-finder for the simplex threshold, a KKT certificate found by linear
@@ -14,14 +14,14 @@ import scipy.optimize
 
 import dpinfer as dp
 from dpinfer.mechanisms import DoubleGeometric
-from dpinfer.postprocess import (
+from dpinfer.utility.baselines import (
     KKT_TOLERANCE,
-    _solve_qp,
     generalized_least_squares,
     noise_only_intervals,
     nonnegative_least_squares,
     round_to_invariants,
 )
+from dpinfer.utility.baselines.qp import _solve_qp
 
 # --- independent checkers ----------------------------------------------------------------------
 
@@ -343,7 +343,7 @@ def test_milp_rounding_is_l1_optimal_by_enumeration(seed):
 def test_group_rounding_off_the_fibre_is_l1_optimal(seed):
     # a raw release (negative cells, sums off the published totals) rounded to the totals:
     # greedy moves from max(rint(x), 0); checked by enumeration and against the MILP
-    from dpinfer.postprocess import _milp_round
+    from dpinfer.utility.baselines.rounding import _milp_round
 
     rng = np.random.default_rng(600 + seed)
     d = int(rng.integers(2, 6))
