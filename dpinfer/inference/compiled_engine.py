@@ -12,9 +12,7 @@ rebuilt when the model's other data change.
 
 The result is an ``xarray.DataTree`` like ``pm.sample``'s: ``posterior`` (free variables in
 their constrained space, Deterministics, latent counts, with the model's dims and coords) and
-``sample_stats`` (NUTS statistics under PyMC's names, and each block's), checked with PyMC's
-own convergence checks (divergences, R-hat, ESS), which log the same warnings as
-``pm.sample``.
+``sample_stats`` (NUTS statistics under PyMC's names, and each block's).
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ import time
 
 import numpy as np
 import xarray as xr
-from pymc.stats.convergence import log_warnings, run_convergence_checks
 
 from dpinfer.inference.chains import (
     COUNTS_PER_SWEEP,
@@ -124,12 +121,9 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
                          max_tree_depth=max_tree_depth, target_accept=target_accept,
                          nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep)
     seconds = time.perf_counter() - start
-    idata = _datatree(model, compiled, results, tune=tune, seconds=seconds,
-                      max_tree_depth=max_tree_depth, nuts_per_sweep=nuts_per_sweep,
-                      counts_per_sweep=counts_per_sweep)
-    if progressbar:
-        log_warnings(run_convergence_checks(idata, model))
-    return idata
+    return _datatree(model, compiled, results, tune=tune, seconds=seconds,
+                     max_tree_depth=max_tree_depth, nuts_per_sweep=nuts_per_sweep,
+                     counts_per_sweep=counts_per_sweep)
 
 
 def _datatree(model, compiled, results, *, tune: int, seconds: float,

@@ -61,10 +61,8 @@ def run(model, compiled, *, draws: int, tune: int, chains: int, cores: int, seed
         progressbar: bool, target_accept: float = 0.8, max_treedepth: int = 10):
     """One nutpie fit: an ``xarray.DataTree`` with ``posterior`` (free variables and
     Deterministics, with the model's dims) and ``sample_stats`` (nutpie's statistics, with
-    PyMC's names added for ``tree_depth`` and ``reached_max_treedepth``), checked with PyMC's
-    convergence checks when ``progressbar`` is on (as ``pm.sample`` does)."""
+    PyMC's names added for ``tree_depth`` and ``reached_max_treedepth``)."""
     import nutpie
-    from pymc.stats.convergence import log_warnings, run_convergence_checks
 
     idata = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains, cores=cores,
                           seed=seed, progress_bar=progressbar, save_warmup=False,
@@ -74,6 +72,4 @@ def run(model, compiled, *, draws: int, tune: int, chains: int, cores: int, seed
     stats["reached_max_treedepth"] = stats["maxdepth_reached"]
     stats.attrs["tuning_steps"] = tune
     idata["sample_stats"] = stats
-    if progressbar:
-        log_warnings(run_convergence_checks(idata, model))
     return idata

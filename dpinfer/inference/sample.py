@@ -18,7 +18,11 @@ The pipeline, for the releases recorded by ``Mechanism.observe``:
 5. **check and widen**: every bound is checked against ``tol`` on every draw; a latent whose
    window missed it gets a wider window and the model is fitted again;
 6. **report**: ``idata.posterior.attrs["dpinfer"]`` (JSON) records per latent the engine and
-   why, the method, the window, the bounds reached and the widenings made.
+   why, the method, the window, the bounds reached and the widenings made;
+   ``idata.posterior.attrs["dpinfer_convergence"]`` the largest R-hat and smallest bulk ESS
+   over the parameters and the counts, also printed as one line at the end of the fit (and a
+   ``ConvergenceWarning`` when they miss R-hat <= 1.01 or ESS >= 400:
+   :mod:`dpinfer.inference.convergence`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import pymc as pm
 import xarray as xr
 
 from dpinfer._validation import check_probability
-from dpinfer.inference import closed_form, compiled_engine, nutpie_engine, pymc_engine
+from dpinfer.inference import closed_form, compiled_engine, convergence, nutpie_engine, pymc_engine
 from dpinfer.inference.chains import NUTS_PER_SWEEP
 from dpinfer.inference.latents import NotMarginalisableError
 from dpinfer.inference.plans import is_continuous_release, plan_releases
@@ -113,7 +117,7 @@ def sample(
             model, records, draws=draws, tune=tune, chains=chains, cores=cores, rng=rng,
             progressbar=progressbar, log_likelihood=log_likelihood, sample_kwargs=sample_kwargs)
         if idata is not None:
-            return idata
+            return _with_convergence(model, idata, progressbar)
     if tables:
         raise NotMarginalisableError(
             f"randomised-response releases {sorted(table_names)} are fitted by nutpie with their "
@@ -182,6 +186,18 @@ def sample(
     if log_likelihood:  # per-cell marginal log-likelihoods, on windows proven to within tol
         with marginal_model(model, tol) if compiled is not None else fit.model:
             pm.compute_log_likelihood(idata, progressbar=progressbar)
+    return _with_convergence(model, idata, progressbar)
+
+
+def _with_convergence(model, idata, progressbar: bool):
+    """``idata`` with its convergence (R-hat and bulk ESS over the parameters and the latent
+    counts, :mod:`dpinfer.inference.convergence`) in ``posterior.attrs["dpinfer_convergence"]``
+    (JSON); the one-line verdict printed when ``progressbar``, and a ``ConvergenceWarning``
+    when the fit falls short."""
+    names = [rv.name for rv in model.free_RVs if rv.name in idata.posterior]
+    result = convergence.check(idata, names)
+    idata.posterior.attrs["dpinfer_convergence"] = json.dumps(result.as_dict())
+    convergence.report(result, show=progressbar)
     return idata
 
 

@@ -1,0 +1,236 @@
+"""Whether a fit has converged: rank-normalised split R-hat and bulk effective sample size
+over every parameter and latent count, in one line at the end of ``dp.sample``.
+
+The diagnostics are those of A. Vehtari, A. Gelman, D. Simpson, B. Carpenter and P.-C.
+Bürkner, "Rank-normalization, folding, and localization: an improved R-hat for assessing
+convergence of MCMC", Bayesian Analysis 16(2), 2021, computed as ArviZ computes them
+(``arviz.rhat``, ``arviz.ess(method="bulk")``; equal to 1e-10 in the tests):
+
+* draws are split in half (4 chains of n/2 from 2 of n), ranked over all chains (ties
+  averaged), and the ranks r mapped to z = Phi^-1((r - 3/8) / (S + 1/4)) (Blom), S draws;
+* R-hat = max(split R-hat of z, split R-hat of the z of |x - median(x)|), with
+  R = sqrt(((n - 1)/n W + B/n) / W), W the mean within-chain variance and B/n the variance of
+  the chain means;
+* bulk ESS = M n / tau of z, tau = -1 + 2 sum_t rho_t with the autocorrelations rho_t
+  combined over chains and truncated by Geyer's initial positive and monotone sequences
+  (Stan's estimator), tau >= 1/log10(M n).
+
+They are written here rather than imported from ArviZ because ``dp.sample`` reports them
+after every fit and importing ArviZ's statistics costs about a second, more than a small fit;
+and because tables of tens of thousands of counts need them vectorised over the counts.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+from scipy.special import ndtri
+
+RHAT_MAX = 1.01  # the targets of a converged fit (Vehtari et al. 2021, section 4)
+ESS_MIN = 400
+_BATCH = 2048  # quantities per FFT batch (memory: 2 x draws x batch doubles)
+
+
+class ConvergenceWarning(UserWarning):
+    """A fit whose R-hat or bulk ESS misses the targets: not a result yet."""
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """The worst R-hat and bulk ESS of a fit, with the quantities they belong to."""
+
+    max_rhat: float
+    worst_rhat: str
+    min_ess: float
+    worst_ess: str
+    quantities: int
+    divergences: int
+    rhat_target: float = RHAT_MAX
+    ess_target: float = ESS_MIN
+
+    @property
+    def converged(self) -> bool:
+        return (self.max_rhat <= self.rhat_target and self.min_ess >= self.ess_target
+                and self.divergences == 0)
+
+    def line(self) -> str:
+        """One line: converged or not, the worst R-hat and ESS, and what to do."""
+        worst = (f"max R-hat {self.max_rhat:.3f} ({self.worst_rhat}), min bulk ESS "
+                 f"{self.min_ess:.0f} ({self.worst_ess}) over {self.quantities} parameters and "
+                 f"counts" + (f", {self.divergences} divergent transitions" if self.divergences else ""))
+        if self.converged:
+            return f"dpinfer: converged: {worst} (targets R-hat <= {self.rhat_target}, ESS >= {self.ess_target:.0f})"
+        return (f"dpinfer: NOT CONVERGED: {worst}; the targets are R-hat <= {self.rhat_target} and "
+                f"ESS >= {self.ess_target:.0f}"
+                + (" and no divergences" if self.divergences else "")
+                + ". Not a result yet: sample longer (more draws and tune), or reparameterise "
+                  "the model (centred where the data are informative)")
+
+    def as_dict(self) -> dict:
+        return {"converged": self.converged, "max_rhat": self.max_rhat, "worst_rhat": self.worst_rhat,
+                "min_ess_bulk": self.min_ess, "worst_ess": self.worst_ess,
+                "quantities": self.quantities, "divergences": self.divergences,
+                "targets": {"rhat": self.rhat_target, "ess_bulk": self.ess_target}}
+
+
+def check(idata, names: list) -> Convergence:
+    """The worst R-hat and bulk ESS over the posterior variables ``names`` (every element)."""
+    worst_rhat, worst_ess = (-math.inf, ""), (math.inf, "")
+    count = 0
+    for name in names:
+        values = np.asarray(idata.posterior[name].values, dtype=float)
+        chains, draws = values.shape[:2]
+        flat = values.reshape(chains, draws, -1)
+        labels = _labels(name, values.shape[2:])
+        rhats, esses = diagnostics(flat)
+        count += flat.shape[2]
+        if np.any(np.isfinite(rhats)):
+            i = int(np.nanargmax(rhats))
+            if rhats[i] > worst_rhat[0]:
+                worst_rhat = (float(rhats[i]), labels[i])
+        i = int(np.nanargmin(esses)) if np.any(np.isfinite(esses)) else None
+        if i is not None and esses[i] < worst_ess[0]:
+            worst_ess = (float(esses[i]), labels[i])
+    stats = idata.get("sample_stats")
+    divergences = (int(np.asarray(stats["diverging"].values).sum())
+                   if stats is not None and "diverging" in stats else 0)
+    return Convergence(worst_rhat[0], worst_rhat[1], worst_ess[0], worst_ess[1], count, divergences)
+
+
+def report(convergence: Convergence, *, show: bool) -> None:
+    """Print the line (to stderr, when ``show``) and warn when the fit falls short."""
+    if show:
+        print(convergence.line(), file=sys.stderr, flush=True)
+    if not convergence.converged:
+        warnings.warn(convergence.line().removeprefix("dpinfer: "), ConvergenceWarning, stacklevel=4)
+
+
+def _labels(name: str, shape: tuple) -> list:
+    if not shape:
+        return [name]
+    return [f"{name}[{', '.join(map(str, index))}]" for index in np.ndindex(*shape)]
+
+
+# --- the diagnostics ---------------------------------------------------------------------------
+# Arrays are laid out (quantity, chain, draw) here, so that every quantity's draws are
+# contiguous for the ranking and the FFT.
+def _split(values: np.ndarray) -> np.ndarray:
+    """(chains, draws, k) -> (k, 2 chains, draws // 2): first and last halves of each chain."""
+    half = values.shape[1] // 2
+    split = np.concatenate([values[:, :half], values[:, values.shape[1] - half:]], axis=0)
+    return np.ascontiguousarray(split.transpose(2, 0, 1), dtype=float)
+
+
+@numba.njit(cache=True)
+def _doubled_ranks(values):
+    """Twice the 1-based rank of each entry of each row of ``values`` (k, S), ties given their
+    average rank (so the result is a whole number)."""
+    k, n = values.shape
+    out = np.empty((k, n), np.int64)
+    for j in range(k):
+        row = values[j]
+        order = np.argsort(row, kind="mergesort")
+        i = 0
+        while i < n:
+            e = i
+            while e + 1 < n and row[order[e + 1]] == row[order[i]]:
+                e += 1
+            for t in range(i, e + 1):
+                out[j, order[t]] = i + e + 2
+            i = e + 1
+    return out
+
+
+def _z_scale(split: np.ndarray) -> np.ndarray:
+    """Rank-normalised values (Blom's offset 3/8) of (k, chains, draws), ranked over chains."""
+    k, chains, draws = split.shape
+    size = chains * draws
+    table = ndtri((0.5 * np.arange(2 * size + 1) - 0.375) / (size + 0.25))  # by doubled rank
+    return table[_doubled_ranks(split.reshape(k, size))].reshape(k, chains, draws)
+
+
+def _split_rhat(z: np.ndarray) -> np.ndarray:
+    n = z.shape[2]
+    within = np.mean(np.var(z, axis=2, ddof=1), axis=1)
+    between = n * np.var(np.mean(z, axis=2), axis=1, ddof=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.sqrt((between / within + n - 1) / n)
+
+
+def diagnostics(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rank-normalised split R-hat, bulk ESS) of each quantity of ``values`` (chains,
+    draws, k). R-hat is NaN with fewer than 2 chains or for a quantity constant over all
+    draws; the ESS of a constant quantity is its number of draws; both are NaN with fewer
+    than 4 draws."""
+    chains, draws, k = values.shape
+    if draws < 4:
+        return np.full(k, np.nan), np.full(k, np.nan)
+    rhat, ess = np.empty(k), np.empty(k)
+    for start in range(0, k, _BATCH):
+        split = _split(values[:, :, start:start + _BATCH])
+        part = slice(start, start + split.shape[0])
+        z = _z_scale(split)
+        flat = split.reshape(split.shape[0], -1)
+        constant = np.ptp(flat, axis=1) < np.finfo(float).resolution
+        ess[part] = np.where(constant, flat.shape[1], _ess(z))
+        if chains < 2:
+            rhat[part] = np.nan
+            continue
+        folded = np.abs(split - np.median(flat, axis=1)[:, None, None])
+        rhat[part] = np.maximum(_split_rhat(z), _split_rhat(_z_scale(folded)))
+    return rhat, ess
+
+
+def _ess(z: np.ndarray) -> np.ndarray:
+    """ESS of each quantity of z (k, chains, draws) by Geyer's initial monotone sequence."""
+    _, chains, n = z.shape
+    centred = z - z.mean(axis=2, keepdims=True)
+    size = 1 << int(math.ceil(math.log2(2 * n)))
+    spectrum = np.fft.rfft(centred, n=size, axis=2)
+    acov = np.fft.irfft(spectrum * np.conjugate(spectrum), n=size, axis=2)[:, :, :n] / n
+    mean_acov = np.ascontiguousarray(acov.mean(axis=1))  # (k, n)
+    mean_var = mean_acov[:, 0] * n / (n - 1.0)
+    var_plus = mean_var * (n - 1.0) / n
+    if chains > 1:
+        var_plus = var_plus + np.var(z.mean(axis=2), axis=1, ddof=1)
+    return _geyer(mean_acov, mean_var, var_plus, chains * n)
+
+
+@numba.njit(cache=True, error_model="numpy")  # 0/0 is NaN (constant quantities)
+def _geyer(mean_acov, mean_var, var_plus, total):
+    """Stan's (and ArviZ's) truncated autocorrelation sum, per quantity: the ESS."""
+    k, n = mean_acov.shape
+    out = np.empty(k)
+    rho = np.zeros(n)
+    for j in range(k):
+        rho[:] = 0.0
+        even = 1.0
+        rho[0] = even
+        odd = 1.0 - (mean_var[j] - mean_acov[j, 1]) / var_plus[j]
+        rho[1] = odd
+        t = 1
+        while t < n - 3 and even + odd > 0.0:
+            even = 1.0 - (mean_var[j] - mean_acov[j, t + 1]) / var_plus[j]
+            odd = 1.0 - (mean_var[j] - mean_acov[j, t + 2]) / var_plus[j]
+            if even + odd >= 0:
+                rho[t + 1] = even
+                rho[t + 2] = odd
+            t += 2
+        max_t = t - 2
+        if even > 0:
+            rho[max_t + 1] = even
+        t = 1
+        while t <= max_t - 2:  # the initial monotone sequence
+            if rho[t + 1] + rho[t + 2] > rho[t - 1] + rho[t]:
+                rho[t + 1] = 0.5 * (rho[t - 1] + rho[t])
+                rho[t + 2] = rho[t + 1]
+            t += 2
+        tau = -1.0 + 2.0 * np.sum(rho[:max_t + 1]) + np.sum(rho[max_t + 1:max_t + 2])
+        tau = max(tau, 1.0 / math.log10(total))
+        out[j] = np.nan if np.isnan(rho).any() else total / tau
+    return out

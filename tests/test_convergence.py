@@ -1,0 +1,74 @@
+"""R-hat and bulk ESS of dpinfer.inference.convergence equal ArviZ's (the reference,
+arviz.rhat and arviz.ess(method="bulk")), and dp.sample reports them after every fit."""
+
+import json
+
+import arviz as az
+import numpy as np
+import pymc as pm
+import pytest
+import xarray as xr
+
+from dpinfer.inference import sample
+from dpinfer.inference.convergence import ConvergenceWarning, diagnostics
+from dpinfer.mechanisms.geometric import DoubleGeometric
+
+
+def ar1(rng, phi, chains, draws, k):
+    x = np.zeros((chains, draws, k))
+    noise = rng.standard_normal((chains, draws, k))
+    for t in range(1, draws):
+        x[:, t] = phi * x[:, t - 1] + noise[:, t]
+    return x
+
+
+@pytest.mark.parametrize("phi", [0.0, 0.6, 0.97])
+@pytest.mark.parametrize("chains, draws", [(2, 1000), (4, 201), (1, 500), (3, 7)])
+def test_rhat_and_bulk_ess_equal_arviz(phi, chains, draws):
+    rng = np.random.default_rng(int(phi * 100) + chains * draws)
+    x = ar1(rng, phi, chains, draws, 6)
+    x[..., 1] = np.round(x[..., 1] * 2)  # ties, as counts have
+    x[..., 2] += np.arange(chains)[:, None] * 0.5  # chains that disagree
+    x[..., 3] = 7.0  # a constant quantity
+    x[..., 4] = rng.poisson(3.0, size=(chains, draws))  # many ties
+    rhat, ess = diagnostics(x)
+    data = xr.Dataset({"v": (("chain", "draw", "k"), x)})
+    with np.errstate(invalid="ignore", divide="ignore"):
+        expected_ess = az.ess(data, method="bulk")["v"].values
+        expected_rhat = az.rhat(data)["v"].values if chains > 1 else np.full(6, np.nan)
+    np.testing.assert_allclose(ess, expected_ess, rtol=1e-10)
+    np.testing.assert_allclose(rhat, expected_rhat, rtol=1e-10)
+
+
+def test_many_quantities_are_done_in_batches():
+    x = ar1(np.random.default_rng(3), 0.5, 2, 100, 5000)
+    rhat, ess = diagnostics(x)
+    data = xr.Dataset({"v": (("chain", "draw", "k"), x[:, :, 4090:4100])})
+    np.testing.assert_allclose(ess[4090:4100], az.ess(data, method="bulk")["v"].values, rtol=1e-10)
+    np.testing.assert_allclose(rhat[4090:4100], az.rhat(data)["v"].values, rtol=1e-10)
+
+
+def _model():
+    with pm.Model() as model:
+        theta = pm.Beta("theta", 10, 10)
+        x = pm.Binomial("x", 1000, theta, shape=2)
+        DoubleGeometric(epsilon=0.1).observe("release", x, observed=[612, 580])
+    return model
+
+
+def test_sample_reports_convergence_in_one_line_and_in_its_attributes(capsys):
+    idata = sample(1000, model=_model(), random_seed=1)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    report = json.loads(idata.posterior.attrs["dpinfer_convergence"])
+    assert line.startswith("dpinfer: converged: max R-hat")
+    assert report["converged"] and report["quantities"] == 3  # theta and two counts
+    rhat = az.rhat(idata.posterior.to_dataset()[["theta", "x"]])
+    assert report["max_rhat"] == pytest.approx(float(max(rhat["theta"].max(), rhat["x"].max())), rel=1e-10)
+    ess = az.ess(idata.posterior.to_dataset()[["theta", "x"]], method="bulk")
+    assert report["min_ess_bulk"] == pytest.approx(float(min(ess["theta"].min(), ess["x"].min())), rel=1e-10)
+
+
+def test_a_short_fit_is_said_to_be_not_converged():
+    with pytest.warns(ConvergenceWarning, match="NOT CONVERGED.*Not a result yet"):
+        idata = sample(30, tune=10, model=_model(), random_seed=1, progressbar=False)
+    assert not json.loads(idata.posterior.attrs["dpinfer_convergence"])["converged"]
