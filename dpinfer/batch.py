@@ -50,7 +50,7 @@ With a ``random_seed`` in ``sample_kwargs`` a fit's draws are the same wherever 
 this process, a process pool, a Dask worker, or a retry after a worker died).
 
 **Model reuse.** dpinfer keeps its compiled model on the ``pm.Model`` and reuses it when only
-the releases' data change (:mod:`dpinfer.inference.compiled`). Jobs with the same
+the releases' data change (:mod:`dpinfer.inference.engines.compiled.model`). Jobs with the same
 ``model_key`` that run in the same worker process therefore share one model, built by the
 first of them: each job only calls ``pm.set_data(job.data)`` before fitting, so a replication
 study compiles once per worker instead of once per fit (about 0.1 s instead of 2-4 s per fit

@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 import dpinfer as dp
-from dpinfer.inference.queries import resolve_query
+from dpinfer.inference.planning.queries import resolve_query
 from law_checks import empirical_tv, iid_tv_quantile, kernel_lattice_law
 
 EPS = 0.8

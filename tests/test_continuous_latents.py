@@ -49,14 +49,16 @@ def within_mc_error(draws, mean, var, ess):
     assert abs(draws.var() - var) < 4.5 * se_var
 
 
-def test_b1_continuous_latent_matches_the_closed_form_posterior():
+@pytest.mark.parametrize("method, engine", [("auto", "compiled"), ("nutpie", "nutpie")])
+def test_b1_continuous_latent_matches_the_closed_form_posterior(method, engine):
     model = b1_model()
-    idata = dp.sample(3000, tune=1000, chains=2, random_seed=11, progressbar=False, model=model)
+    idata = dp.sample(3000, tune=1000, chains=2, random_seed=11, progressbar=False, model=model,
+                      method=method)
     ess = az.ess(idata, var_names=["theta", "ybar"])
     within_mc_error(idata.posterior["theta"].values, B1_MEAN, B1_VAR, float(ess["theta"]))
     within_mc_error(idata.posterior["ybar"].values, YBAR_MEAN, YBAR_VAR, float(ess["ybar"]))
     report = json.loads(idata.posterior.attrs["dpinfer"])
-    assert report["s"]["engine"] == "nutpie"
+    assert report["s"]["engine"] == engine
     assert "summed out in closed form" in report["s"]["method"]
     assert idata.posterior["ybar"].dtype.kind == "f"  # never rounded to counts
 
@@ -171,7 +173,7 @@ def test_a_normal_latent_with_laplace_noise_is_summed_out_and_drawn_exactly():
         dp.Laplace(1.0 / scale).observe("s", ybar, observed=releases)
     idata = dp.sample(3000, tune=1000, chains=2, random_seed=21, progressbar=False, model=model)
     report = json.loads(idata.posterior.attrs["dpinfer"])
-    assert report["s"]["engine"] == "nutpie" and "Laplace noise" in report["s"]["method"]
+    assert report["s"]["engine"] == "compiled" and "Laplace noise" in report["s"]["method"]
     assert idata.posterior["ybar"].dims == ("chain", "draw", "group")
     assert list(idata.posterior["group"].values) == ["a", "b", "c"]
 
@@ -211,21 +213,24 @@ def test_a_normal_latent_with_other_children_stays_with_nuts():
     np.testing.assert_allclose(idata.posterior["total"].values, 100 * idata.posterior["ybar"].values)
 
 
-def test_new_releases_reuse_the_compiled_model_and_log_likelihoods_are_marginal():
-    """pm.set_data of a new release refits without compiling again (the kept nutpie model is
-    the same object) and gives that release's posterior; the log-likelihood group holds the
-    release's marginal log density given theta, N(s; theta, sqrt(1/100 + 1/9))."""
+@pytest.mark.parametrize("method, kept_as", [("auto", "_dpinfer_compiled_model"),
+                                             ("nutpie", "_dpinfer_nutpie_model")])
+def test_new_releases_reuse_the_compiled_model_and_log_likelihoods_are_marginal(method, kept_as):
+    """pm.set_data of a new release refits without compiling again (the kept compiled or
+    nutpie model is the same object) and gives that release's posterior; the log-likelihood
+    group holds the release's marginal log density given theta, N(s; theta, sqrt(1/100 + 1/9))."""
     with pm.Model() as model:
         release = pm.Data("release", B1_RELEASE)
         theta = pm.Normal("theta", 0.0, 2.0)
         ybar = pm.Normal("ybar", theta, 0.1)
         dp.Gaussian.from_sigma(1.0 / 3.0).observe("s", ybar, observed=release)
     first = dp.sample(1000, tune=500, chains=2, random_seed=4, progressbar=False, model=model,
-                      log_likelihood=True)
-    kept = model._dpinfer_closed_form_model[1]._dpinfer_nutpie_model[1]
+                      log_likelihood=True, method=method)
+    kept = getattr(model._dpinfer_closed_form_model[1], kept_as)[1]
     pm.set_data({"release": 1.5}, model=model)
-    second = dp.sample(3000, tune=1000, chains=2, random_seed=5, progressbar=False, model=model)
-    assert model._dpinfer_closed_form_model[1]._dpinfer_nutpie_model[1] is kept
+    second = dp.sample(3000, tune=1000, chains=2, random_seed=5, progressbar=False, model=model,
+                       method=method)
+    assert getattr(model._dpinfer_closed_form_model[1], kept_as)[1] is kept
     ess = float(az.ess(second, var_names=["theta"])["theta"])
     within_mc_error(second.posterior["theta"].values, 1.5 * B1_MEAN / B1_RELEASE, B1_VAR, ess)
     log_lik = first.log_likelihood["s"].values

@@ -1,4 +1,4 @@
-"""dpinfer.lattice.convolution and its PyTensor Op (dpinfer.inference.convolution_likelihood)
+"""dpinfer.lattice.convolution and its PyTensor Op (dpinfer.inference.engines.pymc.convolution)
 against independent references.
 
 References: mpmath enumeration / dynamic programming on the exact float64 inputs (40-50
@@ -27,7 +27,7 @@ from scipy import stats
 
 import dpinfer.lattice.convolution.group_totals as conv
 import dpinfer.lattice.convolution.tree as conv_tree
-from dpinfer.inference.convolution_likelihood import ConvolutionLogLikelihood
+from dpinfer.inference.engines.pymc.convolution import ConvolutionLogLikelihood
 from dpinfer.lattice.convolution import log_convolution_at, sample_given_sums
 
 MODES = ["default", "fft", "direct", "log"]

@@ -21,7 +21,7 @@ RATES = np.array([3.0, 40.0, 7.5, 12.0, 0.8, 25.0])
 
 
 def _fit(mechanism, release, draws, seed, half_width, monkeypatch, prior=pm.Poisson):
-    import dpinfer.inference.plans as plans_module
+    import dpinfer.inference.planning.cells as plans_module
 
     monkeypatch.setattr(plans_module, "tail_half_width", lambda mech: half_width)
     with pm.Model() as model:
@@ -117,7 +117,7 @@ def test_a_large_group_is_drawn_in_random_blocks_with_the_exact_law(monkeypatch)
     import arviz as az
 
     from dpinfer.lattice.convolution import log_convolution_at
-    from dpinfer.inference.exact_counts import BLOCK_CELLS
+    from dpinfer.inference.engines.compiled.exact_counts import BLOCK_CELLS
 
     m = 300
     assert m > 2 * BLOCK_CELLS
@@ -126,7 +126,7 @@ def test_a_large_group_is_drawn_in_random_blocks_with_the_exact_law(monkeypatch)
     base = dp.DoubleGeometric(epsilon=0.5)
     mech = dp.Conditioned(base, dp.Invariants.total(m))
     release = mech.release(rng.poisson(rates), rng)
-    import dpinfer.inference.plans as plans_module
+    import dpinfer.inference.planning.cells as plans_module
 
     monkeypatch.setattr(plans_module, "tail_half_width", lambda mech: 25)
     with pm.Model() as model:
@@ -152,7 +152,7 @@ def test_a_large_group_is_drawn_in_random_blocks_with_the_exact_law(monkeypatch)
 
 
 def test_fast_exponential_is_within_one_ulp_of_libm():
-    from dpinfer.inference.exact_counts import weights_moments
+    from dpinfer.inference.engines.compiled.exact_counts import weights_moments
 
     rng = np.random.default_rng(7)
     x = np.concatenate([-rng.uniform(0, 708, 200_000), -rng.exponential(1.0, 200_000),
@@ -172,7 +172,7 @@ def test_fast_exponential_is_within_one_ulp_of_libm():
 
 
 def test_weights_of_an_empty_row_are_zero():
-    from dpinfer.inference.exact_counts import weights_moments
+    from dpinfer.inference.engines.compiled.exact_counts import weights_moments
 
     w = np.ones(5)
     assert weights_moments(np.full(5, -np.inf), w, np.empty(5, np.int64)) == (-np.inf, 0.0, 0.0, 0.0)
@@ -183,7 +183,7 @@ def test_start_on_the_totals_spreads_each_groups_surplus_evenly():
     """Clipping many small cells' releases at 0 raises a group's sum; the start takes the
     surplus from all cells, about surplus / cells each, not from the largest cells whole (a
     cell started hundreds of counts outside its window was held there forever)."""
-    from dpinfer.inference.plans import point_on_totals
+    from dpinfer.inference.planning.cells import point_on_totals
 
     rng = np.random.default_rng(3)
     codes = np.repeat([0, 1, 2], [400, 250, 1])

@@ -115,7 +115,7 @@ def test_report_records_engine_method_and_window(beta_binomial_fit):
     assert report["exact_tails"] and report["max_relative_error_bound"] == 0.0
     # the window: the smallest k with P(|e| > k) <= TAIL_SHARE f(sd), in closed form for the
     # double geometric law f(e) = (1 - a)/(1 + a) a^|e|, a = e^-eps: P(|e| > k) = 2 a^(k+1)/(1 + a)
-    from dpinfer.inference.count_blocks import TAIL_SHARE
+    from dpinfer.inference.window import TAIL_SHARE
 
     a = np.exp(-EPS)
     sd = np.sqrt(2 * a) / (1 - a)
@@ -165,7 +165,7 @@ def test_plain_pm_sample_warns_on_latent_counts():
 
 
 def test_latent_with_a_continuous_child_is_refused():
-    from dpinfer.inference.gibbs import ContinuousChildError
+    from dpinfer.inference.planning.children import ContinuousChildError
 
     mech = DoubleGeometric(epsilon=1.0)
     with pm.Model() as model:
@@ -208,7 +208,7 @@ def test_window_bound_is_valid_against_the_full_sum():
 
 def test_window_widens_when_the_check_fails(monkeypatch):
     """The PyMC engine's marginal path: a window too narrow for tol is widened and refitted."""
-    from dpinfer.inference.plans import CellsPlan
+    from dpinfer.inference.planning.cells import CellsPlan
 
     monkeypatch.setattr(CellsPlan, "first_half_width", lambda plan, tol, compiled: 1)
     model = beta_binomial_model()
@@ -223,7 +223,7 @@ def test_exact_tails_make_a_narrow_window_exact(monkeypatch):
     """The compiled engine draws the counts exactly beyond the window (geometric envelopes):
     with a window of +-8 around s = 612 at epsilon = 0.1 (noise sd 14) about half of the
     count draws come from the tails, and the posterior still matches enumeration."""
-    import dpinfer.inference.plans as plans_module
+    import dpinfer.inference.planning.cells as plans_module
 
     monkeypatch.setattr(plans_module, "tail_half_width", lambda mech: 8)
     model = beta_binomial_model()
@@ -398,7 +398,7 @@ def test_compiled_model_is_kept_when_only_the_release_changes():
     """The compiled engine hands the model's data to its functions at every fit: a new release
     (not used by them) or a new value of data the model's own terms use (here the binomial's
     n) keeps the compiled model and gives the draws of a fresh model fitted to those data."""
-    from dpinfer.inference.compiled_engine import _COMPILED
+    from dpinfer.inference.engines.compiled.engine import _COMPILED
 
     def model_with(release, n):
         with pm.Model() as model:
@@ -474,7 +474,7 @@ def test_grandchildren_do_not_block_the_count_methods():
 def test_compiled_engine_takes_initvals_in_the_constrained_space():
     """initvals name the variables as pm.sample does (sigma, not sigma_log__) and are not
     jittered; the others keep PyMC's jittered start; a start for the counts is not used."""
-    from dpinfer.inference.compiled_engine import compiled_model_for
+    from dpinfer.inference.engines.compiled.engine import compiled_model_for
 
     with pm.Model() as model:
         sigma = pm.HalfNormal("sigma", 1.0)
@@ -492,9 +492,9 @@ def test_compiled_log_density_is_minus_inf_where_a_parameter_check_fails(capfd):
     """At a point where a parameter leaves its domain (sigma = exp(-800) underflows to 0), the
     compiled log density is -inf (NUTS treats it as a divergence), not an exception printed
     by numba with an undefined value returned; the same for the prior table of the counts."""
-    from dpinfer.inference.compiled_engine import compiled_model_for
-    from dpinfer.inference.exact_counts import _prior_at
-    from dpinfer.inference.nuts import log_density_at
+    from dpinfer.inference.engines.compiled.engine import compiled_model_for
+    from dpinfer.inference.engines.compiled.exact_counts import _prior_at
+    from dpinfer.inference.engines.compiled.nuts import log_density_at
 
     with pm.Model() as model:
         sigma = pm.HalfNormal("sigma", 1.0)

@@ -68,3 +68,15 @@ def test_imports_point_down_the_layers():
     upward = [(a, b) for a, targets in import_graph().items() for b in targets
               if _layer(a) is not None and _layer(b) is not None and _layer(b) > _layer(a)]
     assert not upward, upward
+
+
+def test_engines_never_call_back_into_planning():
+    """dp.sample is one pipeline (DESIGN.md): planning decides, an engine runs finished plans.
+    No engine module imports a planning module, and planning imports no engine."""
+    graph = import_graph()
+    engines = "dpinfer.inference.engines"
+    planning = "dpinfer.inference.planning"
+    back = [(a, b) for a, targets in graph.items() for b in targets
+            if (a.startswith(engines) and b.startswith(planning))
+            or (a.startswith(planning) and b.startswith(engines))]
+    assert not back, back

@@ -14,7 +14,7 @@ import pytest
 from scipy import optimize, special, stats
 
 from dpinfer.inference import sample
-from dpinfer.inference.count_blocks import has_exact_tails
+from dpinfer.inference.window import has_exact_tails
 from dpinfer.mechanisms.gaussian import Gaussian, calibrate_sigma
 from dpinfer.mechanisms.laplace import Laplace
 from dpinfer.mechanisms.logconcave import Logistic, Subbotin, log_concave_delta

@@ -1,4 +1,4 @@
-"""The disk cache of compiled model functions (dpinfer.inference.model_cache): a new model
+"""The disk cache of compiled model functions (dpinfer.inference.engines.compiled.cache): a new model
 object of a structure compiled before compiles nothing, in this process or a fresh one, and
 computes with its own data; a change of structure or of a version is a new key; a corrupt,
 unwritable or foreign cache is passed over with a warning and never gives another function."""
@@ -16,7 +16,8 @@ import pymc as pm
 import pytest
 from scipy import stats
 
-from dpinfer.inference import model_cache, sample
+from dpinfer.inference import sample
+from dpinfer.inference.engines.compiled import cache as model_cache
 from dpinfer.mechanisms.geometric import DoubleGeometric
 
 FIT = {"draws": 1000, "tune": 500, "chains": 2, "progressbar": False}
@@ -92,7 +93,7 @@ def test_a_fresh_process_loads_every_function(cache_dir):
     script = textwrap.dedent("""
         import json, numpy as np, pymc as pm
         import dpinfer as dp
-        from dpinfer.inference import model_cache
+        from dpinfer.inference.engines.compiled import cache as model_cache
         with pm.Model() as model:
             theta = pm.Beta("theta", 10, 10)
             x = pm.Binomial("x", 1000, theta)

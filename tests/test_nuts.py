@@ -1,4 +1,4 @@
-"""The compiled NUTS transition (dpinfer.inference.nuts) leaves its target invariant, and the
+"""The compiled NUTS transition (dpinfer.inference.engines.compiled.nuts) leaves its target invariant, and the
 compiled chain's adaptation finds the scales of badly scaled targets.
 
 Invariance is tested the direct way: N independent exact draws of a non-Gaussian target, one
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpinfer.inference.native import LOGP_GRAD, new_stream
-from dpinfer.inference.nuts import log_density_at, metric_windows, nuts_transition
+from dpinfer.inference.engines.compiled.native import LOGP_GRAD, new_stream
+from dpinfer.inference.engines.compiled.nuts import log_density_at, metric_windows, nuts_transition
 
 B = 0.5  # banana: x1 ~ N(0, 1), x2 | x1 ~ N(x1^2, B^2)
 

@@ -1,5 +1,5 @@
 """Validation tier (`make validate`): the SBC study of validation/sbc_continuous.py (continuous
-latents on dp.sample's nutpie engine: Normal latents summed out of Laplace and Gaussian releases,
+latents on dp.sample's default (compiled) engine: Normal latents summed out of Laplace and Gaussian releases,
 and a record-level clamped regression) with 200 replications per model; writes
 validation/results/sbc_continuous.md and prints it. A few minutes on 2 cores.
 Smoke run by hand: `.venv/bin/python validation/sbc_continuous.py --reps 20`."""
@@ -26,7 +26,7 @@ SEED = sbc_continuous.SEED
 def test_sbc_continuous_study():
     """Every dpinfer row passes (coverage in its exact binomial band, rank tests above the
     Bonferroni threshold; family-wise alpha = 1% per model and method), on the engine the study
-    means to validate (nutpie; the latent summed out in closed form in (a) and (b)). The naive
+    means to validate (the compiled engine; the latent summed out in closed form in (a) and (b)). The naive
     analysis of (a) and (b) (release taken as the true ybar) under-covers theta and every ybar
     (90% coverage below the band)."""
     results = sbc_continuous.run_study(N_REPS, seed=SEED, progress_every=20)
@@ -34,7 +34,7 @@ def test_sbc_continuous_study():
     print("\n" + text)
     for name, df in results.items():
         engine = df.attrs["engine"]["s"]
-        assert engine["engine"] == "nutpie", f"{name}: {engine}"
+        assert engine["engine"] == "compiled", f"{name}: {engine}"
         if name.startswith(("(a)", "(b)")):
             assert engine["method"].startswith("summed out in closed form"), f"{name}: {engine}"
         assert df[df.method == "dpinfer"]["passed"].all(), f"{name}\n{text}"

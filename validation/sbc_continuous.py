@@ -19,7 +19,7 @@ continuous mechanisms (the nutpie engine), on three small models.
 Truths are drawn from the prior and the release with the mechanism's own sampler
 (``mechanism.release``). Each replication sets the release with ``pm.set_data`` and refits the
 same model: the nutpie model is compiled once and takes the new release through
-``with_data`` (dpinfer.inference.nutpie_engine). Ranks of the truth among L = 99 thinned
+``with_data`` (dpinfer.inference.engines.nutpie). Ranks of the truth among L = 99 thinned
 posterior draws (2 chains of 500 draws, stride 10; (c): 1000 draws, stride 20), exact
 binomial coverage bands and rank tests with Bonferroni within each method
 (dpinfer.inference.sbc).

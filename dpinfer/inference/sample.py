@@ -1,23 +1,21 @@
-"""``dpinfer.sample``: posterior sampling for models whose latent true counts are privatised.
+"""``dpinfer.sample``: posterior sampling for models whose latent true values are privatised.
 
-The pipeline, for the releases recorded by ``Mechanism.observe``:
+One pipeline, for the releases recorded by ``Mechanism.observe``:
 
-1. **plan**: one plan per latent count vector (:mod:`dpinfer.inference.plans`): independent
-   cells, cells on group totals, cells with other children, or cells on a fibre;
-2. **engine**: for a model without latent counts (only continuous latents released by
-   continuous mechanisms), nutpie (:mod:`dpinfer.inference.nutpie_engine`), with Normal latents
-   summed out of Gaussian or Laplace releases in closed form and drawn exactly afterwards
-   (:mod:`dpinfer.inference.closed_form`); otherwise the compiled exact Gibbs engine
-   (:mod:`dpinfer.inference.compiled_engine`) where every plan is cells or totals and every
-   other free variable is continuous, else the PyMC engine
-   (:mod:`dpinfer.inference.pymc_engine`); why an engine was not taken is recorded;
-3. **windows**: each plan's first window (exact tails on the compiled engine, a window proven
-   to within ``tol`` otherwise);
-4. **sample**: the engine's fit, with the latent counts drawn (exactly given the parameters,
-   or by dpinfer's Gibbs steps);
-5. **check and widen**: every bound is checked against ``tol`` on every draw; a latent whose
-   window missed it gets a wider window and the model is fitted again;
-6. **report**: ``idata.posterior.attrs["dpinfer"]`` (JSON) records per latent the engine and
+1. **plan** (:mod:`dpinfer.inference.planning`): latents summed out in closed form, one plan
+   per latent count vector (independent cells, cells on group totals, cells with further
+   children, cells on a fibre), and the releases of continuous latents (no plan: NUTS);
+2. **engine** (:mod:`dpinfer.inference.engines`), one per fit, chosen from the plans and
+   ``method``: the compiled exact Gibbs engine (``"auto"``) where every count plan is cells
+   or totals and every other free variable is continuous, with latents summed out in closed
+   form when there are no latent counts; nutpie (``method="nutpie"``) for models without
+   latent counts; else the PyMC engine, which also runs every plan (``"marginal"``,
+   ``"fibre"``). Why an engine was not taken is recorded;
+3. **sample**: each plan's first window (exact tails on the compiled engine, a window proven
+   to within ``tol`` otherwise), the engine's fit, every bound checked against ``tol`` on
+   every draw, and the windows of a latent that missed it widened and the model fitted
+   again; latents summed out in closed form are drawn exactly given each posterior draw;
+4. **report**: ``idata.posterior.attrs["dpinfer"]`` (JSON) records per latent the engine and
    why, the method, the window, the bounds reached and the widenings made;
    ``idata.posterior.attrs["dpinfer_convergence"]`` the largest R-hat and smallest bulk ESS
    over the parameters and the counts, also printed as one line at the end of the fit (and a
@@ -35,14 +33,19 @@ import pymc as pm
 import xarray as xr
 
 from dpinfer._validation import check_probability
-from dpinfer.inference import closed_form, compiled_engine, convergence, nutpie_engine, pymc_engine
-from dpinfer.inference.chains import NUTS_PER_SWEEP
+from dpinfer.inference import convergence, planning
+from dpinfer.inference.engines import closed_form
+from dpinfer.inference.engines import nutpie as nutpie_engine
+from dpinfer.inference.engines.compiled import engine as compiled_engine
+from dpinfer.inference.engines.compiled.chains import NUTS_PER_SWEEP
+from dpinfer.inference.engines.pymc import engine as pymc_engine
 from dpinfer.inference.latents import NotMarginalisableError
-from dpinfer.inference.plans import is_continuous_release, plan_releases
 from dpinfer.mechanisms.records import releases_of
 
 MAX_WIDENINGS = 4
-METHODS = ("auto", "marginal", "fibre")
+METHODS = ("auto", "marginal", "fibre", "nutpie")
+CONTINUOUS_METHOD = ("NUTS on the continuous latent with the release observed (its exact "
+                     "likelihood; nothing to marginalise)")
 
 
 def sample(
@@ -67,7 +70,7 @@ def sample(
     Parameters
     ----------
     draws, tune, chains, cores, random_seed, progressbar
-        As in ``pm.sample`` (NUTS runs on the continuous parameters; both engines run the
+        As in ``pm.sample`` (NUTS runs on the continuous parameters; the engines run the
         chains on ``cores`` cores, by default all).
     tol
         Bound on the relative error of a windowed likelihood, checked on every posterior draw:
@@ -76,25 +79,26 @@ def sample(
     log_likelihood
         Also compute the per-cell marginal log-likelihood of each release (for LOO/WAIC).
     method
-        ``"auto"``: the compiled exact Gibbs engine where the model allows it (module
-        docstring), else the PyMC engine (counts summed out where they are a release's only
-        child, exact convolution for group totals, fibre moves for other invariants and linear
-        queries, windowed Gibbs for counts with other children). ``"marginal"``: the PyMC
-        engine with counts summed out wherever possible. ``"fibre"``: the PyMC engine with
-        fibre moves wherever there are invariants or queries (e.g. to compare the samplers).
+        ``"auto"``: the compiled engine where the model allows it (module docstring), else
+        the PyMC engine (counts summed out where they are a release's only child, exact
+        convolution for group totals, fibre moves for other invariants and linear queries,
+        windowed Gibbs for counts with other children). ``"nutpie"``: nutpie's NUTS for a
+        model without latent counts. ``"marginal"``: the PyMC engine with counts summed out
+        wherever possible. ``"fibre"``: the PyMC engine with fibre moves wherever there are
+        invariants or queries (e.g. to compare the samplers).
     sample_kwargs
         Passed to ``pm.sample`` (PyMC engine); nutpie takes ``target_accept`` and
-        ``max_treedepth``; the compiled engine takes ``initvals``,
-        ``target_accept`` (0.8) and ``max_treedepth`` (10), as PyMC's NUTS, and
-        ``nuts_per_sweep`` (3) and ``counts_per_sweep`` (2, at most ``nuts_per_sweep``): NUTS
-        transitions of the parameters and exact draws of the counts per stored draw, which
-        alternate (:mod:`dpinfer.inference.chains`).
+        ``max_treedepth``; the compiled engine takes ``initvals``, ``target_accept`` (0.8) and
+        ``max_treedepth`` (10), as PyMC's NUTS, and ``nuts_per_sweep`` (3) and
+        ``counts_per_sweep`` (2, at most ``nuts_per_sweep``): NUTS transitions of the
+        parameters and exact draws of the counts per stored draw, which alternate
+        (:mod:`dpinfer.inference.engines.compiled.chains`).
 
     Returns
     -------
     xarray.DataTree with the parameters and the draws of the latent counts in ``posterior``
-    and the samplers' statistics in ``sample_stats``; ``posterior.attrs["dpinfer"]`` is the
-    report of step 6 of the module docstring.
+    and the samplers' statistics in ``sample_stats``; ``posterior.attrs["dpinfer"]`` and
+    ``["dpinfer_convergence"]`` are the report of step 4 of the module docstring.
     """
     tol = check_probability(tol, "tol")
     if method not in METHODS:
@@ -107,51 +111,112 @@ def sample(
     if not records:
         raise ValueError("the model has no release registered with Mechanism.observe(...); use pm.sample")
     rng = np.random.default_rng(random_seed)
-    tables = closed_form.check_tables(model, records)
-    table_names = {t.record.name for t in tables}
-    plans = plan_releases(model, [r for r in records if r.name not in table_names], method=method)
-    nutpie_failure = None
-    refused = nutpie_engine.refusal(model, plans, method, summed=[t.latent_name for t in tables])
-    if refused is None:
-        idata, nutpie_failure = _sample_with_nutpie(
-            model, records, draws=draws, tune=tune, chains=chains, cores=cores, rng=rng,
-            progressbar=progressbar, log_likelihood=log_likelihood, sample_kwargs=sample_kwargs)
-        if idata is not None:
-            return _with_convergence(model, idata, progressbar)
-    if tables:
-        raise NotMarginalisableError(
-            f"randomised-response releases {sorted(table_names)} are fitted by nutpie with their "
-            f"tables summed out, which this model does not allow: {refused or nutpie_failure}")
-    reason = compiled_engine.refusal(model, plans, method)
-    compiled = None
-    if reason is None:
-        compiled, reason = compiled_engine.compile_for(model, plans)
-    if compiled is not None:
-        unknown = sorted(set(sample_kwargs) - set(compiled_engine.OPTIONS))
-        if unknown:
-            raise TypeError(
-                f"dpinfer.sample got {unknown}, which the compiled engine does not take (it takes "
-                f"{compiled_engine.OPTIONS}); pass method='marginal' to run PyMC's pm.sample with them"
-            )
-        _check_compiled_options(sample_kwargs)
-        if not plans:  # only continuous latents: plain NUTS, one transition per stored draw
-            sample_kwargs.setdefault("nuts_per_sweep", 1)
-    _first_windows(model, plans, tol, compiled=compiled is not None)
+    cores = min(chains, cores if cores is not None else (os.cpu_count() or 1))
 
-    seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
-    for attempt in range(MAX_WIDENINGS + 1):
+    plan = planning.plan_model(model, records, method=method)  # 1. plan
+    engine, fitted, compiled, reason = _engine(model, plan, method, sample_kwargs)  # 2. engine
+    options = dict(draws=draws, tune=tune, chains=chains, cores=cores, rng=rng, tol=tol,
+                   progressbar=progressbar)
+    if engine == "nutpie":  # 3. sample
+        idata = nutpie_engine.run(fitted, compiled, seed=int(rng.integers(2**31)), **_without(
+            options, "rng", "tol"), **sample_kwargs)
+        report, widenings, fit = {}, 0, None
+    else:
+        idata, report, widenings, fit = _sample_counts(model, fitted, plan, engine, compiled,
+                                                        sample_kwargs, **options)
+    summed = plan.summed if fitted is not model else []
+    if log_likelihood:  # per-cell marginal log-likelihoods, on windows proven to within tol
+        ll_model = fitted if summed else marginal_model(model, tol) if engine == "compiled" else fit.model
+        with ll_model:
+            pm.compute_log_likelihood(idata, progressbar=progressbar)
+    if summed:
+        _add_latents(model, idata, closed_form.draw_latents(model, summed, idata.posterior, rng))
+    for item in summed:  # 4. report
+        report[item.record.name] = {"release": item.record.name,
+                                    "mechanism": repr(item.record.mechanism), "method": item.method}
+    for record in plan.continuous:
+        report.setdefault(record.name, {"release": record.name, "mechanism": repr(record.mechanism),
+                                        "method": CONTINUOUS_METHOD})
+    for entry in report.values():
+        entry.update(engine=engine, widenings=widenings)
+        if reason is not None:
+            entry["engine_reason"] = reason
+    idata.posterior.attrs["dpinfer"] = json.dumps(report)
+    return _with_convergence(model, idata, progressbar)
+
+
+def _engine(model, plan, method: str, sample_kwargs: dict):
+    """(engine name, the model it fits, its compiled model or None, why the engines before it
+    were not taken or None): step 2 of the module docstring. Latents are summed out in closed
+    form for the NUTS engines when there are no latent counts; randomised-response tables
+    must be."""
+    summable = not plan.latents and method in ("auto", "nutpie")
+    if plan.tables and not summable:
+        raise NotMarginalisableError(
+            f"randomised-response releases {sorted(t.record.name for t in plan.tables)} are fitted "
+            "with their tables summed out, which needs a model without latent counts and "
+            "method='auto' or 'nutpie'")
+    fitted = closed_form.summed_out_model(model, plan.summed) if summable and plan.summed else model
+    if method == "nutpie":
+        refused = nutpie_engine.refusal(fitted, plan)
+        if refused is not None:
+            raise ValueError(f"method='nutpie' cannot fit this model: {refused}")
+        _check_options(sample_kwargs, nutpie_engine.OPTIONS, "nutpie")
+        return "nutpie", fitted, nutpie_engine.compiled_for(fitted), None
+    reason = compiled_engine.refusal(fitted, plan.latents, method)
+    if reason is None:
+        compiled, reason = compiled_engine.compile_for(fitted, plan.latents)
         if compiled is not None:
+            _check_options(sample_kwargs, compiled_engine.OPTIONS, "the compiled engine")
+            if not plan.latents:  # only continuous latents: plain NUTS, one transition per draw
+                sample_kwargs.setdefault("nuts_per_sweep", 1)
+            return "compiled", fitted, compiled, None
+    if fitted is not model:
+        raise NotMarginalisableError(
+            f"latents {sorted(s.latent_name for s in plan.summed)} are summed out in closed form for "
+            f"the compiled engine, which cannot fit this model: {reason}")
+    return "pymc", model, None, reason
+
+
+def _check_options(options: dict, allowed: tuple, engine: str) -> None:
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise TypeError(f"dpinfer.sample got {unknown}, which {engine} does not take (it takes "
+                        f"{allowed}); pass method='marginal' to run PyMC's pm.sample with them")
+    if "target_accept" in options:
+        check_probability(options["target_accept"], "target_accept")
+    for name in ("max_treedepth", "nuts_per_sweep", "counts_per_sweep"):
+        value = options.get(name, 1)
+        if int(value) != value or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    nuts = options.get("nuts_per_sweep", NUTS_PER_SWEEP)
+    if options.get("counts_per_sweep", 1) > nuts:
+        raise ValueError(f"counts_per_sweep must be at most nuts_per_sweep ({nuts}): each draw "
+                         f"of the counts is followed by a NUTS transition; got "
+                         f"{options['counts_per_sweep']!r}")
+
+
+def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: dict, *, draws,
+                   tune, chains, cores, rng, tol, progressbar):
+    """The fit on the compiled or PyMC engine, widening windows that miss ``tol`` (step 3):
+    (DataTree, report, widenings made, the PyMC engine's kept fit or None)."""
+    plans = plan.latents
+    planning.first_windows(plans, tol, exact_tails=engine == "compiled",
+                           at_least={} if engine == "compiled" else pymc_engine.kept_widths(model))
+    seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
+    fit = None
+    for attempt in range(MAX_WIDENINGS + 1):
+        if engine == "compiled":
             idata, report, failed = compiled_engine.run(
-                model, compiled, plans, draws=draws, tune=tune, chains=chains,
-                cores=min(chains, cores if cores is not None else (os.cpu_count() or 1)), rng=rng,
-                tol=tol, progressbar=progressbar, **sample_kwargs)
+                fitted, compiled, plans, draws=draws, tune=tune, chains=chains, cores=cores,
+                rng=rng, tol=tol, progressbar=progressbar, **sample_kwargs)
         else:
             idata, report, failed, fit = pymc_engine.run(
                 model, plans, draws=draws, tune=tune, chains=chains, cores=cores,
                 seed=int(seeds[attempt]), rng=rng, tol=tol, progressbar=progressbar,
                 sample_kwargs=sample_kwargs)
         if not failed:
-            break
+            return idata, report, attempt, fit
         if attempt == MAX_WIDENINGS:
             held = sorted(name for name, bound in failed.items() if bound == np.inf)
             if held:
@@ -165,28 +230,23 @@ def sample(
                 f"the window bound still exceeds tol={tol} after {MAX_WIDENINGS} widenings for "
                 f"{sorted(failed)}; the posterior puts mass where the likelihood is tiny - check the model"
             )
-        _widen(plans, failed, tol)
+        planning.widen(plans, failed, tol)
         if progressbar:
             print(f"dpinfer: widening the windows of {sorted(failed)} and refitting")
 
-    for record in records:
-        if is_continuous_release(model, record):
-            report[record.name] = {
-                "release": record.name, "mechanism": repr(record.mechanism),
-                "method": "NUTS on the continuous latent with the release observed (its exact "
-                          "likelihood; nothing to marginalise)"}
-    for entry in report.values():
-        entry["widenings"] = attempt
-        entry["engine"] = "compiled" if compiled is not None else "pymc"
-        if compiled is None:
-            entry["engine_reason"] = reason
-        elif nutpie_failure is not None:
-            entry["engine_reason"] = nutpie_failure
-    idata.posterior.attrs["dpinfer"] = json.dumps(report)
-    if log_likelihood:  # per-cell marginal log-likelihoods, on windows proven to within tol
-        with marginal_model(model, tol) if compiled is not None else fit.model:
-            pm.compute_log_likelihood(idata, progressbar=progressbar)
-    return _with_convergence(model, idata, progressbar)
+
+def _without(options: dict, *names) -> dict:
+    return {k: v for k, v in options.items() if k not in names}
+
+
+def _add_latents(model, idata, latents: dict) -> None:
+    """Add drawn latents (name -> (chain, draw, *shape)) to the posterior, with their dims."""
+    posterior = idata["posterior"].to_dataset()
+    for name, values in latents.items():
+        dims = model.named_vars_to_dims.get(name) or [f"{name}_dim_{i}" for i in range(values.ndim - 2)]
+        coords = {d: np.asarray(model.coords[d]) for d in dims if model.coords.get(d) is not None}
+        posterior[name] = xr.DataArray(values, dims=("chain", "draw", *dims), coords=coords)
+    idata["posterior"] = posterior
 
 
 def _with_convergence(model, idata, progressbar: bool):
@@ -201,76 +261,6 @@ def _with_convergence(model, idata, progressbar: bool):
     return idata
 
 
-def _sample_with_nutpie(model, records, *, draws, tune, chains, cores, rng, progressbar,
-                        log_likelihood, sample_kwargs):
-    """(the fit of a model without latent counts, None) (:mod:`dpinfer.inference.nutpie_engine`),
-    or (None, why) where nutpie cannot compile the model (an Op without a numba
-    implementation: the compiled Gibbs engine or PyMC's then run it and the report says why)."""
-    unknown = sorted(set(sample_kwargs) - set(nutpie_engine.OPTIONS))
-    if unknown:
-        raise TypeError(
-            f"dpinfer.sample got {unknown}, which nutpie (the engine for models without latent "
-            f"counts) does not take (it takes {nutpie_engine.OPTIONS}); pass method='marginal' "
-            "to run PyMC's pm.sample with them")
-    _check_compiled_options(sample_kwargs)
-    summed = closed_form.summable(model, records)
-    fitted = closed_form.summed_out_model(model, summed) if summed else model
-    try:
-        compiled = nutpie_engine.compiled_for(fitted, data_of=model)
-    except Exception as err:  # noqa: BLE001 - any compilation failure: another engine runs it
-        return None, f"nutpie could not compile the model ({type(err).__name__}: {err})"
-    idata = nutpie_engine.run(
-        fitted, compiled, draws=draws, tune=tune, chains=chains,
-        cores=min(chains, cores if cores is not None else (os.cpu_count() or 1)),
-        seed=int(rng.integers(2**31)), progressbar=progressbar, **sample_kwargs)
-    if log_likelihood:  # of the releases given the parameters (latents summed out where they are)
-        with fitted:
-            pm.compute_log_likelihood(idata, progressbar=progressbar)
-    latents = closed_form.draw_latents(model, summed, idata.posterior, rng)
-    if latents:
-        posterior = idata["posterior"].to_dataset()
-        for name, values in latents.items():
-            dims = model.named_vars_to_dims.get(name) or [f"{name}_dim_{i}" for i in range(values.ndim - 2)]
-            coords = {d: np.asarray(model.coords[d]) for d in dims if model.coords.get(d) is not None}
-            posterior[name] = xr.DataArray(values, dims=("chain", "draw", *dims), coords=coords)
-        idata["posterior"] = posterior
-    methods = {item.record.name: item.method for item in summed}
-    report = {record.name: {"release": record.name, "mechanism": repr(record.mechanism),
-                            "method": methods.get(record.name, nutpie_engine.METHOD),
-                            "engine": "nutpie", "widenings": 0}
-              for record in records}
-    idata.posterior.attrs["dpinfer"] = json.dumps(report)
-    return idata, None
-
-
-def _check_compiled_options(options: dict) -> None:
-    if "target_accept" in options:
-        check_probability(options["target_accept"], "target_accept")
-    for name in ("max_treedepth", "nuts_per_sweep", "counts_per_sweep"):
-        value = options.get(name, 1)
-        if int(value) != value or value < 1:
-            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-    nuts = options.get("nuts_per_sweep", NUTS_PER_SWEEP)
-    if options.get("counts_per_sweep", 1) > nuts:
-        raise ValueError(f"counts_per_sweep must be at most nuts_per_sweep ({nuts}): each draw "
-                         f"of the counts is followed by a NUTS transition; got "
-                         f"{options['counts_per_sweep']!r}")
-
-
-def _first_windows(model, plans, tol: float, *, compiled: bool) -> None:
-    """Each plan's first window; the PyMC engine keeps a kept model's wider windows (so a
-    refit needs no new compilation)."""
-    kept = {} if compiled else pymc_engine.kept_widths(model)
-    for plan in plans:
-        plan.set_half_width(max(plan.first_half_width(tol, compiled), kept.get(plan.latent_name, 0)))
-
-
-def _widen(plans, failed: dict, tol: float) -> None:
-    for plan in plans:
-        if plan.latent_name in failed:
-            plan.set_half_width(plan.widened_half_width(failed[plan.latent_name], tol))
-
-
 def marginal_model(model=None, tol: float = 1e-10):
     """``model`` with its latent counts summed out over proven windows, releases still
     observed (the model the PyMC engine fits). Use it for ``pm.sample_posterior_predictive``
@@ -281,11 +271,9 @@ def marginal_model(model=None, tol: float = 1e-10):
     records = releases_of(model)
     if not records:
         raise ValueError("the model has no release registered with Mechanism.observe(...)")
-    plans = plan_releases(model, records)
+    plans = planning.plan_releases(model, records)
     if any(p.kind == "fibre" for p in plans):
         raise ValueError("latents on fibres (invariants beyond group totals, queries) have no marginal model")
     summed = [p for p in plans if p.kind in ("cells", "totals")]
-    kept = pymc_engine.kept_widths(model)
-    for plan in summed:
-        plan.set_half_width(max(plan.first_half_width(tol, compiled=False), kept.get(plan.latent_name, 0)))
+    planning.first_windows(summed, tol, exact_tails=False, at_least=pymc_engine.kept_widths(model))
     return pymc_engine.marginal_fit(model, summed).model

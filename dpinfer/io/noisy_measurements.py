@@ -71,7 +71,7 @@ released cell the noise is conditioned on e = 0, so
     p(b | x) = prod_i f(b_i - (A x)_i) / P(e = 0) = 1{A x = b},
 
 the exact observation of b. ``dp.sample`` then keeps A x = b on every draw (exact Gibbs updates
-along Markov moves of the fibre, :mod:`dpinfer.inference.fibre`). :meth:`NoisyMeasurements.observe`
+along Markov moves of the fibre, :mod:`dpinfer.inference.planning.fibre`). :meth:`NoisyMeasurements.observe`
 does this by default; ``invariants="drop"`` leaves them out (with a warning: it throws away
 information and the posterior no longer respects the published counts).
 """

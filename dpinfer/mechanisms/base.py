@@ -210,7 +210,7 @@ class AdditiveMechanism(Mechanism):
         """(c0, c1, p) with log f(e) = c0 - c1 |e|^p on the noise's support (the integers for
         discrete noise): p = 1 for Laplace and double geometric noise, p = 2 for Gaussian and
         discrete Gaussian noise. Every such law is log-concave, which gives the geometric
-        envelopes of the exact count draws (:mod:`dpinfer.inference.exact_counts`). None for
+        envelopes of the exact count draws (:mod:`dpinfer.inference.engines.compiled.exact_counts`). None for
         laws without that form (Logistic, Subbotin r not in {1, 2}): count draws then use
         windows bounded by ``log_likelihood_bound_outside``."""
 

@@ -446,7 +446,7 @@ class Conditioned(Mechanism):
     def log_likelihood_bound_outside(self, release, k, *, support=(-np.inf, np.inf)) -> np.ndarray:
         """Per cell, the base noise's bound: the likelihood's factor for cell i is
         f(s_i - x_i) <= sup_{|e| > k} f(e) outside the window (the constant normaliser is
-        accounted for by the convolution bound, see ``dpinfer.inference.plans.TotalsPlan.draw``). With
+        accounted for by the convolution bound, see ``dpinfer.inference.planning.cells.TotalsPlan.draw``). With
         ``nonnegative`` the bound is multiplied by P(A e = 0) / P(A e = 0, e >= 0), the
         largest ratio of the x-dependent normaliser between two count vectors
         (:meth:`normaliser_range` over x >= 0)."""

@@ -40,7 +40,6 @@ Multiple imputation from the posterior draws of the counts (Rubin's rules) is in
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -50,7 +49,9 @@ import pymc as pm
 import xarray as xr
 from scipy import stats
 
-from dpinfer.inference import closed_form, marginal_model, sample
+from dpinfer.inference import marginal_model, sample
+from dpinfer.inference.engines.closed_form import summed_out_model
+from dpinfer.inference.planning import plan_model
 from dpinfer.mechanisms.base import AdditiveMechanism
 from dpinfer.mechanisms.records import closest_free_variables, releases_of
 
@@ -103,8 +104,8 @@ def with_log_likelihood(idata, model=None, *, tol: float = 1e-10, progressbar: b
     """A copy of the dp.sample result ``idata`` of ``model`` with the ``log_likelihood`` group
     that ``dp.sample(..., log_likelihood=True)`` would have stored: per release cell, its
     log-likelihood given each posterior draw of the parameters with the latent counts summed
-    out (windows with tail bound ``tol``; Normal latents of nutpie fits summed out in closed
-    form). Then ``az.loo`` and ``az.compare`` work on it. An existing group is recomputed.
+    out (windows with tail bound ``tol``; in models without latent counts, Normal latents
+    and randomised-response tables summed out in closed form, as ``dp.sample`` does). Then ``az.loo`` and ``az.compare`` work on it. An existing group is recomputed.
 
     Counts that the PyMC engine samples by windowed Gibbs (they have other children) or fibre
     moves are not summed out: their releases' log-likelihoods are then conditional on the
@@ -113,13 +114,9 @@ def with_log_likelihood(idata, model=None, *, tol: float = 1e-10, progressbar: b
     out = idata.copy()
     if "log_likelihood" in out.children:
         del out["log_likelihood"]
-    report = json.loads(posterior_dataset(out).attrs.get("dpinfer", "{}"))
-    if any(entry.get("engine") == "nutpie" for entry in report.values()):
-        summed = closed_form.summable(model, releases_of(model))
-        fitted = closed_form.summed_out_model(model, summed) if summed else model
-        for var in model.data_vars:  # the rewritten model's data are copies
-            if hasattr(var, "get_value") and var.name in fitted.named_vars:
-                fitted[var.name].set_value(var.get_value())
+    plan = plan_model(model, releases_of(model))
+    if plan.summed and not plan.latents:  # as dp.sample sums them out
+        fitted = summed_out_model(model, plan.summed)
     else:
         fitted = marginal_model(model, tol)
     with fitted:

@@ -36,7 +36,7 @@ import numpy as np
 import xarray as xr
 from scipy import stats
 
-from dpinfer.utility.analysis import cell_dims, posterior_draws
+from dpinfer.utility.analysis import posterior_draws
 
 ESTIMANDS = ("expected", "realised")
 DF_METHODS = ("barnard-rubin", "rubin")

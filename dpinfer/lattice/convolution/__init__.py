@@ -18,7 +18,7 @@ release whose noise was conditioned on a fixed total (inference notes §2). Furt
     \frac{\partial \log V_g}{\partial \log g_i(k)} = P(k_i = k \mid \textstyle\sum_{j \in g} k_j = t_g),
 
 the conditional cell marginals under the product law ``\prod_i g_i(k_i)`` (the gradient used
-by NUTS, :class:`dpinfer.inference.convolution_likelihood.ConvolutionLogLikelihood`), and
+by NUTS, :class:`dpinfer.inference.engines.pymc.convolution.ConvolutionLogLikelihood`), and
 exact joint draws of ``(k_i)`` given every group's total come from the same tree.
 
 Algorithm (per group), a module per step

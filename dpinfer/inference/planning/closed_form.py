@@ -14,10 +14,10 @@ randomised-response release S (each bit kept with probability q) leaves S ~ Mult
 given p, and t | S, p = sum_o Multinomial(S_o, w(. | o)) with w(c | o) = p_c M[c, o] / (M^T p)_o
 (:class:`~dpinfer.mechanisms.RandomizedResponse`, whose module docstring derives both).
 
-The model is rewritten with the latent gone and the release still observed, now with that law (as
-:mod:`dpinfer.inference.marginal` does for counts), NUTS runs on the parameters alone, and y is
-drawn exactly from its conditional law for every posterior draw: the same posterior as
-sampling y by NUTS, with the latent's part of the sampling error removed.
+The engines rewrite the model with the latent gone and the release still observed, now with
+that law (:mod:`dpinfer.inference.engines.closed_form`), NUTS runs on the parameters alone,
+and y is drawn exactly from its conditional law for every posterior draw: the same posterior
+as sampling y by NUTS, with the latent's part of the sampling error removed.
 
 Summed out: a free ``pm.Normal`` latent released whole (not through a query) by ``dp.Gaussian``
 or ``dp.Laplace``, and a free ``pm.Multinomial`` table released by ``dp.RandomizedResponse``,
@@ -31,10 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pymc as pm
-import pytensor
 import pytensor.tensor as pt
-from pymc.model.fgraph import fgraph_from_model, model_from_fgraph, model_observed_rv
-from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.random.basic import MultinomialRV, NormalRV
 
@@ -48,9 +45,6 @@ from dpinfer.mechanisms.gaussian import Gaussian
 from dpinfer.mechanisms.laplace import Laplace
 from dpinfer.mechanisms.randomized_response import RandomizedResponse
 from dpinfer.mechanisms.records import ReleaseRecord
-
-_KEPT = "_dpinfer_closed_form_model"
-
 
 @dataclass(frozen=True)
 class _SummedOut:
@@ -72,7 +66,7 @@ class SummedLatent(_SummedOut):
         noise = ("Gaussian noise: the release ~ Normal(mu, sqrt(sigma^2 + tau^2))"
                  if isinstance(self.record.mechanism, Gaussian) else
                  "Laplace noise: the release follows the normal-Laplace law (Reed & Jorgensen 2004)")
-        return (f"summed out in closed form (latent Normal(mu, sigma) with {noise}); NUTS (nutpie) "
+        return (f"summed out in closed form (latent Normal(mu, sigma) with {noise}); NUTS "
                 "on the parameters, then the latent drawn exactly given each posterior draw")
 
     def marginal(self, params, shape):
@@ -105,7 +99,7 @@ class SummedTable(_SummedOut):
     @property
     def method(self) -> str:
         return ("summed out in closed form (true table Multinomial(n, p) under randomised "
-                "response: the release ~ Multinomial(n, M^T p)); NUTS (nutpie) on the parameters, "
+                "response: the release ~ Multinomial(n, M^T p)); NUTS on the parameters, "
                 "then the true table drawn exactly given each posterior draw")
 
     def marginal(self, params, shape):
@@ -168,51 +162,3 @@ def check_tables(model, records) -> list[SummedTable]:
                 f"release {item.record.name!r}: the true table's n = {n.eval()} is not the number "
                 f"of reports {reports} (randomised response keeps the number of records)")
     return summed
-
-
-def summed_out_model(model, summed: list[SummedLatent]):
-    """``model`` with each summed latent gone and its release observed with its closed-form
-    law; kept on ``model`` (rebuilt when the latents or the model's variables change). Its
-    data are copies: pass the model's current data when sampling it."""
-    key = (tuple(s.latent_name for s in summed), tuple(v.name for v in model.free_RVs),
-           tuple(v.name for v in model.observed_RVs))
-    kept = getattr(model, _KEPT, None)
-    if kept is not None and kept[0] == key:
-        return kept[1]
-    fgraph, memo = fgraph_from_model(model)
-    for item in summed:
-        latent_var = memo[item.record.latent]
-        release_var = memo[item.record.release_rv]
-        latent_rv = latent_var.owner.inputs[0]
-        _, release_data = release_var.owner.inputs
-        op = release_var.owner.op
-        marginal = item.marginal(latent_rv.owner.op.dist_params(latent_rv.owner), shape=tuple(latent_rv.shape))
-        new_release = model_observed_rv(marginal, release_data, op.name, *op.dims)
-        fgraph.replace(release_var, new_release, import_missing=True)
-        fgraph.remove_output(fgraph.outputs.index(latent_var))
-    rewritten = model_from_fgraph(fgraph, mutate_fgraph=True)
-    setattr(model, _KEPT, (key, rewritten))
-    return rewritten
-
-
-def draw_latents(model, summed: list[SummedLatent], posterior, rng: np.random.Generator) -> dict:
-    """Exact draws of each summed latent for every posterior draw: name -> array (chain,
-    draw, *shape). ``posterior`` holds the other free variables (constrained values)."""
-    free = [rv for rv in model.free_RVs if rv.name in posterior]
-    chains, draws = posterior.sizes["chain"], posterior.sizes["draw"]
-    batch = [np.asarray(posterior[rv.name].values).reshape(chains * draws, *posterior[rv.name].shape[2:])
-             for rv in free]
-    out = {}
-    for item in summed:
-        latent = item.record.latent
-        release = model.rvs_to_values[item.record.release_rv]
-        params = item.draw_params(latent.owner.op.dist_params(latent.owner), release)
-        placeholders = [rv.type() for rv in free]
-        params = clone_replace(params, dict(zip(free, placeholders)))
-        batched = [pt.tensor(dtype=p.type.dtype, shape=(None, *p.type.shape)) for p in placeholders]
-        params = vectorize_graph(params, replace=dict(zip(placeholders, batched)))
-        param_draws = pytensor.function(batched, params, on_unused_input="ignore")(*batch)
-        release_value = np.asarray(release.eval())
-        values = item.draw(release_value, param_draws, chains * draws, rng)
-        out[item.latent_name] = values.reshape(chains, draws, *values.shape[1:])
-    return out

@@ -9,7 +9,7 @@ independent across cells; a release conditioned on group totals (inference notes
 the constraint sum_{i in g} x_i = T_g for every group g.
 
 **Inside a window** lo_i <= v < lo_i + W the log weights are a table: the prior's log pmf on
-the grid (one compiled call per sweep, :mod:`dpinfer.inference.compiled`) plus the release's
+the grid (one compiled call per sweep, :mod:`dpinfer.inference.engines.compiled.model`) plus the release's
 log-likelihood (computed once per release). Draws inside are by inversion of the cumulative
 sums.
 
@@ -52,7 +52,7 @@ Both are counted (held cells; groups or cells kept after a cap); after tuning th
 Holding is invariant but not ergodic where the posterior itself puts a cell far outside its
 window (a release far from anything the prior allows): the cell would never move. A chain that
 holds cells in most of its draws therefore makes ``dpinfer.sample`` widen the windows and fit
-again (:func:`dpinfer.inference.plans.held_too_often`).
+again (:func:`dpinfer.inference.engines.compiled.engine.held_too_often`).
 
 Mechanisms without that form (clamped, truncated) keep the tables alone and report the
 neglected mass as in inference notes §1: sum_i log1p(eta_i / L_i), eta_i the mechanism's bound
@@ -76,7 +76,7 @@ import math
 import numba
 import numpy as np
 
-from dpinfer.inference.native import below, pointer, prior_point_at, prior_table_at, uniform, uniform_open
+from dpinfer.inference.engines.compiled.native import below, pointer, prior_point_at, prior_table_at, uniform, uniform_open
 
 HOLD_RATIO = 1000.0  # a cell whose tail envelope outweighs its window this much is held
 HOLD_RATIO_TUNING = 10.0  # ... during tuning, whose draws are discarded (cheaper sweeps)
@@ -100,7 +100,7 @@ def log_weight_tables(prior_address, hoisted, q, env, grid, release_table, out):
     """out[i, j] = log p(x_i = grid[i, j] | theta) + release_table[i, j], all (d, W): the
     prior's table from the full table function at ``prior_address`` (``hoisted``: the
     addresses of its grid-only terms; ``env``: the model's environment, the counts' address
-    and the data's, :meth:`dpinfer.inference.compiled.CompiledModel.environment`), one
+    and the data's, :meth:`dpinfer.inference.engines.compiled.model.CompiledModel.environment`), one
     contiguous row per cell."""
     f = prior_table_at(prior_address)
     f(pointer(q.ctypes.data), pointer(env.ctypes.data), pointer(grid.ctypes.data),

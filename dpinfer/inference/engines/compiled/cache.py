@@ -1,6 +1,6 @@
 """A disk cache of the compiled engine's model functions, keyed by the model's graph.
 
-Compiling a model's native functions (:mod:`dpinfer.inference.compiled`) takes seconds: numba
+Compiling a model's native functions (:mod:`dpinfer.inference.engines.compiled.model`) takes seconds: numba
 types and generates the code of each function's graph. A script that builds the same
 ``pm.Model`` in every run, or a loop that builds a new model object of the same structure for
 every data set, would pay that every time. This module keeps each compiled function on disk

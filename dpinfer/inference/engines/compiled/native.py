@@ -22,7 +22,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-# Model functions (:mod:`dpinfer.inference.compiled`) take an environment ``env``: an int64
+# Model functions (:mod:`dpinfer.inference.engines.compiled.model`) take an environment ``env``: an int64
 # array holding the address of the chain's counts vector (m,) int64, then the address of each
 # of the model's data arrays (CompiledModel.environment).
 # log density and gradient of the continuous parameters given the latent counts:
@@ -32,7 +32,7 @@ _LOGP_GRAD_TYPE = types.FunctionType(LOGP_GRAD)
 # the counts' prior log pmf on a grid of candidates: f(q, env, grid, out, W, hoisted)
 #   grid (d, W) int64 -> out (d, W) float64, d the latent's number of cells; ``hoisted`` the
 #   address of an int64 array of buffer addresses (terms of the grid alone, computed once per
-#   grid; see :class:`dpinfer.inference.compiled.PriorTable`)
+#   grid; see :class:`dpinfer.inference.engines.compiled.model.PriorTable`)
 PRIOR_TABLE = types.void(types.voidptr, types.voidptr, types.voidptr, types.voidptr, types.intp,
                          types.voidptr)
 _PRIOR_TABLE_TYPE = types.FunctionType(PRIOR_TABLE)

@@ -1,17 +1,16 @@
-"""dpinfer's engine for models without latent counts: nutpie's compiled NUTS.
+"""nutpie's compiled NUTS, for models without latent counts (``dp.sample(method="nutpie")``).
 
 A model whose releases are all of continuous latents by continuous mechanisms (a privatised
-mean, sum or regression statistic, with or without its records; see
-:func:`dpinfer.inference.plans.is_continuous_release`) has nothing for dpinfer's Gibbs steps to
-do: every free variable is continuous and every release is an ordinary observed variable with
-its exact likelihood. Such a model goes to nutpie (PyMC's compiled NUTS), whose mass-matrix
-adaptation from draws and gradients (Seyboldt et al.) mixes better than a draw-variance
-adaptation on record-level models, where the parameters are strongly coupled to aggregates
-of hundreds of latent records.
+mean, sum or regression statistic, with or without its records), once Normal latents and
+randomised-response tables are summed out in closed form, has nothing for dpinfer's Gibbs
+steps to do. The compiled engine runs such models by default, with its model cache (a new
+model object compiles nothing); nutpie is the alternative whose mass-matrix adaptation from
+draws and gradients (Seyboldt et al.) can mix better per draw on strongly coupled posteriors,
+at the price of compiling every new model object (about a second).
 
 The compiled nutpie model is kept on the PyMC model and reused: a refit after ``pm.set_data``
-(new releases, new covariates) hands the new values to it (``with_data``) without compiling
-again; it is rebuilt only when the model's variables change.
+hands the new values to it (``with_data``) without compiling again; it is rebuilt only when
+the model's variables change.
 """
 
 from __future__ import annotations
@@ -24,14 +23,12 @@ METHOD = ("NUTS (nutpie) on the continuous latent and the parameters, with the r
           "(its exact likelihood; nothing to marginalise)")
 
 
-def refusal(model, plans, method: str, summed=()) -> str | None:
-    """Why nutpie cannot fit this model (None: it can): latent counts, a discrete parameter or
-    a method other than "auto". ``summed``: the discrete latents summed out in closed form
-    (tables under randomised response), which nutpie never sees."""
-    if method != "auto":
-        return f"method={method!r} selects the PyMC engine"
-    if plans:
+def refusal(model, plan) -> str | None:
+    """Why nutpie cannot fit this model (None: it can): latent counts, or discrete free
+    variables other than the tables summed out in closed form (which nutpie never sees)."""
+    if plan.latents:
         return "the model has latent counts (dpinfer's compiled Gibbs engine draws them)"
+    summed = {s.latent_name for s in plan.summed}
     discrete = [rv.name for rv in model.free_RVs if rv.type.dtype.startswith(("int", "uint", "bool"))
                 and rv.name not in summed]
     if discrete:
@@ -39,10 +36,9 @@ def refusal(model, plans, method: str, summed=()) -> str | None:
     return None
 
 
-def compiled_for(model, data_of=None):
+def compiled_for(model):
     """The nutpie model kept on ``model`` (built on first use, or when the model's variables
-    changed), with the current values of the data of ``data_of`` (default ``model``; a
-    rewritten model holds copies of its original's data). Raises what nutpie raises when an
+    changed), with the current values of the model's data. Raises what nutpie raises when an
     Op has no numba implementation."""
     import nutpie
 
@@ -52,8 +48,7 @@ def compiled_for(model, data_of=None):
     if kept is None or kept[0] != key:
         kept = (key, nutpie.compile_pymc_model(model))
         setattr(model, _KEPT, kept)
-    source = data_of or model
-    data = {v.name: source[v.name].get_value() for v in model.data_vars if hasattr(v, "get_value")}
+    data = {v.name: v.get_value() for v in model.data_vars if hasattr(v, "get_value")}
     return kept[1].with_data(**data) if data else kept[1]
 
 

@@ -21,6 +21,8 @@ from pymc.logprob.abstract import _logprob_helper
 from pymc.model.fgraph import fgraph_from_model, model_from_fgraph, model_observed_rv
 from pytensor.graph.replace import clone_replace, vectorize_graph
 
+from dpinfer.inference.engines.pymc.convolution import ConvolutionLogLikelihood
+
 
 def symbolic_centres(release, support):
     """c_i = round(s_i) clipped to the counts' support, symbolically (as ``window_centres``)."""
@@ -51,8 +53,8 @@ def _windowed_terms(prior_op, prior_params, mechanism, release, half_width, supp
 
 
 def marginalise(model, plans: list):
-    """A new model in which each plan's latent counts are summed out of its release: its
-    ``marginal_log_likelihood`` of the window terms (:mod:`dpinfer.inference.plans`)."""
+    """A new model in which each plan's latent counts are summed out of its release, the
+    release observed with the marginal law of the window terms (:func:`_marginal_log_likelihood`)."""
     fgraph, memo = fgraph_from_model(model)
     for plan in plans:
         record = plan.record
@@ -67,7 +69,7 @@ def marginalise(model, plans: list):
         def logp(value, *params, prior_op=prior_op, plan=plan):
             k = plan.window.half_width
             terms = _windowed_terms(prior_op, params, plan.mechanism, value, k, plan.support)
-            return plan.marginal_log_likelihood(terms, value)
+            return _marginal_log_likelihood(plan, terms, value)
 
         def dist(*args, prior_op=prior_op, mechanism=record.mechanism):
             *params, size = args
@@ -88,6 +90,25 @@ def marginalise(model, plans: list):
         fgraph.replace(release_var, new_release, import_missing=True)
         fgraph.remove_output(fgraph.outputs.index(latent_var))
     return model_from_fgraph(fgraph, mutate_fgraph=True)
+
+
+def _marginal_log_likelihood(plan, terms, release):
+    """log p(s | theta) from the window terms (W, *cells): per cell a log-sum-exp (cells plan),
+    or on group totals (totals plan, inference notes §2) the sum over groups of
+    log (g_1 * ... * g_n)(t_g) - log P(A e = 0), g_i the cell's window terms and t_g the group
+    total of s minus the windows' lower ends, spread evenly over the cells (only the sum is
+    meaningful)."""
+    if plan.kind != "totals":
+        return pt.logsumexp(terms, axis=0)
+    codes = plan.group_codes
+    d = codes.size
+    lower = symbolic_centres(release, plan.support).reshape((-1,)) - plan.window.half_width
+    indicator = pt.constant(np.eye(codes.max() + 1, dtype=np.int64)[:, codes])  # (G, d)
+    targets = pt.dot(indicator, release.reshape((-1,)).astype("int64") - lower)
+    log_g = terms.reshape((terms.shape[0], d)).T
+    total = ConvolutionLogLikelihood(tuple(int(c) for c in codes))(log_g, targets)
+    total = total - plan.record.mechanism.log_normaliser()
+    return pt.broadcast_to(total / d, release.shape)
 
 
 def compile_window_log_weights(marginal_model, plan):

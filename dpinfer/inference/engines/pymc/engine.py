@@ -2,11 +2,11 @@
 latent counts that cannot be summed out.
 
 * Cells and totals plans: the model is rewritten so the counts are summed out of their release
-  over the plan's window (:func:`dpinfer.inference.marginal.marginalise`; the release stays an
+  over the plan's window (:func:`dpinfer.inference.engines.pymc.marginal.marginalise`; the release stays an
   observed variable, so log-likelihoods and predictive draws work), PyMC's NUTS runs on the
   parameters, then the counts are drawn exactly for every posterior draw.
-* Children plans: :class:`~dpinfer.inference.gibbs.WindowedCountGibbs` next to NUTS.
-* Fibre plans: :class:`~dpinfer.inference.fibre.FibreGibbs` next to NUTS.
+* Children plans: :class:`~dpinfer.inference.engines.pymc.gibbs.WindowedCountGibbs` next to NUTS.
+* Fibre plans: :class:`~dpinfer.inference.engines.pymc.fibre.FibreGibbs` next to NUTS.
 
 The rewritten model is kept on the original model, so refits with new data (``pm.set_data``
 on the original model) reuse its compiled functions while the windows keep their widths.
@@ -21,17 +21,25 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
-from dpinfer.inference.fibre import FibreGibbs, FibrePlan
-from dpinfer.inference.gibbs import WindowedCountGibbs
-from dpinfer.inference.marginal import compile_window_log_weights, marginalise
-from dpinfer.inference.plans import ChildrenPlan
+from dpinfer.inference.engines.pymc.fibre import FibreGibbs
+from dpinfer.inference.engines.pymc.gibbs import WindowedCountGibbs
+from dpinfer.inference.engines.pymc.marginal import compile_window_log_weights, marginalise
+from dpinfer.inference.window import neglected_log_mass
+from dpinfer.lattice.convolution import log_convolution_at, sample_given_sums
 
 _MARGINAL = "_dpinfer_marginal_fit"
 _CHUNK_ELEMENTS = 4_000_000  # window log-weights evaluated per call (32 MB)
 
-FIBRE_METHOD = (
-    "exact Gibbs updates along Markov-basis moves of the fibre, NUTS on the continuous parameters"
-)
+METHODS = {
+    "cells": ("exact marginalisation over a proven window (NUTS on parameters) + exact "
+              "conditional draws of the counts"),
+    "totals": ("exact marginalisation over group totals by convolution (NUTS on parameters) + "
+               "exact joint draws of the counts on the fibre"),
+    "children": ("windowed exact Gibbs updates of each count (the counts have other children), "
+                 "NUTS on the continuous parameters"),
+    "fibre": ("exact Gibbs updates along Markov-basis moves of the fibre, NUTS on the continuous "
+              "parameters"),
+}
 
 
 class MarginalFit:
@@ -60,6 +68,7 @@ class MarginalFit:
                 [self.model[plan.latent_name]],
                 model=self.model,
                 release_rv=self.model[plan.record.name],
+                children=plan.children,
                 window=plan.window,
                 support=plan.support,
             )
@@ -118,8 +127,8 @@ def run(model, plans, *, draws: int, tune: int, chains: int, cores, seed: int, r
     """One fit with the plans' current windows. Returns (DataTree, report, failed, fit):
     ``failed`` maps each latent whose bound exceeded ``tol`` to the largest bound reached."""
     summed = [p for p in plans if p.kind in ("cells", "totals")]
-    children = [p for p in plans if isinstance(p, ChildrenPlan)]
-    fibres = [p for p in plans if isinstance(p, FibrePlan)]
+    children = [p for p in plans if p.kind == "children"]
+    fibres = [p for p in plans if p.kind == "fibre"]
     fit = marginal_fit(model, summed)
     steps = [fit.gibbs_step(p) for p in children]
     kwargs = dict(sample_kwargs)
@@ -141,7 +150,7 @@ def run(model, plans, *, draws: int, tune: int, chains: int, cores, seed: int, r
     report, failed = _draw_summed(idata, fit, model, tol, rng, progressbar)
     for plan in children:
         bound = float(np.max(idata.sample_stats["neglected_mass_bound"].values))
-        report[plan.latent_name] = plan.report_entry(plan.pymc_method, bound, tol)
+        report[plan.latent_name] = plan.report_entry(METHODS["children"], bound, tol)
         if not bound <= tol:
             failed[plan.latent_name] = bound
     for plan in fibres:
@@ -174,7 +183,7 @@ def _draw_summed(idata, fit, model, tol, rng, progressbar):
             # (draws, W, *cells); with no parameters the weights are the same for every draw
             lw = log_weights(*[v[part] for v in flat_values]) if values else np.broadcast_to(
                 log_weights(), (part.stop - part.start, *grid.shape))
-            draws_out[part], log_bound = plan.draw(lw, rng)
+            draws_out[part], log_bound = _draw_counts(plan, lw, rng)
             worst = max(worst, log_bound)
         dims = model.named_vars_to_dims.get(plan.latent_name) or [
             f"{plan.latent_name}_dim_{i}" for i in range(len(cells))
@@ -184,11 +193,57 @@ def _draw_summed(idata, fit, model, tol, rng, progressbar):
             draws_out.reshape((n_chains, n_draws) + cells), dims=("chain", "draw", *dims), coords=coords
         )
         bound = float(np.expm1(worst)) if np.isfinite(worst) else float("inf")
-        report[plan.latent_name] = plan.report_entry(plan.pymc_method, bound, tol)
+        report[plan.latent_name] = plan.report_entry(METHODS[plan.kind], bound, tol)
         if not bound <= tol:
             failed[plan.latent_name] = bound
     idata["posterior"] = xr.DataTree(posterior)  # attribute assignment would not replace the node
     return report, failed
+
+
+def _draw_counts(plan, log_weights, rng) -> tuple[np.ndarray, float]:
+    """Exact draws of a summed-out latent's counts, one per posterior draw, from their window
+    weights (draws, W, *cells), and the largest log1p bound on the neglected relative mass:
+    cell by cell (cells plan) or jointly on the totals (totals plan)."""
+    if plan.kind == "totals":
+        return _draw_on_totals(plan, log_weights, rng)
+    grid = plan.window.grid()
+    log_l = np.logaddexp.reduce(log_weights, axis=1)
+    worst = float(np.max(neglected_log_mass(plan.window.log_eta, log_l)))
+    cdf = np.cumsum(np.exp(log_weights - log_l[:, None]), axis=1)
+    u = rng.random((cdf.shape[0], 1) + cdf.shape[2:]) * cdf[:, -1:]
+    index = np.minimum(np.sum(cdf < u, axis=1), grid.shape[0] - 1)
+    return np.take_along_axis(grid[None, ...], index[:, None, ...], axis=1)[:, 0], worst
+
+
+def _draw_on_totals(plan, log_weights, rng) -> tuple[np.ndarray, float]:
+    """Exact joint draws on the totals, one per posterior draw (backward sampling through the
+    convolution tree, inference notes §2), and the largest log1p bound on the neglected
+    relative mass.
+
+    For group g with window sums L_i, tail bounds eta_i and in-window convolution V_g, the
+    fibre mass with some cell outside its window is at most sum_i eta_i prod_{j != i}
+    (L_j + eta_j) (drop the total constraint, which only adds mass), so the relative error is
+    at most exp(sum_j log(L_j + eta_j) - log V_g) sum_i eta_i / (L_i + eta_i)."""
+    n, width = log_weights.shape[0], log_weights.shape[1]
+    codes = plan.group_codes
+    log_l = np.logaddexp.reduce(log_weights, axis=1)
+    log_g = log_weights.reshape(n, width, -1).transpose(0, 2, 1)
+    lower = plan.window.centres.reshape(-1) - plan.window.half_width
+    targets = np.bincount(codes, weights=plan.release_value.reshape(-1) - lower).astype(np.int64)
+    draws = lower + sample_given_sums(log_g, codes, targets, rng)
+    eta = plan.window.log_eta.reshape(-1)
+    log_tot = np.logaddexp(log_l.reshape(n, -1), eta)
+    worst = -np.inf
+    for b in range(n):
+        log_v, _ = log_convolution_at(log_g[b], codes, targets)
+        total = 0.0
+        for g in range(codes.max() + 1):
+            cells = codes == g
+            log_ratio = (np.logaddexp.reduce(eta[cells] - log_tot[b, cells])
+                         + np.sum(log_tot[b, cells]) - log_v[g])
+            total += np.log1p(np.exp(min(log_ratio, 700.0)))
+        worst = max(worst, total)
+    return draws.reshape((n, *log_weights.shape[2:])), worst
 
 
 def _fibre_report(idata, plan, tol) -> tuple[dict, float]:
@@ -200,7 +255,7 @@ def _fibre_report(idata, plan, tol) -> tuple[dict, float]:
     entry = {
         "release": [e.record.name for e in plan.entries],
         "mechanism": [repr(e.record.mechanism) for e in plan.entries],
-        "method": FIBRE_METHOD,
+        "method": METHODS["fibre"],
         "invariants": constraint.kind if constraint is not None else "none",
         "markov_moves": len(plan.moves),
         "connectivity": _connectivity(constraint),

@@ -2,7 +2,7 @@
 
 A block holds what does not change during sampling (the window grid, the release's
 log-likelihood table, the tail envelopes, the groups) and draws the latent's counts given the
-parameters with the kernels of :mod:`dpinfer.inference.exact_counts`. Per-chain scratch lives
+parameters with the kernels of :mod:`dpinfer.inference.engines.compiled.exact_counts`. Per-chain scratch lives
 in the state returned by :meth:`new_state`, so one block serves chains in several threads.
 """
 
@@ -12,58 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpinfer.inference.exact_counts import draw_given_totals, draw_independent
-from dpinfer.inference.window import window_centres
-from dpinfer.mechanisms.base import AdditiveMechanism
-
-# The window holds all but this share of the noise law's mass beyond its half-width, relative
-# to the noise pmf at one standard deviation: a cell's draw leaves the window (one prior
-# evaluation off the table) about this often. Draws are exact whatever the window.
-TAIL_SHARE = 1e-3
-MAX_HALF_WIDTH = 1_000_000
-
-
-def has_exact_tails(mechanism) -> bool:
-    """Additive noise of the form log f(e) = c0 - c1 |e|^p: draws are exact beyond the window.
-    ``noise_shape`` is None for additive laws without that form (Logistic, Subbotin r not in
-    {1, 2}): their windows are bounded by ``log_likelihood_bound_outside`` instead."""
-    return isinstance(mechanism, AdditiveMechanism) and mechanism.noise_shape is not None
-
-
-def _log_noise_tail(c0: float, c1: float, power: int, k: int) -> float:
-    """log sum over integers |e| > k of exp(c0 - c1 |e|^power)."""
-    if power == 1:
-        return float(np.log(2.0) + c0 - c1 * (k + 1) - np.log(-np.expm1(-c1)))
-    # terms fall by more than exp(-60) within n of the first when c1 ((k+1+n)^2 - (k+1)^2) >= 60
-    n = int(np.ceil(np.sqrt((k + 1) ** 2 + 60.0 / c1) - (k + 1))) + 2
-    e = np.arange(k + 1, k + 1 + n, dtype=float)
-    return float(np.log(2.0) + np.logaddexp.reduce(c0 - c1 * e**power))
-
-
-def tail_half_width(mechanism) -> int:
-    """Smallest k with P(|e| > k) <= TAIL_SHARE f(sd) for the mechanism's noise e (the
-    integer-lattice sum of its density for continuous noise)."""
-    c0, c1, power = mechanism.noise_shape
-    sd = float(np.sqrt(mechanism.noise_variance))
-    log_target = np.log(TAIL_SHARE) + c0 - c1 * sd**power
-    hi = 1
-    while _log_noise_tail(c0, c1, power, hi) > log_target:
-        hi *= 2
-        if hi > MAX_HALF_WIDTH:
-            raise ValueError("the mechanism's noise is too wide for windowed count draws")
-    lo = 0
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if _log_noise_tail(c0, c1, power, mid) <= log_target else (mid, hi)
-    return hi
-
+from dpinfer.inference.window import has_exact_tails, window_centres
 
 @dataclass
 class CellTables:
     """One latent's window grid (d, W): row i holds cell i's candidates, the release's
     log-likelihood on it (d, W) and, for additive noise, the geometric envelopes of the tails
     (6, d): left_ok, left_env, left_decay, right_ok, right_env, right_decay (see
-    :mod:`dpinfer.inference.exact_counts`)."""
+    :mod:`dpinfer.inference.engines.compiled.exact_counts`)."""
 
     grid: np.ndarray
     release_table: np.ndarray
@@ -124,7 +80,7 @@ class CellTables:
 
 class IndependentCells:
     """Cells drawn independently given the parameters (a release of the counts themselves,
-    its only child): :func:`dpinfer.inference.exact_counts.draw_independent`."""
+    its only child): :func:`dpinfer.inference.engines.compiled.exact_counts.draw_independent`."""
 
     kind = "cells"
 
@@ -151,7 +107,7 @@ class IndependentCells:
 
 class GroupTotals:
     """Cells tied by group totals (a release conditioned on totals), drawn jointly and exactly
-    on the fibre given the parameters: :func:`dpinfer.inference.exact_counts.draw_given_totals`."""
+    on the fibre given the parameters: :func:`dpinfer.inference.engines.compiled.exact_counts.draw_given_totals`."""
 
     kind = "totals"
 

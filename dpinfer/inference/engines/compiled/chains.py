@@ -3,9 +3,9 @@ counts.
 
 One iteration (sweep) of a chain, which gives one stored draw, is ``nuts_per_sweep`` NUTS
 transitions (3 by default) of the continuous parameters q given all counts
-(:mod:`dpinfer.inference.nuts`; the log density is the model with the counts as data), with
+(:mod:`dpinfer.inference.engines.compiled.nuts`; the log density is the model with the counts as data), with
 ``counts_per_sweep`` draws (2 by default) of every count block given the current parameters
-(:mod:`dpinfer.inference.exact_counts`) spread among them, the first before the first
+(:mod:`dpinfer.inference.engines.compiled.exact_counts`) spread among them, the first before the first
 transition: with the defaults, counts, NUTS, counts, NUTS, NUTS.
 
 Why these defaults (``benchmarks/README.md``): a small count and its log rate are tightly
@@ -49,15 +49,15 @@ import numba
 import numpy as np
 from numba import literal_unroll
 
-from dpinfer.inference.count_blocks import GroupTotals, IndependentCells
-from dpinfer.inference.exact_counts import (
+from dpinfer.inference.engines.compiled.count_blocks import GroupTotals, IndependentCells
+from dpinfer.inference.engines.compiled.exact_counts import (
     HOLD_RATIO,
     HOLD_RATIO_TUNING,
     draw_given_totals,
     draw_independent,
 )
-from dpinfer.inference.native import new_stream
-from dpinfer.inference.nuts import (
+from dpinfer.inference.engines.compiled.native import new_stream
+from dpinfer.inference.engines.compiled.nuts import (
     log_density_at,
     metric_windows,
     nuts_transition,
@@ -249,7 +249,7 @@ def run_chain(model, blocks, *, tune: int, draws: int, rng: np.random.Generator,
               target_accept: float = 0.8, nuts_per_sweep: int = NUTS_PER_SWEEP,
               counts_per_sweep: int = COUNTS_PER_SWEEP, progress=None) -> ChainResult:
     """One chain (module docstring). ``model`` is a
-    :class:`dpinfer.inference.compiled.CompiledModel`, ``blocks`` the count blocks (objects
+    :class:`dpinfer.inference.engines.compiled.model.CompiledModel`, ``blocks`` the count blocks (objects
     with ``kind`` ("cells" or "totals"), ``native(column)`` giving the kernel's data tuple with
     fresh scratch, and ``stat_names``)."""
     start_time = time.perf_counter()

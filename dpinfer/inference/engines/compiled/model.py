@@ -19,11 +19,11 @@ the model's PyTensor graph and with PyTensor's numba backend:
   its constrained space (free variables, Deterministics), for the trace.
 
 ``logp_grad`` and the prior tables are numba ``cfunc``s handed to the compiled kernels by
-address (:mod:`dpinfer.inference.native`). Their graphs have the model's data taken out as
+address (:mod:`dpinfer.inference.engines.compiled.native`). Their graphs have the model's data taken out as
 inputs (``pm.Data``, literal parameters, observed values: :class:`ModelData`), handed to them
 at run time through an environment array (:meth:`CompiledModel.environment`), so each
 function depends on the model's structure alone and is kept in the model cache
-(:mod:`dpinfer.inference.model_cache`): a new model object of a structure compiled before,
+(:mod:`dpinfer.inference.engines.compiled.cache`): a new model object of a structure compiled before,
 in this process or another, compiles nothing. The releases' own data are not among them
 (their terms are left out); ``pm.set_data`` between fits changes the data handed over.
 """
@@ -34,24 +34,22 @@ from dataclasses import dataclass, field
 
 import numba
 import numpy as np
-import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 from pymc.initial_point import make_initial_point_fn
 from pymc.logprob.abstract import _logprob_helper
 from pymc.pytensorf import compile as compile_pymc
 from pytensor.graph.replace import clone_replace, vectorize_graph
-from pytensor.graph.basic import Constant
 from pytensor.graph.traversal import io_toposort
 
-from dpinfer.inference.model_cache import (
+from dpinfer.inference.engines.compiled.cache import (
     NotCacheableError,
     graph_key,
     lift_data,
     native_function,
     thaw_literals,
 )
-from dpinfer.inference.native import LOGP_GRAD, PRIOR_POINT, PRIOR_TABLE, pointer
+from dpinfer.inference.engines.compiled.native import LOGP_GRAD, PRIOR_POINT, PRIOR_TABLE, pointer
 
 
 class NotCompilableError(ValueError):
@@ -142,7 +140,7 @@ def compile_model(model, latents: list, exclude: list) -> CompiledModel:
     """Native functions of ``model`` with the free count variables ``latents`` as data and the
     observed variables ``exclude`` (the releases, whose terms are constant given the counts)
     left out. Each function is loaded from the model cache when one of the same graph was
-    compiled before (:mod:`dpinfer.inference.model_cache`), else compiled and saved there.
+    compiled before (:mod:`dpinfer.inference.engines.compiled.cache`), else compiled and saved there.
 
     Raises :class:`NotCompilableError` if a free variable other than the latents is discrete
     or the graph has an Op numba cannot compile."""
@@ -240,7 +238,7 @@ def compile_model(model, latents: list, exclude: list) -> CompiledModel:
 
 class ModelData:
     """The data of a model's compiled functions, taken out of their graphs
-    (:func:`dpinfer.inference.model_cache.lift_data`) and handed to them at run time through
+    (:func:`dpinfer.inference.engines.compiled.cache.lift_data`) and handed to them at run time through
     the environment array (:meth:`CompiledModel.environment`). The values of ``pm.Data``
     variables are read again by :meth:`refresh` (``pm.set_data`` between fits, in place, so
     the addresses hold); literals are fixed with the model."""
@@ -252,7 +250,7 @@ class ModelData:
     @classmethod
     def lift(cls, graphs, sources: dict) -> "ModelData":
         """The data of ``graphs`` (built on a model from
-        :func:`~dpinfer.inference.model_cache.thaw_literals`, whose ``sources`` are given)."""
+        :func:`~dpinfer.inference.engines.compiled.cache.thaw_literals`, whose ``sources`` are given)."""
         return cls(*lift_data(graphs, sources))
 
     def refresh(self) -> None:

@@ -1,4 +1,4 @@
-"""Latent counts on a fibre {x integer : A x = a, x >= 0}: planning and the Gibbs step.
+"""Plans for latent counts on a fibre {x integer : A x = a, x >= 0}.
 
 A latent count vector x can carry releases of three kinds (recorded by ``observe``):
 - a release of x itself (``mech.observe(name, x, s)``), which pins each cell to a window
@@ -14,10 +14,11 @@ A latent count vector x can carry releases of three kinds (recorded by ``observe
 - ``"convolution"`` when the only release is conditioned on one total or disjoint group totals
   and the counts have no other child: the counts are summed out exactly by convolution
   (:mod:`dpinfer.lattice.convolution`), NUTS runs on the parameters, the counts are drawn exactly;
-- ``"fibre"`` otherwise: :class:`FibreGibbs` updates x along the moves of a Markov basis of
-  the combined invariants with exact line conditionals (:mod:`dpinfer.lattice.fibre_gibbs`), next to
-  NUTS on the parameters. Per sweep, the prior's log-pmf table over every cell's window is one
-  compiled call; the releases' tables are computed once. A release conditioned on
+- ``"fibre"`` otherwise: the PyMC engine's fibre step
+  (:mod:`dpinfer.inference.engines.pymc.fibre`) updates x along the moves of a Markov basis
+  of the combined invariants with exact line conditionals (:mod:`dpinfer.lattice.fibre_gibbs`),
+  next to NUTS on the parameters, on the plan's box, release tables and moves (its methods
+  below). A release conditioned on
   non-negativity (``Conditioned(..., nonnegative=True)``) always takes this path: its
   normaliser Z(x) is not a product over cells, so when it varies by more than ``tol`` over the
   window the line updates come in palindromic blocks accepted by Metropolis-Hastings on
@@ -33,18 +34,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
-import pytensor.tensor as pt
-from pymc.logprob.abstract import _logprob_helper
-from pymc.pytensorf import compile
-from pymc.step_methods.compound import BlockedStep, Competence
-from pymc.util import get_random_generator
 
-from dpinfer.inference.gibbs import terms_depending_on
+from dpinfer.inference.planning.children import terms_depending_on
 from dpinfer.inference.latents import NotMarginalisableError, current_value, prior_support
 from dpinfer.inference.window import initial_half_width, log_eta
 from dpinfer.lattice.invariants import Invariants, MoveSet
-from dpinfer.lattice.class_convolution import NormaliserTracker
-from dpinfer.lattice.fibre_gibbs import MovePlan, NormFactor, QueryRows, corrected_gibbs_sweep, gibbs_sweeps
+from dpinfer.lattice.fibre_gibbs import MovePlan, NormFactor, QueryRows
 from dpinfer.mechanisms.conditioned import Conditioned
 from dpinfer.mechanisms.subspace import GeneralizedLaplace
 
@@ -96,6 +91,8 @@ class FibrePlan:
     """Latent counts on a fibre: exact Gibbs updates along Markov moves (module docstring)."""
 
     kind: ClassVar[str] = "fibre"
+    moves_per_cell: ClassVar[int] = MOVES_PER_CELL
+    normaliser_block_moves_per_cell: ClassVar[int] = NORMALISER_BLOCK_MOVES_PER_CELL
     latent_name: str
     shape: tuple
     support: tuple
@@ -347,90 +344,3 @@ def entries_from(model, records, resolve) -> dict:
         value = current_value(model.rvs_to_values[record.release_rv]).reshape(-1)
         groups.setdefault(latent, []).append(Entry(record, query, value))
     return groups
-
-
-class FibreGibbs(BlockedStep):
-    """Exact Gibbs sweeps along Markov moves for every fibre latent of a model. Never
-    auto-assigned; :func:`dpinfer.sample` builds it."""
-
-    name = "fibre_gibbs"
-    stats_dtypes_shapes = {
-        "fibre_neglected_mass_bound": (float, []),
-        "fibre_moves_changed": (float, []),
-        "fibre_block_acceptance": (float, []),
-    }
-
-    def __init__(self, vars, *, model, plans: list[FibrePlan], rng=None):
-        self.model = model
-        self.vars = [model.rvs_to_values[model[p.latent_name]] for p in plans]
-        names = {v.name for v in self.vars}
-        others = [v for v in model.value_vars if v.name not in names]
-        self._others = [v.name for v in others]
-        self.rng = get_random_generator(rng)
-        # log p(x_i = v | theta) on a grid of candidate counts given as an input, so the
-        # compiled function serves any release (the box moves with it)
-        self._prior_tables = []
-        for plan in plans:
-            node = model[plan.latent_name].owner
-            grid = pt.tensor("grid", dtype="int64", shape=(None, *plan.shape))
-            _, prior = node.op(*node.op.dist_params(node), rng=pt.random.rng(), return_next_rng=True)
-            table = pt.broadcast_to(_logprob_helper(prior, grid), grid.shape)
-            [table] = model.replace_rvs_by_values([table])
-            table = table.reshape((grid.shape[0], -1)).T
-            self._prior_tables.append(compile([grid, *others], table, on_unused_input="ignore"))
-        self.update(plans)
-
-    def update(self, plans: list[FibrePlan]) -> None:
-        """Take the plans' current releases: boxes, release tables, query tables and moves
-        are recomputed (numpy), the compiled prior tables are kept."""
-        self.plans = plans
-        self._parts = []
-        self._trackers = [None] * len(plans)
-        for plan in plans:
-            lo, width = plan.box()
-            if plan.normaliser is not None:  # how much Z(x) can vary over the box
-                plan.normaliser_range = plan.normaliser.normaliser_range(lo)
-            grid = (lo[None, :] + np.arange(width)[:, None]).reshape((width, *plan.shape))
-            self._parts.append((grid, plan.release_table(), plan.log_eta(), plan.move_plan(),
-                                plan.query_rows(), lo))
-
-    def step(self, point):
-        new = dict(point)
-        others = [point[n] for n in self._others]
-        worst, changed, accepted = 0.0, [], []
-        parts = zip(self.plans, self._prior_tables, self._parts)
-        for j, (plan, prior_table, part) in enumerate(parts):
-            grid, release_table, log_eta_cells, moves, queries, lo = part
-            table = prior_table(grid, *others) + release_table
-            x = np.asarray(point[plan.latent_name], dtype=np.int64).reshape(-1)
-            n_moves = min(len(moves), MOVES_PER_CELL * plan.n_cells)
-            if plan.normaliser_corrected:
-                x, bound, frac, acc = corrected_gibbs_sweep(
-                    x, lo, table, log_eta_cells, moves, queries, moves_per_sweep=n_moves,
-                    block_moves=max(10, NORMALISER_BLOCK_MOVES_PER_CELL * plan.n_cells),
-                    tracker=self._tracker(j, x), rng=self.rng, norm=plan.norm_factor,
-                )
-                accepted.append(acc)
-            else:
-                x, bound, frac = gibbs_sweeps(
-                    x, lo, table, log_eta_cells, moves, queries, n_sweeps=1,
-                    moves_per_sweep=n_moves, rng=self.rng, norm=plan.norm_factor,
-                )
-            new[plan.latent_name] = x.reshape(plan.shape)
-            worst = max(worst, bound)
-            changed.append(frac)
-        return new, [{"fibre_neglected_mass_bound": worst, "fibre_moves_changed": float(np.mean(changed)),
-                      "fibre_block_acceptance": float(np.mean(accepted)) if accepted else 1.0}]
-
-    def _tracker(self, j: int, x: np.ndarray) -> NormaliserTracker:
-        """The normaliser tracker of plan j, rebuilt when the chain's state is not its own (a
-        new chain in this process)."""
-        tracker = self._trackers[j]
-        if tracker is None or not np.array_equal(tracker.x, x):
-            tracker = NormaliserTracker(self.plans[j].normaliser.class_lattice(), x)
-            self._trackers[j] = tracker
-        return tracker
-
-    @staticmethod
-    def competence(var, has_grad):
-        return Competence.INCOMPATIBLE

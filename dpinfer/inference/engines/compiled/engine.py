@@ -1,14 +1,17 @@
 """dpinfer's compiled Gibbs engine: fit a model whose latent counts have exact conditional
-draws, with NUTS on everything continuous.
+draws, with NUTS on everything continuous (and plain compiled NUTS for a model without
+latent counts).
 
-It runs cells and totals plans (:mod:`dpinfer.inference.plans`) of models whose other free
-variables are all continuous; :func:`refusal` says why a model cannot take it. A sweep draws
-every latent's counts given the parameters (each plan's block,
-:mod:`dpinfer.inference.count_blocks`) and makes ``nuts_per_sweep`` NUTS transitions of the
-parameters given the counts, with ``counts_per_sweep`` count draws alternating with them
-(:mod:`dpinfer.inference.chains`). The compiled model is kept on the PyMC model and reused by
-later fits (new releases through ``pm.set_data`` only change the blocks' tables); it is
-rebuilt when the model's other data change.
+It runs cells and totals plans (:mod:`dpinfer.inference.planning.cells`) of models whose
+other free variables are all continuous; :func:`refusal` says why a model cannot take it. A
+sweep draws every latent's counts given the parameters (each plan's block,
+:mod:`~dpinfer.inference.engines.compiled.count_blocks`) and makes ``nuts_per_sweep`` NUTS
+transitions of the parameters given the counts, with ``counts_per_sweep`` count draws
+alternating with them (:mod:`~dpinfer.inference.engines.compiled.chains`). The compiled model
+(:mod:`~dpinfer.inference.engines.compiled.model`) is kept on the PyMC model and reused by
+later fits, the model's data handed over afresh each time (``pm.set_data``); a new model
+object of a structure compiled before loads its functions from the model cache
+(:mod:`~dpinfer.inference.engines.compiled.cache`).
 
 The result is an ``xarray.DataTree`` like ``pm.sample``'s: ``posterior`` (free variables in
 their constrained space, Deterministics, latent counts, with the model's dims and coords) and
@@ -17,28 +20,39 @@ their constrained space, Deterministics, latent counts, with the model's dims an
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 import xarray as xr
 
-from dpinfer.inference.chains import (
+from dpinfer.inference.engines.compiled.chains import (
     COUNTS_PER_SWEEP,
     MAX_TREE_DEPTH,
     NUTS_PER_SWEEP,
     SamplingError,
     run_chains,
 )
-from dpinfer.inference.compiled import NotCompilableError, compile_model
+from dpinfer.inference.engines.compiled.count_blocks import CellTables, GroupTotals, IndependentCells
+from dpinfer.inference.engines.compiled.model import NotCompilableError, compile_model
 
 _COMPILED = "_dpinfer_compiled_model"
 OPTIONS = ("initvals", "target_accept", "max_treedepth", "nuts_per_sweep", "counts_per_sweep")
+METHODS = {
+    "cells": ("exact Gibbs (compiled): the counts drawn exactly given the parameters, alternating "
+              "with NUTS transitions of the parameters given the counts (counts_per_sweep and "
+              "nuts_per_sweep per draw, in sample_stats.attrs)"),
+    "totals": ("exact Gibbs (compiled): the counts drawn exactly and jointly on the group totals "
+               "given the parameters, alternating with NUTS transitions of the parameters given the "
+               "counts (counts_per_sweep and nuts_per_sweep per draw, in sample_stats.attrs)"),
+}
+STUCK_SHARE = 0.5  # a chain holding cells in more than this share of its draws is stuck
 
 
 def refusal(model, plans, method: str) -> str | None:
     """Why the compiled engine cannot fit this model with these plans (None: it can)."""
     if method != "auto":
-        return f"method={method!r} selects the PyMC engine"
+        return f"method={method!r} selects another engine"
     for plan in plans:
         if plan.kind == "fibre":
             return ("latent counts with invariants other than group totals, linear queries or a "
@@ -66,9 +80,9 @@ def compile_for(model, plans):
 
 def compiled_model_for(model, latents: list, releases: list):
     """The compiled model kept on ``model`` if it was built for the same latents and the
-    model still matches it (:meth:`~dpinfer.inference.compiled.CompiledModel.matches`);
+    model still matches it (:meth:`~dpinfer.inference.engines.compiled.model.CompiledModel.matches`);
     otherwise a new one (kept), its functions from the model cache where they were compiled
-    before (:mod:`dpinfer.inference.model_cache`)."""
+    before (:mod:`dpinfer.inference.engines.compiled.cache`)."""
     key = (tuple(rv.name for rv in latents), tuple(rv.name for rv in releases))
     cached = getattr(model, _COMPILED, None)
     if cached is not None and cached[0] == key and cached[1].matches(model):
@@ -88,7 +102,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
     ``counts_per_sweep`` defaults to min(COUNTS_PER_SWEEP, nuts_per_sweep)."""
     if counts_per_sweep is None:
         counts_per_sweep = min(COUNTS_PER_SWEEP, nuts_per_sweep)
-    blocks = [plan.block(compiled) for plan in plans]
+    blocks = [_block(plan, compiled) for plan in plans]
     starts = {plan.latent_name: plan.start() for plan in plans}
     try:
         idata = _fit(model, compiled, blocks, starts, draws=draws, tune=tune, chains=chains,
@@ -99,10 +113,52 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
         raise RuntimeError(f"dpinfer.sample: {err}") from err
     report, failed = {}, {}
     for plan, block in zip(plans, blocks):
-        report[plan.latent_name], bound = plan.compiled_report(idata.sample_stats, block, tol)
+        report[plan.latent_name], bound = _report(plan, idata.sample_stats, block, tol)
         if bound is not None:
             failed[plan.latent_name] = bound
     return idata, report, failed
+
+
+def _block(plan, compiled):
+    """The count block of a cells or totals plan: its window's tables and the prior's."""
+    tables = CellTables.build(plan.mechanism, plan.release_value, plan.support,
+                              plan.window.half_width,
+                              log_eta=None if plan.exact_tails else plan.window.log_eta)
+    offset = compiled.latent_slices[plan.latent_name].start
+    prior = compiled.prior_tables[plan.latent_name]
+    if plan.kind == "totals":
+        return GroupTotals(plan.latent_name, offset, tables, prior, plan.group_codes, plan.targets)
+    return IndependentCells(plan.latent_name, offset, tables, prior)
+
+
+def _report(plan, stats, block, tol: float) -> tuple[dict, float | None]:
+    """(the plan's report entry, the largest neglected-mass bound if it exceeds tol, else None;
+    infinite when cells were held too often: :func:`held_too_often`)."""
+    held = stats[block.stat_names[1]].values
+    entry = plan.report_entry(METHODS[plan.kind], 0.0, tol)
+    entry.update(exact_tails=plan.exact_tails, held_cells_after_tuning=int(held.sum()),
+                 draws_with_held_cells=int(np.count_nonzero(held)))
+    if plan.kind == "totals":
+        entry.update(mean_tries_per_sweep=float(stats[block.stat_names[0]].values.mean()),
+                     blocks_kept_after_tuning=int(stats[block.stat_names[2]].values.sum()))
+    if held_too_often(held):
+        return entry, math.inf
+    if plan.exact_tails:
+        return entry, None
+    bound = float(np.max(stats[block.stat_names[0]].values))
+    entry["max_relative_error_bound"] = bound
+    return entry, (None if bound <= tol else bound)
+
+
+def held_too_often(held) -> bool:
+    """True if some chain (rows of ``held``, the held cells per stored draw) held cells in
+    more than ``STUCK_SHARE`` of its draws. The hold rule of the exact draws
+    (:mod:`~dpinfer.inference.engines.compiled.exact_counts`) leaves p(x | theta) invariant,
+    but where the posterior puts a cell far outside its window (a release far from anything
+    the prior allows) the cell is held at every sweep and never leaves its start: the chain is
+    not ergodic. ``dpinfer.sample`` then widens the windows and fits again."""
+    held = np.asarray(held).reshape(-1, np.shape(held)[-1])
+    return bool(np.any(np.mean(held > 0, axis=1) > STUCK_SHARE))
 
 
 def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int, chains: int,

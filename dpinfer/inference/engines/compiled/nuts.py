@@ -5,7 +5,7 @@ continuous parameters given the counts. No library offers a NUTS *transition* ca
 compiled code (nutpie and PyMC run whole chains, so a Gibbs step cannot sit between two of
 their transitions), so the transition is here: one function, compiled once (numba's cache),
 that calls the model's log density through a function pointer (a numba ``cfunc`` made per
-model by :mod:`dpinfer.inference.compiled`).
+model by :mod:`dpinfer.inference.engines.compiled.model`).
 
 Algorithm (multinomial NUTS with diagonal metric):
 
@@ -41,7 +41,7 @@ import math
 import numba
 import numpy as np
 
-from dpinfer.inference.native import logp_grad_at, pointer, standard_normal, uniform
+from dpinfer.inference.engines.compiled.native import logp_grad_at, pointer, standard_normal, uniform
 
 MAX_ENERGY_ERROR = 1000.0
 
@@ -188,7 +188,7 @@ def _build_subtree(f, data, depth, eps, inv_mass, H0, rng, q, p, g,
 @numba.njit(cache=True, nogil=True)
 def nuts_transition(logp_grad, data, q, g, lp, eps, inv_mass, max_depth, rng):
     """One NUTS transition from (q, g = grad log p(q), lp = log p(q)) of the log density at
-    address ``logp_grad`` (signature :data:`dpinfer.inference.native.LOGP_GRAD`) given the
+    address ``logp_grad`` (signature :data:`dpinfer.inference.engines.compiled.native.LOGP_GRAD`) given the
     latent ``data``; q and g are replaced by the new point in place; ``rng`` is the chain's
     random state. Returns (lp, tree depth, leapfrog steps, mean acceptance probability over
     the trajectory, diverging, energy H of the new point, its energy error)."""
