@@ -89,6 +89,44 @@ def test_a_new_model_object_of_the_same_structure_compiles_nothing(cache_dir):
     assert model_cache.STATS == {"loaded": 3, "reused": 3}
 
 
+def test_loaded_functions_compute_the_new_models_own_log_density(cache_dir):
+    """The functions loaded for another model of the structure (other literals: Beta(3.5, 2),
+    n = 200) give that model's log density and gradient and its counts' prior table, against
+    scipy to 1e-12 (their data are the new model's, handed over at run time)."""
+    from dpinfer.inference.engines.compiled.engine import compiled_model_for
+    from dpinfer.inference.engines.compiled.exact_counts import _prior_at, log_weight_tables
+    from dpinfer.inference.engines.compiled.nuts import log_density_at
+
+    forget()
+    a, b, n = 3.5, 2.0, 200
+    model = beta_binomial(a, b, n, 0.5, 120)
+    compiled = compiled_model_for(model, [model["x"]], [model["release"]])
+    assert model_cache.STATS == {"loaded": 3}
+    table = compiled.prior_tables["x"]
+    grid = np.arange(-3, n + 4, dtype=np.int64).reshape(1, -1)
+    buffers, hoisted = table.prepare(grid)
+    for q0 in (-2.0, 0.0, 0.7, 2.5):
+        theta = 1.0 / (1.0 + np.exp(-q0))
+        for x in (0, 37, n):
+            counts = np.array([x], dtype=np.int64)  # kept alive: env holds its address
+            env = compiled.environment(counts)
+            q, grad = np.array([q0]), np.empty(1)
+            lp = log_density_at(compiled.logp_grad_address, q, grad, env)
+            # log p in the log-odds space: Beta density, its Jacobian theta (1 - theta), Binomial
+            expected = (stats.beta.logpdf(theta, a, b) + np.log(theta * (1 - theta))
+                        + stats.binom.logpmf(x, n, theta))
+            assert lp == pytest.approx(expected, rel=1e-12)
+            # d/dq: (a - 1)(1 - theta) - (b - 1) theta + 1 - 2 theta + x - n theta
+            assert grad[0] == pytest.approx((a - 1) * (1 - theta) - (b - 1) * theta + 1 - 2 * theta
+                                            + x - n * theta, rel=1e-10, abs=1e-10)
+            out = np.empty(grid.shape)
+            log_weight_tables(table.full_address, hoisted, q, env, grid, np.zeros(grid.shape), out)
+            np.testing.assert_allclose(out, stats.binom.logpmf(grid, n, theta), rtol=1e-12, atol=0)
+            for v in (-1, 0, 7, n, n + 1):
+                assert _prior_at(table.point_address, q, env, 0, v) == pytest.approx(
+                    stats.binom.logpmf(v, n, theta), rel=1e-12)
+
+
 def test_a_fresh_process_loads_every_function(cache_dir):
     script = textwrap.dedent("""
         import json, numpy as np, pymc as pm

@@ -422,7 +422,9 @@ def prior_table(q_ptr, env_ptr, grid_ptr, out_ptr, width, hoisted_ptr):
     hoisted = carray(hoisted_ptr, ({h},), dtype=np.int64)
 {hoisted_unpack}{unpack}
     (table,) = jit_fn(q, counts, grid{hoisted}{data})
-    out[:] = table
+    for i in range({d}):  # a plain copy: out[:] = table would compile numba's shape-error path
+        for j in range(width):
+            out[i, j] = table[i, j]
 """
 
 _POINT_SOURCE = """
