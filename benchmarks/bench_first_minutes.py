@@ -167,6 +167,11 @@ def warm_process(fits: int) -> dict:
 
 
 def main(argv=None) -> None:
+    import logging
+
+    import pymc  # noqa: F401 - configures its logger on import
+
+    logging.getLogger("pymc").setLevel(logging.ERROR)  # pm.sample's progress lines
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="fresh processes per figure")
     parser.add_argument("--fits", type=int, default=6, help="new model objects per kind")

@@ -233,6 +233,27 @@ def graph_key(inputs: list, outputs: list, *extra) -> str:
     return digest.hexdigest()
 
 
+def structure_key(model, latents: list, excluded: list) -> str:
+    """The hash of a model's structure (:func:`graph_key` of the graph PyMC makes of it,
+    ``pymc.model.fgraph``: every variable, its distribution, transform, dims and name), of its
+    latent counts and left-out releases (``latents``, ``excluded``: names) and of
+    :func:`versions`. Roots that are not constants (value variables, random generators, data)
+    count by their type only: the data's values are not the structure."""
+    from pymc.model.fgraph import fgraph_from_model
+
+    fgraph, _ = fgraph_from_model(model)
+    roots = [v for node in io_toposort([], fgraph.outputs) for v in node.inputs
+             if v.owner is None and not isinstance(v, Constant)]
+    unique = list(dict.fromkeys(roots))
+    kinds = tuple((type(v).__name__, np.shape(v.get_value()) if _holds_array(v) else None)
+                  for v in unique)  # a data variable's shape is structure (static in the code)
+    return graph_key(unique, fgraph.outputs, "structure", tuple(latents), tuple(excluded), kinds)
+
+
+def _holds_array(variable) -> bool:
+    return hasattr(variable, "get_value") and isinstance(variable.get_value(), np.ndarray)
+
+
 # --- numba's cache, pointed at an entry ---------------------------------------------------------
 _ENTRIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # python function -> (dir, key)
 
@@ -464,14 +485,15 @@ def thaw_literals(model):
 
 
 def lift_data(outputs: list, sources: dict) -> tuple:
-    """(outputs with their data as inputs, the inputs, their values, their sources): every
-    shared variable in ``sources`` that the outputs use becomes an input of its value's shape
-    and dtype, in the order the graph first uses it (``sources`` as :func:`thaw_literals`
-    returns it)."""
+    """(outputs with their data as inputs, the inputs, their values, their sources, their
+    positions in ``sources``): every shared variable in ``sources`` that the outputs use
+    becomes an input of its value's shape and dtype, in the order the graph first uses it
+    (``sources`` as :func:`thaw_literals` returns it)."""
     import pytensor.tensor as pt
     from pytensor.graph.replace import clone_replace
 
-    replacements, inputs, values, origins = {}, [], [], []
+    position = {v: i for i, v in enumerate(sources)}
+    replacements, inputs, values, origins, index = {}, [], [], [], []
     for node in io_toposort([], outputs):
         for v in node.inputs:
             if v in replacements or v not in sources:
@@ -482,6 +504,7 @@ def lift_data(outputs: list, sources: dict) -> tuple:
             inputs.append(new)
             values.append(value)
             origins.append(sources[v])
+            index.append(position[v])
     if not replacements:
-        return list(outputs), [], [], []
-    return clone_replace(list(outputs), replacements), inputs, values, origins
+        return list(outputs), [], [], [], []
+    return clone_replace(list(outputs), replacements), inputs, values, origins, index

@@ -13,19 +13,23 @@ the model's PyTensor graph and with PyTensor's numba backend:
   parameters (one flat vector q, PyMC's transforms and their Jacobians), with the counts of
   every latent concatenated into one int64 vector;
 * ``prior_tables[name]``: log p(x_i = v | theta, other counts) for v on a (*shape, W) grid of
-  candidate counts (one row of W candidates per cell), the counts' block of the Gibbs sweep (:class:`PriorTable`: the terms that
-  depend on the grid alone, such as log v! of a Poisson pmf, are computed once per grid);
+  candidate counts (one row of W candidates per cell), the counts' block of the Gibbs sweep
+  (:class:`PriorTable`: the terms that depend on the grid alone, such as log v! of a Poisson
+  pmf, are computed once per grid);
 * ``expand``: q and the counts of a batch of draws -> every named variable of the model in
-  its constrained space (free variables, Deterministics), for the trace.
+  its constrained space (free variables, Deterministics), for the trace;
+* ``start``: PyMC's initial point (support points, U(-1, 1) jitter in the unconstrained
+  space, propagated to the variables that depend on the jittered ones).
 
-``logp_grad`` and the prior tables are numba ``cfunc``s handed to the compiled kernels by
-address (:mod:`dpinfer.inference.engines.compiled.native`). Their graphs have the model's data taken out as
-inputs (``pm.Data``, literal parameters, observed values: :class:`ModelData`), handed to them
-at run time through an environment array (:meth:`CompiledModel.environment`), so each
-function depends on the model's structure alone and is kept in the model cache
-(:mod:`dpinfer.inference.engines.compiled.cache`): a new model object of a structure compiled before,
-in this process or another, compiles nothing. The releases' own data are not among them
-(their terms are left out); ``pm.set_data`` between fits changes the data handed over.
+Every graph is built on a copy of the model whose data are inputs
+(:func:`~dpinfer.inference.engines.compiled.cache.thaw_literals`: ``pm.Data``, literal
+parameters, observed values), handed over at run time (:class:`ModelData`; the native
+functions read them through an environment array, :meth:`CompiledModel.environment`). So
+everything compiled depends on the model's structure alone and serves every model object of
+that structure (:class:`Structure`): in this process it is kept by the structure's key, and
+the native functions are kept on disk (:mod:`~dpinfer.inference.engines.compiled.cache`). The
+releases' own data are not among them (their terms are left out); ``pm.set_data`` between
+fits changes the data handed over.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import numba
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
-from pymc.initial_point import make_initial_point_fn
+from pymc.initial_point import make_initial_point_expression, make_initial_point_fn
 from pymc.logprob.abstract import _logprob_helper
 from pymc.pytensorf import compile as compile_pymc
 from pytensor.graph.replace import clone_replace, vectorize_graph
@@ -47,9 +51,12 @@ from dpinfer.inference.engines.compiled.cache import (
     graph_key,
     lift_data,
     native_function,
+    structure_key,
     thaw_literals,
 )
 from dpinfer.inference.engines.compiled.native import LOGP_GRAD, PRIOR_POINT, PRIOR_TABLE, pointer
+
+_STRUCTURES: dict = {}  # structure key -> Structure, for this process
 
 
 class NotCompilableError(ValueError):
@@ -58,10 +65,11 @@ class NotCompilableError(ValueError):
 
 
 @dataclass
-class CompiledModel:
-    """Native functions of one model (module docstring). Build with :func:`compile_model`."""
+class Structure:
+    """What a model's structure compiles to (module docstring): shared by every model object of
+    the structure, each with its own :class:`ModelData`."""
 
-    names: list  # continuous free variables, in the order of q
+    names: list  # continuous free variables (their value variables), in the order of q
     slices: list  # their slices of q
     shapes: list  # their (transformed) shapes
     latents: list  # latent count names, in the order of the counts vector
@@ -69,11 +77,11 @@ class CompiledModel:
     latent_shapes: dict
     logp_grad: object  # numba cfunc, LOGP_GRAD
     prior_tables: dict  # name -> PriorTable
-    expand_fn: object  # PyTensor function (q batch, counts batch) -> named values
+    expand_fn: object  # PyTensor function (q batch, counts batch, *data) -> named values
     expand_names: list
-    _initial_point: object
-    data: "ModelData" = field(repr=False)
-    variables: tuple = ()  # the model's named variables when compiled
+    start_fn: object  # PyTensor function (*jitters, *data) -> transformed initial point
+    data_index: list  # the model's data (thaw_literals order) handed to the functions
+    data_inputs: list = field(repr=False, default_factory=list)
 
     @property
     def n(self) -> int:
@@ -84,27 +92,43 @@ class CompiledModel:
     def n_counts(self) -> int:
         return sum(int(np.prod(s)) for s in self.latent_shapes.values())
 
+
+class CompiledModel:
+    """A model's :class:`Structure` with the model's own data. Build with :func:`compile_model`."""
+
+    def __init__(self, structure: Structure, data: "ModelData", variables: tuple):
+        self.structure, self.data, self.variables = structure, data, variables
+        self.prior_tables = {name: table.bound(data) for name, table in structure.prior_tables.items()}
+
+    def __getattr__(self, name):  # the structure's fields: names, slices, latents, n, ...
+        if name == "structure":
+            raise AttributeError(name)
+        return getattr(self.structure, name)
+
     @property
     def logp_grad_address(self) -> int:
-        return self.logp_grad.address
+        return self.structure.logp_grad.address
 
     def initial_q(self, seed, model=None, initvals: dict | None = None) -> np.ndarray:
-        """PyMC's initial point of the parameters with U(-1, 1) jitter in the unconstrained
-        space (PyMC's default ``jitter+adapt_diag`` start), flattened; ``initvals`` (values
-        or strategies by variable name in the constrained space, as ``pm.sample`` takes them)
-        override it through PyMC's own initial-point function. Start values given for the
-        latent counts are not used (the engine starts them on the releases' fibre)."""
+        """PyMC's initial point of the parameters (support points) with U(-1, 1) jitter in the
+        unconstrained space (PyMC's default ``jitter+adapt_diag`` start; the jitter drawn from
+        ``seed``), flattened; ``initvals`` (values or strategies by variable name in the
+        constrained space, as ``pm.sample`` takes them) override it through PyMC's own
+        initial-point function. Start values given for the latent counts are not used (the
+        engine starts them on the releases' fibre)."""
+        if not self.names:
+            return np.zeros(0)
         overrides = {k: v for k, v in (initvals or {}).items() if k not in self.latent_shapes}
         if overrides:
             jitter = {rv for rv in model.free_RVs if model.rvs_to_values[rv].name in self.names
                       and rv.name not in overrides}
             point = make_initial_point_fn(model=model, overrides=overrides, jitter_rvs=jitter,
                                           return_transformed=True)(seed)
-        else:
-            point = self._initial_point(seed)
-        if not self.names:
-            return np.zeros(0)
-        return np.concatenate([np.asarray(point[n], dtype=float).ravel() for n in self.names])
+            return np.concatenate([np.asarray(point[n], dtype=float).ravel() for n in self.names])
+        rng = np.random.default_rng(seed)
+        jitters = [rng.uniform(-1.0, 1.0, size=shape) for shape in self.shapes]
+        values = self.structure.start_fn(*jitters, *self.data.values)
+        return np.concatenate([np.asarray(v, dtype=float).ravel() for v in values])
 
     def counts_vector(self, values: dict) -> np.ndarray:
         """Concatenate the latents' counts (name -> array) into the engine's int64 vector."""
@@ -115,14 +139,15 @@ class CompiledModel:
 
     def expand(self, q: np.ndarray, counts: np.ndarray) -> dict:
         """Named values for a batch of draws: q (B, n), counts (B, n_counts) -> {name: (B, ...)}."""
-        outputs = self.expand_fn(np.ascontiguousarray(q, dtype=float),
-                                 np.ascontiguousarray(counts, dtype=np.int64))
+        outputs = self.structure.expand_fn(np.ascontiguousarray(q, dtype=float),
+                                           np.ascontiguousarray(counts, dtype=np.int64),
+                                           *self.data.values)
         return dict(zip(self.expand_names, outputs))
 
     def matches(self, model) -> bool:
         """True while ``model`` has the variables compiled for and its ``pm.Data`` keep the
         shapes compiled for (their values may change: they are read at every fit,
-        :meth:`environment`)."""
+        :meth:`refresh`)."""
         return tuple(model.named_vars) == self.variables and self.data.matches()
 
     def refresh(self) -> None:
@@ -139,8 +164,10 @@ class CompiledModel:
 def compile_model(model, latents: list, exclude: list) -> CompiledModel:
     """Native functions of ``model`` with the free count variables ``latents`` as data and the
     observed variables ``exclude`` (the releases, whose terms are constant given the counts)
-    left out. Each function is loaded from the model cache when one of the same graph was
-    compiled before (:mod:`dpinfer.inference.engines.compiled.cache`), else compiled and saved there.
+    left out: the structure's, kept in this process by its key, else built (each native
+    function loaded from the model cache when one of the same graph was compiled before,
+    :mod:`dpinfer.inference.engines.compiled.cache`, else compiled and saved there), with the
+    model's own data.
 
     Raises :class:`NotCompilableError` if a free variable other than the latents is discrete
     or the graph has an Op numba cannot compile."""
@@ -153,105 +180,157 @@ def compile_model(model, latents: list, exclude: list) -> CompiledModel:
                 "release; dpinfer's compiled engine samples only latent counts and continuous "
                 "parameters"
             )
-    point = model.initial_point()
-    values = [model.rvs_to_values[rv] for rv in params]
+    thawed, sources = thaw_literals(model)
+    excluded = sorted(rv.name for rv in exclude)
+    try:
+        key = structure_key(thawed, latent_names, excluded)
+    except NotCacheableError:
+        key = None
+    structure = _STRUCTURES.get(key) if key is not None else None
+    if structure is None:
+        structure = _build(thawed, sources, latent_names, excluded)
+        if key is not None:
+            _STRUCTURES[key] = structure
+    data = ModelData.of(structure, sources)
+    return CompiledModel(structure, data, tuple(model.named_vars))
+
+
+def _build(thawed, sources: dict, latent_names: list, excluded: list) -> Structure:
+    """Compile a structure from the model copy ``thawed`` (module docstring)."""
+    latents = [thawed[name] for name in latent_names]
+    params = [rv for rv in thawed.free_RVs if rv.name not in latent_names]
+    values = [thawed.rvs_to_values[rv] for rv in params]
     names = [v.name for v in values]
-    shapes = [np.shape(point[n]) for n in names]
+    shapes = [tuple(int(d) for d in _static_or_evaluated(v.shape)) for v in values]
     sizes = [int(np.prod(s)) for s in shapes]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
     slices = [slice(int(a), int(b)) for a, b in zip(offsets[:-1], offsets[1:])]
-
-    latent_shapes = {rv.name: tuple(int(s) for s in rv.shape.eval()) for rv in latents}
+    latent_shapes = {rv.name: tuple(int(d) for d in _static_or_evaluated(rv.shape)) for rv in latents}
     counts_offsets = np.concatenate([[0], np.cumsum([int(np.prod(latent_shapes[n])) for n in latent_names])])
     latent_slices = {n: slice(int(a), int(b)) for n, a, b in zip(latent_names, counts_offsets[:-1], counts_offsets[1:])}
     n, m = int(offsets[-1]), int(counts_offsets[-1])
 
     q = pt.dvector("q")
     counts = pt.lvector("counts")
+    replace = {v: q[s].reshape(shape) for v, s, shape in zip(values, slices, shapes)}
+    replace.update({thawed.rvs_to_values[rv]: counts[latent_slices[rv.name]].reshape(
+        latent_shapes[rv.name]).astype(rv.dtype) for rv in latents})
 
-    def to_inputs(model_):  # the model's value variables -> slices of q and counts
-        named = {v.name: v for v in model_.rvs_to_values.values()}
-        replace = {named[v]: q[s].reshape(shape) for v, s, shape in zip(names, slices, shapes)}
-        replace.update({named[model_.rvs_to_values[model_[k]].name]:
-                        counts[latent_slices[k]].reshape(latent_shapes[k]).astype(model_[k].dtype)
-                        for k in latent_names})
-        return replace
-
-    # the native functions' graphs, on a copy of the model with its data as shared variables
-    thawed, sources = thaw_literals(model)
-    replace = to_inputs(thawed)
-    excluded = {rv.name for rv in exclude}
     terms = [rv for rv in thawed.basic_RVs if rv.name not in excluded] + list(thawed.potentials)
     logp = thawed.logp(vars=terms)
-    wrt = [thawed.rvs_to_values[thawed[rv.name]] for rv in params]
-    grads = pt.grad(logp, wrt) if wrt else []
-    grad = pt.concatenate([g.ravel() for g in grads]) if wrt else pt.zeros(0)
+    grads = pt.grad(logp, values) if values else []
+    grad = pt.concatenate([g.ravel() for g in grads]) if values else pt.zeros(0)
     logp, grad = clone_replace([logp, grad], replace)
 
     cell = pt.lvector("cell")  # (1,): numba takes tensors, not scalars
     value = pt.lvector("value")
     grids, tables, points = [], [], []
-    for name in latent_names:
-        node, shape = thawed[name].owner, latent_shapes[name]
+    for rv in latents:
+        node, shape = rv.owner, latent_shapes[rv.name]
         grid = pt.tensor("grid", dtype="int64", shape=(*shape, None))
         # parameters with a trailing axis broadcast against each cell's row of candidates
         row_params = [pt.shape_padright(pt.as_tensor(p)) for p in node.op.dist_params(node)]
         _, prior = node.op(*row_params, rng=pt.random.rng(), return_next_rng=True)
         table = pt.broadcast_to(_logprob_helper(prior, grid), grid.shape)
         [table] = thawed.replace_rvs_by_values([table])
-        table = clone_replace(table, replace).astype("float64")
         grids.append(grid)
-        tables.append(table)
+        tables.append(clone_replace(table, replace).astype("float64"))
         cell_params = [_at_cell(p, cell[0], shape) for p in node.op.dist_params(node)]
         _, one = node.op(*cell_params, rng=pt.random.rng(), return_next_rng=True)
         [prior_point] = thawed.replace_rvs_by_values([_logprob_helper(one, value[0])])
         points.append(clone_replace(prior_point, replace).astype("float64"))
 
-    data = ModelData.lift([logp, grad, *tables, *points], sources)
-    logp, grad, *rest = data.graphs
-    tables, points = rest[:len(latents)], rest[len(latents):]
-    logp_grad = _native("logp_grad", [q, counts], [logp, grad], data, LOGP_GRAD,
+    # the trace's values and the initial point, as functions of q, counts (jitters) and data
+    expand_vars = list(params) + list(thawed.deterministics)
+    outputs = clone_replace(thawed.replace_rvs_by_values(expand_vars), replace)
+    jitters = [pt.tensor(f"{name}_jitter", dtype="float64", shape=shape)
+               for name, shape in zip(names, shapes)]
+    start = _start_graph(thawed, params, jitters)
+
+    graphs, inputs, _, _, index = lift_data(
+        [logp, grad, *tables, *points, *outputs, *start], sources)
+    logp, grad = graphs[:2]
+    tables = graphs[2:2 + len(latents)]
+    points = graphs[2 + len(latents):2 + 2 * len(latents)]
+    outputs = graphs[2 + 2 * len(latents):2 + 2 * len(latents) + len(outputs)]
+    start = graphs[2 + 2 * len(latents) + len(outputs):]
+
+    logp_grad = _native("logp_grad", [q, counts], [logp, grad], inputs, LOGP_GRAD,
                         _LOGP_GRAD_SOURCE, n=n, m=m)
     prior_tables = {
-        name: PriorTable.build(table, point, q, counts, grid, cell, value, data, n=n, m=m,
+        name: PriorTable.build(table, point, q, counts, grid, cell, value, inputs, n=n, m=m,
                                shape=latent_shapes[name])
         for name, table, point, grid in zip(latent_names, tables, points, grids)}
-
-    expand_vars = [rv for rv in params] + list(model.deterministics)
-    expand_names = [v.name for v in expand_vars]
-    outputs = clone_replace(model.replace_rvs_by_values(expand_vars), to_inputs(model))
     q_batch = pt.dmatrix("q_batch")
     counts_batch = pt.lmatrix("counts_batch")
     outputs = vectorize_graph(outputs, replace={q: q_batch, counts: counts_batch})
     # the Python backend: compiles at once and runs vectorised numpy over the whole batch
-    expand_fn = pytensor.function([q_batch, counts_batch], outputs, on_unused_input="ignore",
-                                  mode="FAST_COMPILE")
-
-    initial_point = make_initial_point_fn(model=model, jitter_rvs=set(params), return_transformed=True)
-    return CompiledModel(
+    expand_fn = pytensor.function([q_batch, counts_batch, *inputs], outputs,
+                                  on_unused_input="ignore", mode="FAST_COMPILE")
+    start_fn = pytensor.function([*jitters, *inputs], start, on_unused_input="ignore",
+                                 mode="FAST_COMPILE")
+    return Structure(
         names=names, slices=slices, shapes=shapes, latents=latent_names,
         latent_slices=latent_slices, latent_shapes=latent_shapes, logp_grad=logp_grad,
-        prior_tables=prior_tables, expand_fn=expand_fn, expand_names=expand_names,
-        _initial_point=initial_point, data=data, variables=tuple(model.named_vars),
+        prior_tables=prior_tables, expand_fn=expand_fn, expand_names=[v.name for v in expand_vars],
+        start_fn=start_fn, data_index=index, data_inputs=inputs,
     )
 
 
-class ModelData:
-    """The data of a model's compiled functions, taken out of their graphs
-    (:func:`dpinfer.inference.engines.compiled.cache.lift_data`) and handed to them at run time through
-    the environment array (:meth:`CompiledModel.environment`). The values of ``pm.Data``
-    variables are read again by :meth:`refresh` (``pm.set_data`` between fits, in place, so
-    the addresses hold); literals are fixed with the model."""
+def _static_or_evaluated(shape) -> tuple:
+    """A variable's shape: its static shape where known, else evaluated."""
+    static = getattr(shape.owner.inputs[0].type, "shape", None) if shape.owner else None
+    if static is not None and all(d is not None for d in static):
+        return tuple(static)
+    return tuple(shape.eval())
 
-    def __init__(self, graphs, inputs, values, sources):
-        self.graphs, self.inputs, self.values, self._sources = graphs, inputs, values, sources
+
+def _start_graph(model, params: list, jitters: list) -> list:
+    """PyMC's initial point of ``params`` (their support points, transformed), with the jitter
+    of each as an input (``jitters``: U(-1, 1) draws in the unconstrained space, added where
+    PyMC adds its own, so that variables depending on a jittered one start from its jittered
+    value)."""
+    start = make_initial_point_expression(
+        free_rvs=model.free_RVs, rvs_to_transforms=model.rvs_to_transforms,
+        initval_strategies={}, jitter_rvs=set(params), return_transformed=True)
+    wanted = [model.free_RVs.index(rv) for rv in params]
+    start = [start[i] for i in wanted]
+    found = {}
+    for node in io_toposort([], start):
+        for out in node.outputs:
+            if out.name and out.name.endswith("_jitter"):
+                found[out.name] = out
+    replace = {found[f"{rv.name}_jitter"]: j.reshape(found[f"{rv.name}_jitter"].shape)
+               for rv, j in zip(params, jitters) if f"{rv.name}_jitter" in found}
+    return clone_replace(start, replace)
+
+
+class ModelData:
+    """A model's data for its structure's functions, in the order the structure takes them
+    (:attr:`Structure.data_index` into :func:`~dpinfer.inference.engines.compiled.cache.thaw_literals`'
+    order), handed over at run time through the environment array
+    (:meth:`CompiledModel.environment`). The values of ``pm.Data`` variables are read again
+    by :meth:`refresh` (``pm.set_data`` between fits, in place, so the addresses hold);
+    literals are fixed with the model."""
+
+    def __init__(self, values: list, sources: list):
+        self.values, self._sources = values, sources
         self.addresses = np.array([v.ctypes.data for v in values], dtype=np.int64)
 
     @classmethod
-    def lift(cls, graphs, sources: dict) -> "ModelData":
-        """The data of ``graphs`` (built on a model from
-        :func:`~dpinfer.inference.engines.compiled.cache.thaw_literals`, whose ``sources`` are given)."""
-        return cls(*lift_data(graphs, sources))
+    def of(cls, structure: Structure, sources: dict) -> "ModelData":
+        """The data of a model copy (``sources`` from ``thaw_literals``) for ``structure``."""
+        shared = list(sources)
+        values, origins = [], []
+        for j, i in enumerate(structure.data_index):
+            value = np.array(shared[i].get_value(), order="C")
+            expected = structure.data_inputs[j].type
+            if value.shape != expected.shape or value.dtype != expected.dtype:
+                raise AssertionError(f"data {j} of a structure: {value.dtype}{value.shape}, "
+                                     f"compiled for {expected}")  # one key, one structure
+            values.append(value)
+            origins.append(sources[shared[i]])
+        return cls(values, origins)
 
     def refresh(self) -> None:
         """Read the ``pm.Data`` values again (their shapes are fixed: :meth:`matches`)."""
@@ -298,24 +377,24 @@ def _jit_function(inputs, outputs):
     return fn.vm.jit_fn
 
 
-def _native(name: str, inputs: list, outputs: list, data: "ModelData", signature, template: str,
-            **constants):
-    """The cfunc ``name`` of ``template`` (formatted with ``constants`` and the data's
-    unpacking) around the jitted function of ``inputs`` + the data's inputs -> ``outputs``,
-    from the model cache or compiled (and saved)."""
+def _native(name: str, inputs: list, outputs: list, data_inputs: list, signature,
+            template: str, **constants):
+    """The cfunc ``name`` of ``template`` (formatted with ``constants`` and the unpacking of
+    the data from the environment array) around the jitted function of ``inputs`` + the data's
+    inputs -> ``outputs``, from the model cache or compiled (and saved)."""
     unpack = "".join(
-        f"    d{j} = carray(pointer(env[{j + 1}]), {tuple(v.shape)}, dtype=np.{v.dtype.name})\n"
-        for j, v in enumerate(data.values))
-    args = "".join(f", d{j}" for j in range(len(data.values)))
-    source = template.format(unpack=unpack, data=args, k=len(data.values) + 1, **constants)
+        f"    d{j} = carray(pointer(env[{j + 1}]), {tuple(v.type.shape)}, dtype=np.{v.type.dtype})\n"
+        for j, v in enumerate(data_inputs))
+    args = "".join(f", d{j}" for j in range(len(data_inputs)))
+    source = template.format(unpack=unpack, data=args, k=len(data_inputs) + 1, **constants)
     try:
-        key = graph_key([*inputs, *data.inputs], outputs, source)
+        key = graph_key([*inputs, *data_inputs], outputs, source)
     except NotCacheableError:
         key = None
 
     def namespace():
         return {"carray": numba.carray, "np": np, "pointer": pointer,
-                "jit_fn": _jit_function([*inputs, *data.inputs], outputs)}
+                "jit_fn": _jit_function([*inputs, *data_inputs], outputs)}
 
     return native_function(key, source, name, signature, namespace)
 
@@ -342,17 +421,17 @@ class PriorTable:
     the model's data) taken out as an input: :meth:`prepare` computes those once per grid
     (log v!, support masks, ...), so a sweep costs about 1 ns per candidate instead of 15
     (measured on a Poisson prior). Subexpressions are taken out only where their shape is the
-    grid's (else they stay in the graph)."""
+    grid's (else they stay in the graph). A structure's table; :meth:`bound` gives a model's."""
 
-    def __init__(self, point, full, hoist_fn, hoisted_types, shape, data):
+    def __init__(self, point, full, hoist_fn, hoisted_types, shape, data=None):
         self.point, self.full, self._hoist_fn = point, full, hoist_fn
         self._hoisted_types, self.shape, self._data = hoisted_types, shape, data
 
     @classmethod
-    def build(cls, table, point, q, counts, grid, cell, value, data: ModelData, *, n: int,
+    def build(cls, table, point, q, counts, grid, cell, value, data_inputs: list, *, n: int,
               m: int, shape: tuple) -> "PriorTable":
-        point = _native("prior_point", [q, counts, cell, value], [point], data, PRIOR_POINT,
-                        _POINT_SOURCE, n=n, m=m)
+        point = _native("prior_point", [q, counts, cell, value], [point], data_inputs,
+                        PRIOR_POINT, _POINT_SOURCE, n=n, m=m)
         frontier = _grid_only_terms(table, grid, [q, counts])
         replacements = [pt.tensor(dtype=v.dtype, shape=(None,) * v.ndim) for v in frontier]
         full_graph = clone_replace(table, dict(zip(frontier, replacements)))
@@ -362,13 +441,17 @@ class PriorTable:
             f"    h{j} = carray(pointer(hoisted[{j}]), ({int(np.prod(shape))}, width), "
             f"dtype=np.{np.dtype(dt).name}).reshape({tuple(shape)} + (width,))\n"
             for j, dt in enumerate(dtypes))
-        full = _native("prior_table", [q, counts, grid, *replacements], [full_graph], data,
+        full = _native("prior_table", [q, counts, grid, *replacements], [full_graph], data_inputs,
                        PRIOR_TABLE, _TABLE_SOURCE.replace("{hoisted_unpack}", unpack),
                        n=n, m=m, d=int(np.prod(shape)), h=max(len(dtypes), 1), shape=tuple(shape),
                        hoisted="".join(f", h{j}" for j in range(len(dtypes))))
-        hoist_fn = (pytensor.function([grid, *data.inputs], frontier, mode="FAST_COMPILE",
+        hoist_fn = (pytensor.function([grid, *data_inputs], frontier, mode="FAST_COMPILE",
                                       on_unused_input="ignore") if frontier else None)
-        return cls(point, full, hoist_fn, dtypes, shape, data)
+        return cls(point, full, hoist_fn, dtypes, shape)
+
+    def bound(self, data: "ModelData") -> "PriorTable":
+        """This table with a model's data (for :meth:`prepare`)."""
+        return PriorTable(self.point, self.full, self._hoist_fn, self._hoisted_types, self.shape, data)
 
     @property
     def point_address(self) -> int:
