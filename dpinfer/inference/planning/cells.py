@@ -23,7 +23,7 @@ truncated mechanisms) is checked as on the PyMC engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -45,23 +45,28 @@ from dpinfer.mechanisms.records import ReleaseRecord
 @dataclass
 class CellsPlan:
     """A release of latent counts that is their only child: independent cells given the
-    parameters (module docstring)."""
+    parameters (module docstring). What the engines read is data: ``mechanism`` (the per-cell
+    law of the release), ``exact_tails``, and, once the window is set (:meth:`set_half_width`),
+    ``window`` and ``start`` (the counts the chains start from, flattened)."""
 
     record: ReleaseRecord
     latent_name: str
     release_value: np.ndarray  # the latent's shape
     support: tuple  # (lowest, highest) supported count; None where open
     window: Window | None = None
+    start: np.ndarray | None = None
+    mechanism: object = field(init=False, repr=False)
+    exact_tails: bool = field(init=False)
 
     kind: ClassVar[str] = "cells"
-    @property
-    def mechanism(self):
+
+    def __post_init__(self):
+        self.mechanism = self._cell_mechanism()
+        self.exact_tails = has_exact_tails(self.mechanism)
+
+    def _cell_mechanism(self):
         """The per-cell likelihood p(s_i | x_i) of the release."""
         return self.record.mechanism
-
-    @property
-    def exact_tails(self) -> bool:
-        return has_exact_tails(self.mechanism)
 
     # --- windows ---------------------------------------------------------------------------
     def first_half_width(self, tol: float, compiled: bool) -> int:
@@ -79,7 +84,9 @@ class CellsPlan:
         return float(np.log(1e4))
 
     def set_half_width(self, k: int) -> None:
+        """The window of half-width ``k`` and the chains' start in it."""
         self.window = make_window(self.mechanism, self.release_value, self.support, k)
+        self.start = self._start()
 
     def widened_half_width(self, bound: float, tol: float) -> int:
         """A half-width whose bound should come out 10 times below ``tol``: every bound here
@@ -92,38 +99,29 @@ class CellsPlan:
         return max(k + 1, initial_half_width(self.mechanism, self.release_value,
                                              log_target=target, support=self.support))
 
-    def start(self) -> np.ndarray:
-        """Counts to start the chains from (flattened): the window centres."""
+    def _start(self) -> np.ndarray:
+        """The window centres."""
         return self.window.centres.reshape(-1)
-
-    def report_entry(self, method: str, bound: float, tol: float) -> dict:
-        return {
-            "release": self.record.name,
-            "mechanism": repr(self.record.mechanism),
-            "method": method,
-            "window_half_width": self.window.half_width,
-            "max_relative_error_bound": bound,
-            "tol": tol,
-        }
 
 
 @dataclass
 class TotalsPlan(CellsPlan):
     """A release conditioned on one total or on disjoint group totals, the counts' only child
-    (module docstring)."""
+    (module docstring); ``targets``: each group's released (= true) total."""
 
     group_codes: np.ndarray | None = None  # the group of each cell, flattened
+    targets: np.ndarray | None = field(init=False, default=None)
 
     kind: ClassVar[str] = "totals"
-    @property
-    def mechanism(self):
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.targets = np.rint(np.bincount(self.group_codes, weights=self.release_value.reshape(-1))
+                               ).astype(np.int64)
+
+    def _cell_mechanism(self):
         """The per-cell law of the release before conditioning (the base noise)."""
         return self.record.mechanism.base
-
-    @property
-    def targets(self) -> np.ndarray:
-        """Each group's released (= true) total."""
-        return np.rint(np.bincount(self.group_codes, weights=self.release_value.reshape(-1))).astype(np.int64)
 
     def _log_margin(self) -> float:
         # the bound is relative to the convolution V = P(S = t) prod_j L_j under the cells'
@@ -131,10 +129,11 @@ class TotalsPlan(CellsPlan):
         # total's standardised distance, so the margin grows with sqrt(n) (inference notes §2)
         return float(np.log(1e4) + np.log(1e3) + 0.5 * np.log(np.max(np.bincount(self.group_codes))))
 
-    def start(self) -> np.ndarray:
+    def _start(self) -> np.ndarray:
         """Window centres moved onto the totals (:func:`point_on_totals`)."""
         return point_on_totals(self.window.centres.reshape(-1), self.group_codes, self.targets,
                                self.support, self.latent_name)
+
 
 @dataclass
 class ChildrenPlan(CellsPlan):

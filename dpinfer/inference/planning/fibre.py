@@ -88,7 +88,13 @@ class Entry:
 
 @dataclass
 class FibrePlan:
-    """Latent counts on a fibre: exact Gibbs updates along Markov moves (module docstring)."""
+    """Latent counts on a fibre: exact Gibbs updates along Markov moves (module docstring).
+
+    What the engines read is data, set with the window (:meth:`set_half_width`): the box
+    (cell i ranges over ``lo[i] .. lo[i] + width - 1``), each cell's tail bound ``log_eta``,
+    the releases' log-likelihood table on the box (``release_table``, (d, width)), the query
+    rows and the moves (``query_rows``, ``move_plan``), the normaliser's range over the box
+    and whether it is corrected for, and ``start``: a point of the fibre in the box."""
 
     kind: ClassVar[str] = "fibre"
     moves_per_cell: ClassVar[int] = MOVES_PER_CELL
@@ -105,18 +111,23 @@ class FibrePlan:
     # a release conditioned on non-negativity: its normaliser Z(x) is corrected for by
     # Metropolis-Hastings when it varies by more than tol over the box
     normaliser: Conditioned | None = None
-    normaliser_range: float = 0.0
     tol: float = 0.0  # the normaliser is treated as constant when it varies by at most this
     # a generalized Laplace release in the l2 norm: its factor exp(-eps ||s - x||_2)
     norm_factor: NormFactor | None = None
+    # set with the window (class docstring)
+    lo: np.ndarray | None = field(default=None, repr=False)
+    width: int = 0
+    log_eta: np.ndarray | None = field(default=None, repr=False)
+    release_table: np.ndarray | None = field(default=None, repr=False)
+    query_rows: QueryRows | None = field(default=None, repr=False)
+    move_plan: MovePlan | None = field(default=None, repr=False)
+    normaliser_range: float = 0.0
+    normaliser_corrected: bool = False
+    start: np.ndarray | None = field(default=None, repr=False)
+    n_cells: int = field(init=False)
 
-    @property
-    def normaliser_corrected(self) -> bool:
-        return self.normaliser is not None and self.normaliser_range > self.tol
-
-    @property
-    def n_cells(self) -> int:
-        return int(np.prod(self.shape))
+    def __post_init__(self):
+        self.n_cells = int(np.prod(self.shape))
 
     @property
     def identity(self) -> list:
@@ -149,7 +160,18 @@ class FibrePlan:
                                   support=self.support)
 
     def set_half_width(self, k: int) -> None:
+        """The window of half-width ``k`` and everything the fibre step reads on it (class
+        docstring)."""
         self.half_width = int(k)
+        self.lo, self.width = self._box()
+        self.log_eta = self._log_eta()
+        self.release_table = self._release_table()
+        self.query_rows = self._query_rows()
+        self.move_plan = MovePlan.build(self.moves.cells, self.moves.steps, self.query_rows.matrix)
+        if self.normaliser is not None:  # how much Z(x) can vary over the box
+            self.normaliser_range = self.normaliser.normaliser_range(self.lo)
+        self.normaliser_corrected = self.normaliser is not None and self.normaliser_range > self.tol
+        self.start = self._start()
 
     def widened_half_width(self, bound: float, tol: float) -> int:
         """A half-width whose tail bounds are tol / (10 bound) of the current ones (every bound
@@ -157,10 +179,11 @@ class FibrePlan:
         if not np.isfinite(bound):
             return 2 * self.half_width
         e = self.identity[0]
-        target = float(np.max(self.log_eta())) + np.log(tol / (10.0 * bound))
+        target = float(np.max(self.log_eta)) + np.log(tol / (10.0 * bound))
         k = initial_half_width(tail_mechanism(e.record.mechanism), e.value, log_target=target,
                                support=self.support)
         return max(self.half_width + 1, k)
+
     def centres(self) -> np.ndarray:
         """Window centres: the first release of the counts themselves, clipped to the support;
         cells without one start at the support's lower end."""
@@ -175,14 +198,14 @@ class FibrePlan:
             c = np.minimum(c, upper)
         return c
 
-    def box(self) -> tuple[np.ndarray, int]:
+    def _box(self) -> tuple[np.ndarray, int]:
         """(lo, width): cell i ranges over lo_i .. lo_i + width - 1."""
         if self.identity:
             return self.centres() - self.half_width, 2 * self.half_width + 1
         lower, upper = self.support
         return np.full(self.n_cells, lower, np.int64), int(upper - lower + 1)
 
-    def log_eta(self) -> np.ndarray:
+    def _log_eta(self) -> np.ndarray:
         """Per cell, log of a bound on its cell term summed outside the box: the smallest tail
         sup over the releases of the cell (prior mass <= 1); -inf when the box covers the
         support."""
@@ -194,9 +217,9 @@ class FibrePlan:
         ]
         return np.min(bounds, axis=0)
 
-    def release_table(self) -> np.ndarray:
+    def _release_table(self) -> np.ndarray:
         """sum over releases of the counts themselves of log p(s_i | v), v on the box, (d, W)."""
-        lo, width = self.box()
+        lo, width = self.lo, self.width
         grid = lo[:, None] + np.arange(width)[None, :]
         total = np.zeros(grid.shape)
         for e in self.identity:
@@ -206,10 +229,10 @@ class FibrePlan:
             total += mech.log_likelihood(np.broadcast_to(e.value[:, None], grid.shape), grid)
         return total
 
-    def query_rows(self) -> QueryRows:
+    def _query_rows(self) -> QueryRows:
         if not self.queries:
             return QueryRows.empty(self.n_cells)
-        lo, width = self.box()
+        lo, width = self.lo, self.width
         matrix = np.vstack([e.query for e in self.queries])
         owners = [(e, j) for e in self.queries for j in range(e.query.shape[0])]
 
@@ -222,16 +245,12 @@ class FibrePlan:
 
         return QueryRows.tabulate(matrix, lo, lo + width - 1, log_term)
 
-    def move_plan(self) -> MovePlan:
-        moves = self.moves
-        return MovePlan.build(moves.cells, moves.steps, self.query_rows().matrix)
-
-    def start(self) -> np.ndarray:
+    def _start(self) -> np.ndarray:
         """A point of the fibre inside the box, closest in l1 to the window centres (a mixed
         integer program; raises if the box holds no point of the fibre)."""
         from scipy.optimize import Bounds, LinearConstraint, milp
 
-        lo, width = self.box()
+        lo, width = self.lo, self.width
         lower, upper = self.support
         lb = lo if lower is None else np.maximum(lo, lower)
         ub = lo + width - 1 if upper is None else np.minimum(lo + width - 1, upper)

@@ -35,6 +35,7 @@ from dpinfer.inference.engines.compiled.chains import (
 )
 from dpinfer.inference.engines.compiled.count_blocks import CellTables, GroupTotals, IndependentCells
 from dpinfer.inference.engines.compiled.model import NotCompilableError, compile_model
+from dpinfer.inference.report import window_entry
 
 _COMPILED = "_dpinfer_compiled_model"
 OPTIONS = ("initvals", "target_accept", "max_treedepth", "nuts_per_sweep", "counts_per_sweep")
@@ -103,7 +104,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
     if counts_per_sweep is None:
         counts_per_sweep = min(COUNTS_PER_SWEEP, nuts_per_sweep)
     blocks = [_block(plan, compiled) for plan in plans]
-    starts = {plan.latent_name: plan.start() for plan in plans}
+    starts = {plan.latent_name: plan.start for plan in plans}
     try:
         idata = _fit(model, compiled, blocks, starts, draws=draws, tune=tune, chains=chains,
                      cores=cores, rng=rng, progressbar=progressbar, max_tree_depth=max_treedepth,
@@ -135,7 +136,7 @@ def _report(plan, stats, block, tol: float) -> tuple[dict, float | None]:
     """(the plan's report entry, the largest neglected-mass bound if it exceeds tol, else None;
     infinite when cells were held too often: :func:`held_too_often`)."""
     held = stats[block.stat_names[1]].values
-    entry = plan.report_entry(METHODS[plan.kind], 0.0, tol)
+    entry = window_entry(plan, METHODS[plan.kind], 0.0, tol)
     entry.update(exact_tails=plan.exact_tails, held_cells_after_tuning=int(held.sum()),
                  draws_with_held_cells=int(np.count_nonzero(held)))
     if plan.kind == "totals":

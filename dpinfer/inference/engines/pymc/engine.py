@@ -24,6 +24,7 @@ import xarray as xr
 from dpinfer.inference.engines.pymc.fibre import FibreGibbs
 from dpinfer.inference.engines.pymc.gibbs import WindowedCountGibbs
 from dpinfer.inference.engines.pymc.marginal import compile_window_log_weights, marginalise
+from dpinfer.inference.report import window_entry
 from dpinfer.inference.window import neglected_log_mass
 from dpinfer.lattice.convolution import log_convolution_at, sample_given_sums
 
@@ -137,7 +138,7 @@ def run(model, plans, *, draws: int, tune: int, chains: int, cores, seed: int, r
         initvals = {s.latent_name: s.initial_value(start) for s in steps}
         if fibres:
             steps.append(fit.fibre_step(fibres))
-            initvals.update({p.latent_name: p.start().reshape(p.shape) for p in fibres})
+            initvals.update({p.latent_name: p.start.reshape(p.shape) for p in fibres})
         initvals.update(kwargs.pop("initvals", None) or {})
         kwargs.setdefault("nuts_sampler", "pymc")
         with fit.model:
@@ -150,7 +151,7 @@ def run(model, plans, *, draws: int, tune: int, chains: int, cores, seed: int, r
     report, failed = _draw_summed(idata, fit, model, tol, rng, progressbar)
     for plan in children:
         bound = float(np.max(idata.sample_stats["neglected_mass_bound"].values))
-        report[plan.latent_name] = plan.report_entry(METHODS["children"], bound, tol)
+        report[plan.latent_name] = window_entry(plan, METHODS["children"], bound, tol)
         if not bound <= tol:
             failed[plan.latent_name] = bound
     for plan in fibres:
@@ -193,7 +194,7 @@ def _draw_summed(idata, fit, model, tol, rng, progressbar):
             draws_out.reshape((n_chains, n_draws) + cells), dims=("chain", "draw", *dims), coords=coords
         )
         bound = float(np.expm1(worst)) if np.isfinite(worst) else float("inf")
-        report[plan.latent_name] = plan.report_entry(METHODS[plan.kind], bound, tol)
+        report[plan.latent_name] = window_entry(plan, METHODS[plan.kind], bound, tol)
         if not bound <= tol:
             failed[plan.latent_name] = bound
     idata["posterior"] = xr.DataTree(posterior)  # attribute assignment would not replace the node

@@ -51,27 +51,21 @@ class FibreGibbs(BlockedStep):
         self.update(plans)
 
     def update(self, plans: list) -> None:
-        """Take the plans' current releases: boxes, release tables, query tables and moves
-        are recomputed (numpy), the compiled prior tables are kept."""
+        """Take the plans' current releases (their boxes, release and query tables and moves);
+        the compiled prior tables are kept."""
         self.plans = plans
-        self._parts = []
+        self._grids = [(plan.lo[None, :] + np.arange(plan.width)[:, None]).reshape((plan.width, *plan.shape))
+                       for plan in plans]
         self._trackers = [None] * len(plans)
-        for plan in plans:
-            lo, width = plan.box()
-            if plan.normaliser is not None:  # how much Z(x) can vary over the box
-                plan.normaliser_range = plan.normaliser.normaliser_range(lo)
-            grid = (lo[None, :] + np.arange(width)[:, None]).reshape((width, *plan.shape))
-            self._parts.append((grid, plan.release_table(), plan.log_eta(), plan.move_plan(),
-                                plan.query_rows(), lo))
 
     def step(self, point):
         new = dict(point)
         others = [point[n] for n in self._others]
         worst, changed, accepted = 0.0, [], []
-        parts = zip(self.plans, self._prior_tables, self._parts)
-        for j, (plan, prior_table, part) in enumerate(parts):
-            grid, release_table, log_eta_cells, moves, queries, lo = part
-            table = prior_table(grid, *others) + release_table
+        parts = zip(self.plans, self._prior_tables, self._grids)
+        for j, (plan, prior_table, grid) in enumerate(parts):
+            lo, log_eta_cells, moves, queries = plan.lo, plan.log_eta, plan.move_plan, plan.query_rows
+            table = prior_table(grid, *others) + plan.release_table
             x = np.asarray(point[plan.latent_name], dtype=np.int64).reshape(-1)
             n_moves = min(len(moves), plan.moves_per_cell * plan.n_cells)
             if plan.normaliser_corrected:
