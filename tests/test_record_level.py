@@ -29,13 +29,15 @@ def clamped_sum_likelihood(theta_grid, release, noise_scale, n_nodes=1200):
     lap = stats.laplace(scale=noise_scale)
     h = (UPPER - LOWER) / n_nodes
     c = LOWER + h * (np.arange(n_nodes) + 0.5)
+    kernel = lap.pdf(release - c[:, None] - c[None, :])  # free of theta: computed once
+    edges = {a: lap.pdf(release - a - c) for a in (LOWER, UPPER)}
     out = np.empty(theta_grid.size)
     for i, theta in enumerate(theta_grid):
         atoms = {LOWER: stats.norm.cdf(LOWER - theta), UPPER: stats.norm.sf(UPPER - theta)}
         dens = stats.norm.pdf(c - theta) * h
         total = sum(pa * pb * lap.pdf(release - a - b) for a, pa in atoms.items() for b, pb in atoms.items())
-        total += 2 * sum(pa * np.sum(dens * lap.pdf(release - a - c)) for a, pa in atoms.items())
-        total += np.sum(dens[:, None] * dens[None, :] * lap.pdf(release - c[:, None] - c[None, :]))
+        total += 2 * sum(pa * (dens @ edges[a]) for a, pa in atoms.items())
+        total += dens @ kernel @ dens
         out[i] = total
     return out
 

@@ -209,10 +209,13 @@ def test_sbc_beta_binomial_bit_laplace():
     assert df[df.method == "dpinfer"]["passed"].all(), format_table(df)
 
 
+@pytest.mark.validation
 def test_sbc_counts_with_a_binomial_child_gibbs_path():
-    """Model (c), dp.sample's windowed Gibbs path: lam and the 3 counts pass every coverage
-    band and rank test (40 replications here; 200 in the validation
-    tier)."""
+    """Model (c), dp.sample's windowed Gibbs path (PyMC engine, a Python step: about 75 s for
+    40 replications, so in the validation tier beside tests/test_sbc_validation.py's 200): lam
+    and the 3 counts pass every coverage band and rank test. The fast tier checks this path
+    against enumeration (tests/test_inference.py::test_windowed_gibbs_for_counts_with_other_children,
+    test_gibbs_path_starts_where_the_default_start_is_impossible)."""
     model, simulate, naive = sbc_study.poisson_binomial_child()
     df = run_sbc(model, simulate, 40, np.random.default_rng(303),
                  alternatives={"naive": naive}, progress_every=10)
