@@ -8,6 +8,8 @@ import numpy as np
 from pytensor.graph.basic import Constant
 from pytensor.graph.traversal import graph_inputs
 
+from dpinfer._graphs import evaluate
+
 # Lowest count each of PyMC's count distributions supports (RandomVariable.name -> value).
 _SUPPORT_LOWER = {
     "poisson": 0,
@@ -33,7 +35,7 @@ def prior_support(node) -> tuple:
     if node.op.name in ("binomial", "beta_binomial", "betabinom"):
         n = node.op.dist_params(node)[0]
         if all(isinstance(v, Constant) for v in graph_inputs([n])):  # n is fixed: evaluate it
-            upper = int(np.max(n.eval()))
+            upper = int(np.max(evaluate(n)))
     return lower, upper
 
 
@@ -44,4 +46,4 @@ def current_value(var) -> np.ndarray:
         return np.asarray(var.get_value())
     if hasattr(var, "data"):
         return np.asarray(var.data)
-    return np.asarray(var.eval())
+    return evaluate(var)

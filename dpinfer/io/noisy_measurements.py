@@ -88,6 +88,7 @@ import numpy as np
 import pandas as pd
 import scipy.optimize
 
+from dpinfer._graphs import shape_of
 from dpinfer._validation import check_delta
 from dpinfer.lattice.invariants import Invariants
 from dpinfer.mechanisms.base import check_neighbour
@@ -199,7 +200,7 @@ class NoisyMeasurements:
         if invariants not in INVARIANT_OPTIONS:
             raise ValueError(f"invariants must be one of {INVARIANT_OPTIONS}, got {invariants!r}")
         flat = pt.as_tensor_variable(counts).flatten()
-        size = int(flat.shape.eval()[0])
+        size = shape_of(flat)[0]
         if size != len(self.cells):
             raise ValueError(f"counts has {size} entries, but the table has {len(self.cells)} cells "
                              "(leaves x histogram cells, NoisyMeasurements.cells)")

@@ -14,6 +14,7 @@ import numpy as np
 import pymc as pm
 
 from dpinfer import privacy
+from dpinfer._graphs import shape_of
 from dpinfer._validation import (
     as_integer_array,
     as_real_array,
@@ -145,7 +146,7 @@ class Mechanism(abc.ABC):
         else:
             observed = value = self.check_release(observed)
         rv = self.dist(true_values)
-        true_shape = tuple(int(d) for d in rv.shape.eval())
+        true_shape = shape_of(rv)
         if value.shape != true_shape:
             raise ValueError(
                 f"observed has shape {value.shape} but true_values has shape {true_shape}; "

@@ -49,6 +49,7 @@ import pymc as pm
 import xarray as xr
 from scipy import stats
 
+from dpinfer._graphs import evaluate
 from dpinfer.inference import marginal_model, sample
 from dpinfer.inference.engines.closed_form import summed_out_model
 from dpinfer.inference.planning import plan_model
@@ -180,7 +181,7 @@ def posterior_predictive_releases(idata, model=None, rng=None, *, var_names=None
         predictive[record.name] = xr.DataArray(
             replicated, dims=(*SAMPLE_DIMS, *dims),
             coords={"chain": post["chain"].values, "draw": post["draw"].values, **coords})
-        value = np.asarray(model.rvs_to_values[record.release_rv].eval())
+        value = evaluate(model.rvs_to_values[record.release_rv])
         observed[record.name] = xr.DataArray(value, dims=dims, coords=coords)
     out = idata.copy() if isinstance(idata, xr.DataTree) else xr.DataTree.from_dict({"posterior": idata})
     out["posterior_predictive"] = xr.Dataset(predictive)
@@ -245,11 +246,11 @@ def _latent_values(model, record, post: xr.Dataset) -> np.ndarray:
     if missing:
         raise ValueError(f"release {record.name!r}: the posterior has no draws of {missing}")
     if not inputs:  # computed from data alone
-        value = np.asarray(latent.eval())
+        value = evaluate(latent)
         return np.broadcast_to(value, (n_chains, n_draws, *value.shape)).copy()
     (vectorised,) = pm.vectorize_over_posterior([latent], post[[v.name for v in inputs]], inputs,
                                                 allow_rvs_in_graph=False)
-    return np.asarray(vectorised.eval())
+    return evaluate(vectorised)
 
 
 def _release_each_draw(mechanism, true: np.ndarray, rng) -> np.ndarray:

@@ -13,6 +13,8 @@ import pytensor.tensor as pt
 from pymc.model.fgraph import fgraph_from_model, model_from_fgraph, model_observed_rv
 from pytensor.graph.replace import clone_replace, vectorize_graph
 
+from dpinfer._graphs import evaluate
+
 _KEPT = "_dpinfer_closed_form_model"
 
 
@@ -61,7 +63,7 @@ def draw_latents(model, summed: list, posterior, rng: np.random.Generator) -> di
         batched = [pt.tensor(dtype=p.type.dtype, shape=(None, *p.type.shape)) for p in placeholders]
         params = vectorize_graph(params, replace=dict(zip(placeholders, batched)))
         param_draws = pytensor.function(batched, params, on_unused_input="ignore")(*batch)
-        release_value = np.asarray(release.eval())
+        release_value = evaluate(release)
         values = item.draw(release_value, param_draws, chains * draws, rng)
         out[item.latent_name] = values.reshape(chains, draws, *values.shape[1:])
     return out

@@ -35,6 +35,7 @@ import pytensor.tensor as pt
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.random.basic import MultinomialRV, NormalRV
 
+from dpinfer._graphs import evaluate
 from dpinfer.distributions import (
     NormalLaplace,
     draw_normal_given_gaussian_release,
@@ -157,8 +158,8 @@ def check_tables(model, records) -> list[SummedTable]:
     for item in summed:
         n = item.record.latent.owner.op.dist_params(item.record.latent.owner)[0]
         reports = int(np.sum(current_value(model.rvs_to_values[item.record.release_rv])))
-        if not (set(ancestors([n])) & set(model.free_RVs)) and np.any(n.eval() != reports):
+        if not (set(ancestors([n])) & set(model.free_RVs)) and np.any(evaluate(n) != reports):
             raise ValueError(
-                f"release {item.record.name!r}: the true table's n = {n.eval()} is not the number "
+                f"release {item.record.name!r}: the true table's n = {evaluate(n)} is not the number "
                 f"of reports {reports} (randomised response keeps the number of records)")
     return summed

@@ -35,6 +35,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from dpinfer._graphs import shape_of
 from dpinfer.inference.planning.children import terms_depending_on
 from dpinfer.inference.latents import NotMarginalisableError, current_value, prior_support
 from dpinfer.inference.window import initial_half_width, log_eta
@@ -287,7 +288,7 @@ def plan_fibre(model, latent, entries: list[Entry], *, allow_convolution: bool =
         raise NotMarginalisableError(
             f"latent {name!r} must be an elementwise discrete free variable (Poisson, Binomial, ...)"
         )
-    shape = tuple(int(s) for s in latent.shape.eval())
+    shape = shape_of(latent)
     d = int(np.prod(shape))
     rows, values, structured = [], [], []
     for e in entries:

@@ -13,6 +13,7 @@ import pytensor
 from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors
 
+from dpinfer._graphs import shape_of
 from dpinfer.inference.latents import NotMarginalisableError
 from dpinfer.mechanisms.records import latent_candidates
 
@@ -46,7 +47,7 @@ def resolve_query(model, true_values):
             f"a release of a query of {latent.name!r} must be a fixed integer-linear function "
             f"of it; it also depends on {[getattr(v, 'name', v) for v in others]}"
         )
-    shape = tuple(int(s) for s in latent.shape.eval())
+    shape = shape_of(latent)
     d = int(np.prod(shape))
     f = pytensor.function([placeholder], expr)
     dtype = latent.type.dtype

@@ -44,6 +44,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -296,6 +297,14 @@ def run_chain(model, blocks, *, tune: int, draws: int, rng: np.random.Generator,
     return ChainResult(out_q, out_counts, stats, time.perf_counter() - start_time)
 
 
+def _kernels_on_disk() -> bool:
+    """Whether numba's cache holds the sampler's compiled kernels (from an earlier process)."""
+    try:
+        return Path(_sweeps._cache._cache_file._index_path).exists()
+    except AttributeError:  # numba's cache internals moved: say nothing rather than guess
+        return True
+
+
 class Progress:
     """Iterations done over all chains, on one updating line of a terminal (stderr), or a
     line every 10 s otherwise (logs). The first call compiles the sampler's kernels once per
@@ -309,9 +318,9 @@ class Progress:
         self._lock = threading.Lock()
         self._start = time.perf_counter()
         self._last = self._start
-        if enabled and not _sweeps.signatures:
-            print(f"{label}: loading the compiled sampler (compiled on first use on a machine, "
-                  "~30 s; then read from numba's cache)", file=sys.stderr, flush=True)
+        if enabled and not _sweeps.signatures and not _kernels_on_disk():
+            print(f"{label}: compiling the sampler's kernels (once per machine and dpinfer "
+                  "version, about 30 s; then read from numba's cache)", file=sys.stderr, flush=True)
 
     def advance(self, n: int = 1) -> None:
         with self._lock:

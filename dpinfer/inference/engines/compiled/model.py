@@ -46,6 +46,7 @@ from pymc.pytensorf import compile as compile_pymc
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.traversal import io_toposort
 
+from dpinfer._graphs import shape_of
 from dpinfer.inference.engines.compiled.cache import (
     NotCacheableError,
     graph_key,
@@ -201,11 +202,11 @@ def _build(thawed, sources: dict, latent_names: list, excluded: list) -> Structu
     params = [rv for rv in thawed.free_RVs if rv.name not in latent_names]
     values = [thawed.rvs_to_values[rv] for rv in params]
     names = [v.name for v in values]
-    shapes = [tuple(int(d) for d in _static_or_evaluated(v.shape)) for v in values]
+    shapes = [shape_of(v) for v in values]
     sizes = [int(np.prod(s)) for s in shapes]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
     slices = [slice(int(a), int(b)) for a, b in zip(offsets[:-1], offsets[1:])]
-    latent_shapes = {rv.name: tuple(int(d) for d in _static_or_evaluated(rv.shape)) for rv in latents}
+    latent_shapes = {rv.name: shape_of(rv) for rv in latents}
     counts_offsets = np.concatenate([[0], np.cumsum([int(np.prod(latent_shapes[n])) for n in latent_names])])
     latent_slices = {n: slice(int(a), int(b)) for n, a, b in zip(latent_names, counts_offsets[:-1], counts_offsets[1:])}
     n, m = int(offsets[-1]), int(counts_offsets[-1])
@@ -275,14 +276,6 @@ def _build(thawed, sources: dict, latent_names: list, excluded: list) -> Structu
         prior_tables=prior_tables, expand_fn=expand_fn, expand_names=[v.name for v in expand_vars],
         start_fn=start_fn, data_index=index, data_inputs=inputs,
     )
-
-
-def _static_or_evaluated(shape) -> tuple:
-    """A variable's shape: its static shape where known, else evaluated."""
-    static = getattr(shape.owner.inputs[0].type, "shape", None) if shape.owner else None
-    if static is not None and all(d is not None for d in static):
-        return tuple(static)
-    return tuple(shape.eval())
 
 
 def _start_graph(model, params: list, jitters: list) -> list:
