@@ -160,8 +160,8 @@ def _evaluate(model, name: str, point: dict) -> np.ndarray:
 
 
 def test_informative_cells_are_centred_and_the_others_not(tmp_path):
-    """A tiny release of large and small counts, sigma = 0.3: cells whose count's information
-    lambda times sigma^2 exceeds 1 are centred (their log rates free variables with the prior
+    """A tiny release of large and small counts, sigma = 0.3 (a range of one point): cells whose
+    count's information lambda times sigma^2 exceeds 1 are centred (their log rates free variables with the prior
     N(mu, sigma)), the rest non-centred (mu + sigma z), combined in cell order in log_rate; by
     the release's information lambda^2 / (lambda + v) the noise makes the count of 12 (v = 31.8)
     uninformative too."""
@@ -170,7 +170,7 @@ def test_informative_cells_are_centred_and_the_others_not(tmp_path):
     release = read_release(manifest)
     expected = np.maximum(released, 0) * 0.3**2 > 1
     assert expected.sum() == 6  # the four thousands, 40 and 12
-    model, _ = templates.poisson_hierarchical(release, spread=0.3)
+    model, _ = templates.poisson_hierarchical(release, spread=(0.3, 0.3))
     report = templates.template_report(model)
     assert report["centred"] == 6 and report["parameterisation"]["non-centred"] == 6
     assert model["log_rate_centred"].type.shape == (6,) and model["z"].type.shape == (6,)
@@ -181,7 +181,7 @@ def test_informative_cells_are_centred_and_the_others_not(tmp_path):
     np.testing.assert_allclose(log_rate[~expected], 1.5 + 0.5 * np.linspace(-1, 1, 6))
     lam = np.maximum(released, 0)
     by_release = lam**2 / (lam + _double_geometric_variance(0.25)) * 0.3**2 > 1
-    model, _ = templates.poisson_hierarchical(release, spread=0.3, information="release")
+    model, _ = templates.poisson_hierarchical(release, spread=(0.3, 0.3), information="release")
     assert templates.template_report(model)["centred"] == by_release.sum() == 5
     # the default sigma: the release's own spread, which is wide here: the large counts centred
     default = templates.template_report(templates.poisson_hierarchical(release)[0])
@@ -197,13 +197,52 @@ def test_informative_cells_are_centred_and_the_others_not(tmp_path):
     assert model["log_rate"] in model.deterministics and model["z"].type.shape == (5,)
     with pytest.raises(ValueError, match="information must be one of"):
         templates.poisson_hierarchical(small, information="noise")
+    with pytest.raises(ValueError, match="spread must be a pair 0 < sigma_low <= sigma_high"):
+        templates.poisson_hierarchical(small, spread=(0.5, 0.2))
+
+
+def test_the_range_of_sigma_centres_cells_informative_across_it(tmp_path):
+    """Centred where lambda sigma_low sigma_high > 1: over sigma in [0.1, 0.9] the conditional
+    sd of a centred log rate, (lambda + sigma^-2)^(-1/2), varies less than that of a
+    non-centred z, (1 + lambda sigma^2)^(-1/2), exactly for those cells."""
+    released = np.array([5, 8, 11, 13, 20, 100])
+    release = read_release(write_release(tmp_path / "r.toml", dp.DoubleGeometric(0.5), released,
+                                         name="r"))
+    model, _ = templates.poisson_hierarchical(release, spread=(0.1, 0.9, "a test range"))
+    report = templates.template_report(model)
+    low, high = 0.1, 0.9
+    centred_ratio = np.sqrt((released + low**-2) / (released + high**-2))
+    plain_ratio = np.sqrt((1 + released * high**2) / (1 + released * low**2))
+    np.testing.assert_array_equal(report["centred_cells"], np.flatnonzero(centred_ratio < plain_ratio))
+    assert report["centred_cells"] == [3, 4, 5]  # 13 x 0.09 > 1 > 11 x 0.09
+    assert "sigma from 0.1 to 0.9: a test range" in report["parameterisation_text"]
+
+
+def test_a_fit_that_falls_short_rechooses_for_the_range_it_visited(tmp_path):
+    """After a fit whose sigma reached far below the release's range, the cells that are
+    informative only at the release's spread become non-centred."""
+    from dpinfer.io.fit import rechoose
+
+    release = read_release(small_counts(tmp_path))
+    model, latent = templates.build("auto", release, release.exposure)
+    first = templates.template_report(model)
+    assert first["centred"] > 0
+    sigma = np.linspace(0.01, 0.05, 100).reshape(2, 50)
+    idata = xr.DataTree.from_dict({"posterior": xr.Dataset({"sigma": (("chain", "draw"), sigma)})})
+    log = io.StringIO()
+    again, _, chosen = rechoose(model, latent, first, idata, "auto", release, release.exposure, log)
+    assert again is not model and chosen["centred"] < first["centred"]
+    assert chosen["range"] == pytest.approx(list(np.quantile(sigma, [0.01, 0.99])))
+    assert "the fitted sigma ranges from 0.0104 to 0.0496" in log.getvalue()
+    same, _, unchanged = rechoose(again, latent, chosen, idata, "auto", release, release.exposure, log)
+    assert same is again and unchanged is chosen  # the same choice: the model is kept
 
 
 def test_the_binomial_and_loglinear_templates_choose_per_cell(tmp_path):
     mechanism = dp.TruncatedLaplace(2.0, 0, 1000)
     released = np.array([500.0, 480.0, 1.0, 3.0, 520.0, 2.0])
     model, _ = templates.binomial_hierarchical(
-        read_release(write_release(tmp_path / "b.toml", mechanism, released, name="b")), spread=0.5)
+        read_release(write_release(tmp_path / "b.toml", mechanism, released, name="b")), spread=(0.5, 0.5))
     p = released / 1000
     expected = 1000 * p * (1 - p) * 0.5**2 > 1
     assert templates.template_report(model)["centred"] == expected.sum() == 3
@@ -211,7 +250,7 @@ def test_the_binomial_and_loglinear_templates_choose_per_cell(tmp_path):
     table = np.array([[900, 1200, 4], [1500, 2, 700], [3, 1100, 1300]])
     model, _ = templates.loglinear(read_release(write_release(
         tmp_path / "t.toml", dp.DoubleGeometric(0.5), table, name="t", index=["a", "b", "c"])),
-        spread=0.3)
+        spread=(0.3, 0.3))
     assert templates.template_report(model)["centred"] == 6
     assert model["log_rate"].type.shape == (3, 3) and "tau" in model.named_vars
     point = {"a": 2.0, "r": np.array([0.1, 0.2, 0.3]), "c": np.array([-1.0, 0.0, 1.0]),
@@ -307,3 +346,16 @@ def test_county_populations_on_state_totals_converge_by_default(tmp_path, capsys
     release = read_release(manifest)
     totals = release.invariants.matrix @ posterior["counts"].values.reshape(-1, 18).T
     assert np.all(totals == release.invariant_values[:, None])
+
+
+def test_a_table_with_fixed_margins_converges_by_default(tmp_path, capsys):
+    """A 3 x 3 table of small counts, double geometric noise conditioned on its row and column
+    totals (fibre moves, the PyMC engine): delinquent_children_4x4 in miniature."""
+    rng = np.random.default_rng(5)
+    truth = rng.poisson(12.0, (3, 3))
+    mechanism = dp.Conditioned(dp.DoubleGeometric(0.25), dp.Invariants.margins((3, 3), [(0,), (1,)]))
+    manifest = write_release(tmp_path / "table.toml", mechanism, mechanism.release(truth, rng),
+                             name="table", index=pd.Index(["a", "b", "c"], name="row"))
+    main(["fit", str(manifest), "--out", str(tmp_path / "r"), "--seed", "1", "--quiet"])
+    assert capsys.readouterr().out.startswith("dpinfer fit: converged:")
+    _check_converged(tmp_path / "r", 9)
