@@ -25,8 +25,8 @@ hierarchical template re-chooses its centred cells for the range of its scale th
 visited, :func:`rechoose`) while the
 next fit is expected to end within ``max_minutes`` of the start (its time predicted from the
 last fit's per-iteration time, planned to take at most 90% of the time left); a fit that
-would not end in time is shortened to what fits, and not run if that is no longer than the
-last. Each decision is one line on stderr.
+would not end in time is shortened to what fits, and not run if that is shorter than the
+last, or the same fit again (same draws, target_accept and centred cells). Each decision is one line on stderr.
 """
 
 from __future__ import annotations
@@ -310,24 +310,25 @@ def fit(path, *, model: str = "auto", out=None, draws: int = 1000, tune: int = 1
             break
         why = shortfall(result)
         d2, t2, accept2 = next_round(result, d, t, accept)
-        if d2 == d and accept2 == accept:
-            print(f"dpinfer fit: {why}: not sampling again: divergences persist at "
-                  f"target_accept {accept}, which is as high as dpinfer fit raises it",
-                  file=log, flush=True)
-            break
         per_iteration = seconds / (d + t)
         left = max_minutes * 60.0 - (time.monotonic() - start)
-        if per_iteration * (d2 + t2) > SAFETY * left:  # shorten it to what fits in the time left
+        late = f"would not end within --max-minutes {max_minutes:g} ({max(left, 0) / 60:.1f} min left)"
+        shortened = per_iteration * (d2 + t2) > SAFETY * left
+        if shortened:  # shorten it to what fits in the time left
             d2, t2 = _fitting(SAFETY * left / per_iteration, t)
-            if d2 <= d and not (accept2 != accept and d2 >= d):
-                print(f"dpinfer fit: {why}: not sampling again: a fit larger than {chains} x {d} "
-                      f"draws would not end within --max-minutes {max_minutes:g} "
-                      f"({max(left, 0) / 60:.1f} min left; the last took {seconds / 60:.1f} min)",
-                      file=log, flush=True)
+            if d2 < d:
+                print(f"dpinfer fit: {why}: not sampling again: a fit of {chains} x {d} draws "
+                      f"{late}; the last took {seconds / 60:.1f} min", file=log, flush=True)
                 break
+        rebuilt = rechoose(pm_model, latent, template, idata, model, release, exposure_values, log)
+        if d2 == d and accept2 == accept and rebuilt[0] is pm_model:  # the same fit again: no
+            reason = (f"a fit larger than {chains} x {d} draws {late}" if shortened else
+                      f"divergences persist at target_accept {accept}, as high as dpinfer fit "
+                      "raises it, with the same centred cells")
+            print(f"dpinfer fit: {why}: not sampling again: {reason}", file=log, flush=True)
+            break
+        pm_model, latent, template = rebuilt
         size = (d2, t2, accept2)
-        pm_model, latent, template = rechoose(pm_model, latent, template, idata, model, release,
-                                              exposure_values, log)
         expected = per_iteration * (d2 + t2)
         print(f"dpinfer fit: {why}: sampling again with {chains} x {d2} draws after {t2} tuning "
               f"steps" + (f", target_accept {accept2}" if accept2 != accept else "")
