@@ -82,7 +82,9 @@ def _from_config(path: Path):
 
 
 def fit_main(argv) -> None:
-    """``dpinfer fit RELEASE [--model NAME|FILE.py] [--out DIR] [--draws N] ...``."""
+    """``dpinfer fit RELEASE [--model NAME|FILE.py] [--out DIR] [--draws N] [--exposure
+    COLUMN|none] [--max-minutes M] ...`` (:mod:`dpinfer.io.fit`); prints whether the fit
+    converged and where the report is."""
     from dpinfer.io.templates import TEMPLATES
 
     parser = argparse.ArgumentParser(
@@ -98,21 +100,33 @@ def fit_main(argv) -> None:
     parser.add_argument("--tune", type=int, default=1000)
     parser.add_argument("--chains", type=int, default=2)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--exposure", default=None,
-                        help="a column of the values file giving each cell's exposure (e.g. population)")
+    parser.add_argument("--exposure", default=None, metavar="COLUMN|none",
+                        help="a column of the values file giving each cell's exposure (e.g. "
+                             "population); default: the manifest's exposure_column, if it "
+                             "declares one; 'none': no exposure")
     parser.add_argument("--truth", default=None,
                         help="a column of the values file holding the true counts, where known")
+    parser.add_argument("--max-minutes", type=float, default=10.0,
+                        help="while the fit misses R-hat <= 1.01, bulk ESS >= 400 or has "
+                             "divergences, sample again with more draws until this many minutes "
+                             "have passed (default 10; 0: one fit only)")
+    parser.add_argument("--cores", type=int, default=None,
+                        help="cores to run the chains on (default: one per chain, up to the "
+                             "cores available)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
-    from dpinfer.io.fit import fit_release
+    from dpinfer.io.fit import DECLARED, fit
 
     try:
-        index = fit_release(args.release, model=args.model, out=args.out, draws=args.draws,
-                            tune=args.tune, chains=args.chains, seed=args.seed,
-                            exposure=args.exposure, truth=args.truth, progressbar=not args.quiet)
+        result = fit(args.release, model=args.model, out=args.out, draws=args.draws,
+                     tune=args.tune, chains=args.chains, seed=args.seed,
+                     exposure=DECLARED if args.exposure is None else args.exposure,
+                     truth=args.truth, progressbar=not args.quiet, max_minutes=args.max_minutes,
+                     cores=args.cores)
     except (ValueError, TypeError, FileNotFoundError) as err:
         raise SystemExit(f"dpinfer fit: {err}") from None
-    print(f"report: {index}")
+    print(result.line())
+    print(f"report: {result.index}")
 
 
 def compare_main(argv) -> None:

@@ -19,7 +19,9 @@ from dpinfer.io.release import read_release, write_release
 
 ROOT = Path(__file__).resolve().parents[1]
 GALLERY = sorted(ROOT.glob("models/*/release.toml"))
-FAST = {"draws": 100, "tune": 100, "chains": 2, "seed": 1, "progressbar": False}
+# max_minutes=0: these check the files and the plumbing with one short fit each; sampling
+# again until the fit converges is tested in tests/test_fit_converge.py
+FAST = {"draws": 100, "tune": 100, "chains": 2, "seed": 1, "progressbar": False, "max_minutes": 0}
 
 
 def chromium() -> str | None:
@@ -153,7 +155,7 @@ def test_templates_refuse_releases_they_do_not_fit(tmp_path):
 def test_the_cli_writes_the_report_and_refuses_bad_input(tmp_path, capsys):
     manifest = GALLERY[0]
     main(["fit", str(manifest), "--out", str(tmp_path / "r"), "--draws", "100", "--tune", "100",
-          "--seed", "2", "--quiet"])
+          "--seed", "2", "--max-minutes", "0", "--quiet"])
     assert "report:" in capsys.readouterr().out
     assert (tmp_path / "r" / "index.html").exists()
     with pytest.raises(SystemExit, match="--model must be one of"):

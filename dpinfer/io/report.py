@@ -10,8 +10,12 @@
   truth where known, and the posterior median and 90% interval of the true count;
 * ``counts.png``: those intervals beside the release, the baseline and the truth;
 * ``parameters.png``: the posterior of each scalar parameter (histogram per chain);
-* ``index.html``: all of the above with the diagnostics (divergences, the largest R-hat and
-  the smallest ESS, dpinfer's report: engine, method, windows and their bounds).
+* ``index.html``: at the top, whether the fit converged (the largest R-hat and the smallest
+  bulk ESS over every parameter and count, with the quantities they belong to, and the
+  divergent transitions, against R-hat <= 1.01, ESS >= 400 and none) and, if it did not, what
+  to do; the exposure used, the template's parameterisation and every fit ``dpinfer fit``
+  made; then all of the above with the diagnostics (divergences, the largest R-hat and the
+  smallest ESS, dpinfer's report: engine, method, windows and their bounds).
 """
 
 from __future__ import annotations
@@ -124,10 +128,19 @@ def diagnostics(idata) -> dict:
 
 
 def write_report(directory, idata, *, latent: str, release, labels, title: str,
-                 baseline=None, truth=None, description: str = "") -> Path:
+                 baseline=None, truth=None, description: str = "", convergence=None,
+                 verdict: str | None = None, advice=None, rounds=None, exposure: str | None = None,
+                 template: dict | None = None) -> Path:
     """Write the files of the module docstring into ``directory`` (created); returns the
-    path of ``index.html``."""
+    path of ``index.html``. ``convergence`` (a
+    :class:`~dpinfer.inference.convergence.Convergence`; default: computed over every variable
+    of the posterior), ``verdict`` (its one-line statement), ``advice`` (sentences: what to do
+    when it has not converged), ``rounds`` (each fit made, as dicts), ``exposure`` (which was
+    used) and ``template`` (:func:`dpinfer.io.templates.template_report`) make the top of the
+    page."""
     import arviz as az
+
+    from dpinfer.inference.convergence import check
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -141,14 +154,57 @@ def write_report(directory, idata, *, latent: str, release, labels, title: str,
     if params:
         _parameters_figure(idata, params[:SCALAR_LIMIT], out / "parameters.png")
     diag = diagnostics(idata)
+    if convergence is None:
+        convergence = check(idata, list(idata.posterior.data_vars))
+    if verdict is None:
+        verdict = convergence.line().removeprefix("dpinfer: ")
+    if advice is None and not convergence.converged:
+        advice = ["sample longer (more draws and tuning steps);",
+                  "or fit another model: another template or your own model file."]
     report = json.loads(idata.posterior.attrs.get("dpinfer", "{}"))
+    top = _top(convergence, verdict, advice or [], rounds or [], exposure, template)
     page = _html(title, description, table, summary.loc[[i for i in summary.index if i in params]]
-                 if params else None, diag, report, has_parameters=bool(params))
+                 if params else None, diag, report, has_parameters=bool(params), top=top)
     (out / "index.html").write_text(page, encoding="utf-8")
     return out / "index.html"
 
 
-def _html(title, description, table, parameters, diag, report, *, has_parameters) -> str:
+def _top(convergence, verdict: str, advice: list, rounds: list, exposure, template) -> str:
+    """The head of the page: converged or not (id "verdict", class "converged" or
+    "not-converged"), what to do, the exposure, the parameterisation and the fits made."""
+    esc = html.escape
+    c = convergence
+    figures = (f"max R-hat <b>{c.max_rhat:.3f}</b> ({esc(c.worst_rhat)}), min bulk ESS "
+               f"<b>{c.min_ess:.0f}</b> ({esc(c.worst_ess)}) over {c.quantities} parameters and "
+               f"counts, {c.divergences} divergent transitions; targets: R-hat &le; "
+               f"{c.rhat_target}, bulk ESS &ge; {c.ess_target:.0f}, no divergences.")
+    if c.converged:
+        head = f"<h2>Converged</h2><p>{figures}</p>"
+    else:
+        items = "".join(f"<li>{esc(a)}</li>" for a in advice)
+        head = (f"<h2>NOT CONVERGED: not a result yet</h2><p>{figures}</p>"
+                f"<p>What to do:</p><ul>{items}</ul>")
+    lines = [f"<p class=\"verdict-line\"><code>{esc(verdict)}</code></p>"]
+    if exposure is not None:
+        lines.append(f"<p>Exposure: {esc(exposure)}.</p>")
+    if template is not None:
+        text = template.get("parameterisation_text")
+        lines.append(f"<p>Template: {esc(template['template'])}"
+                     + (f"; {esc(text)}." if text else ".") + "</p>")
+    if len(rounds) > 1:
+        rows = "".join(
+            f"<tr><td>{i + 1}</td><td>{r['chains']} x {r['draws']}</td><td>{r['tune']}</td>"
+            f"<td>{r['target_accept'] if r['target_accept'] is not None else 'default'}</td>"
+            f"<td>{r['max_rhat']:.3f}</td><td>{r['min_ess_bulk']:.0f}</td>"
+            f"<td>{r['divergences']}</td><td>{r['seconds']:.0f}</td></tr>" for i, r in enumerate(rounds))
+        lines.append("<p>Fits made (each afresh, the last is reported):</p><table><tr><th>fit</th>"
+                     "<th>chains x draws</th><th>tune</th><th>target_accept</th><th>max R-hat</th>"
+                     f"<th>min bulk ESS</th><th>divergences</th><th>seconds</th></tr>{rows}</table>")
+    status = "converged" if c.converged else "not-converged"
+    return f'<section id="verdict" class="{status}">{head}{"".join(lines)}</section>'
+
+
+def _html(title, description, table, parameters, diag, report, *, has_parameters, top="") -> str:
     esc = html.escape
     coverage = ""
     if "covered" in table:
@@ -172,6 +228,9 @@ table {{ border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }}
 th, td {{ border-bottom: 1px solid #ddd; padding: 2px 8px; text-align: right; }}
 th {{ text-align: left; }}
 img {{ max-width: 100%; }}
+#verdict {{ border: 2px solid; padding: 0 1em 0.5em; margin: 1em 0; }}
+#verdict.converged {{ border-color: #2a7d2a; background: #eef8ee; }}
+#verdict.not-converged {{ border-color: #b22222; background: #fbeeee; }}
 </style>
 <script>
 // records how many images decoded (data-images="loaded/total"): the browser check reads it
@@ -182,6 +241,7 @@ window.addEventListener("load", () => {{
 }});
 </script></head><body>
 <h1>{esc(title)}</h1>
+{top}
 <p>{esc(description)}</p>
 <h2>True counts given the release</h2>
 {coverage}

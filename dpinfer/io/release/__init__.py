@@ -33,6 +33,7 @@ Manifest (format ``dpinfer-release/1``; JSON Schema ``release-schema.json`` in t
     value_columns = ["Low", "Medium"]      # one column: values (n,); k columns: (n, k)
     index_columns = ["county"]             # optional: labels of the rows
     dims = ["county", "education"]         # optional: PyMC dims of the values' axes
+    exposure_column = "population"         # optional: each row's public exposure (> 0, finite)
 
     [mechanism]
     family = "Conditioned"                 # a dpinfer mechanism class
@@ -64,7 +65,8 @@ errors (typo protection).
 Reading checks everything it can before an analysis starts: the manifest against the schema
 (field by field; ``jsonschema`` is not a dependency), the mechanism by constructing it, the
 values file (columns present, numeric, finite, whole numbers for a discrete mechanism, one
-value per cell of the invariants), the mechanism's own ``check_release`` (bounds, table
+value per cell of the invariants; a declared ``exposure_column`` present, not a value or
+index column, numeric, positive and finite), the mechanism's own ``check_release`` (bounds, table
 sizes), declared invariant values against the released ones, and for a conditioned release
 that its invariants admit non-negative counts (``Conditioned.check_invariants``). Every
 problem raises :class:`ReleaseFileError` (a ``ValueError``) whose message starts with the

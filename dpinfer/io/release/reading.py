@@ -15,7 +15,7 @@ from dpinfer.io.release.invariants import _decode_invariants
 from dpinfer.io.release.mechanism import _decode_mechanism
 from dpinfer.io.release.query import _decode_query
 from dpinfer.io.release.schema import _RELEASE_FIELDS, _TOP_LEVEL, FORMAT
-from dpinfer.io.release.values import _read_table, _row_of, _values_of
+from dpinfer.io.release.values import _read_table, _row_of, _values_of, exposure_problem
 from dpinfer.lattice.invariants import Invariants
 from dpinfer.mechanisms import Conditioned, Mechanism, MultiLevelGeometric
 
@@ -45,6 +45,11 @@ class Release:
         The declared query Q (released values = Q x) and the labels of x, or None.
     dims : tuple or None
         The PyMC dims the manifest declares for the values' axes.
+    exposure_column : str or None
+        The public column of the values file that the manifest declares as each row's exposure
+        (``exposure_column`` in ``[release]``: population, person-years, number of trials).
+    exposure : np.ndarray or None
+        That column as float64, one positive finite value per row (checked on reading).
     """
 
     path: Path
@@ -62,6 +67,17 @@ class Release:
     query_matrix: np.ndarray | None = None
     query_columns: list | None = None
     dims: tuple | None = None
+    exposure_column: str | None = None
+    exposure: np.ndarray | None = None
+
+    def exposure_values(self, column: str, *, argument: str = "exposure") -> np.ndarray:
+        """The column ``column`` of the values file as exposures (float64, one per row), with the
+        checks of a declared ``exposure_column`` (present, numeric, positive and finite); a
+        ``ValueError`` naming ``argument`` and the column otherwise."""
+        values, problem = exposure_problem(self.table, column)
+        if problem is not None:
+            raise ValueError(f"{argument}: {problem}")
+        return values
 
     @property
     def invariants(self) -> Invariants | None:
@@ -239,6 +255,16 @@ def read_release(path) -> Release:
     else:
         index = pd.RangeIndex(len(table))
     dims = tuple(rel["dims"]) if "dims" in rel else None
+    exposure_column, exposure = rel.get("exposure_column"), None
+    if exposure_column is not None:
+        if exposure_column in value_columns or exposure_column in index_columns:
+            raise ctx.error("release.exposure_column", f"column {exposure_column!r} is a "
+                            f"{'value' if exposure_column in value_columns else 'index'} column; "
+                            "the exposure is a separate public column of the values file")
+        exposure, problem = exposure_problem(table, exposure_column)
+        if problem is not None:
+            raise ctx.error("release.exposure_column", problem.replace(
+                "the values file", rel["values_file"]))
     expected_dims = values.ndim - (1 if isinstance(mechanism, MultiLevelGeometric) else 0)
     if dims is not None and len(dims) != expected_dims:
         raise ctx.error("release.dims", f"names {len(dims)} dim(s), but the values have "
@@ -256,4 +282,4 @@ def read_release(path) -> Release:
         units=rel.get("units", ""), provenance=rel.get("provenance", ""), mechanism=mechanism,
         values=values, index=index, columns=list(value_columns) if values.ndim == 2 else None,
         table=table, invariant_values=actual, query_matrix=query, query_columns=query_columns,
-        dims=dims)
+        dims=dims, exposure_column=exposure_column, exposure=exposure)

@@ -35,6 +35,11 @@ _RELEASE_FIELDS = (
           "values of shape (rows,), k columns (rows, k)"),
     Field("index_columns", "strings", "columns labelling the rows", required=False),
     Field("dims", "strings", "PyMC dims of the values' axes", required=False),
+    Field("exposure_column", "string", "a public column of the values file (not a value or "
+          "index column) giving each row's exposure: the population, person-years or number of "
+          "trials the row's count comes from, every entry positive and finite. Model templates "
+          "use it as an offset (count ~ Poisson(exposure x rate)) or as the number of trials "
+          "(binomial); `dpinfer fit` uses it by default", required=False),
 )
 _TOP_LEVEL = ("format", "release", "mechanism", "invariants", "query")
 

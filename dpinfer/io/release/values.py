@@ -77,3 +77,30 @@ def _values_of(ctx: _Context, table: pd.DataFrame, columns, discrete: bool, fami
         out.append(values)
     stacked = np.stack(out, axis=-1)
     return stacked[:, 0] if len(columns) == 1 else stacked
+
+
+def exposure_problem(table: pd.DataFrame, name: str) -> tuple[np.ndarray | None, str | None]:
+    """(the column ``name`` of the values file as float64 exposures, None), or (None, what is
+    wrong with it): an exposure (population, person-years, number of trials) is a public
+    quantity each row's count comes from, so every entry must be a finite number > 0 (a row
+    with exposure 0 or below has no count to model; NaN or inf is a broken file)."""
+    if name not in table.columns:
+        return None, f"column {name!r} is not in the values file (its columns: {list(table.columns)})"
+    raw = table[name]
+    if pd.api.types.is_bool_dtype(raw):
+        return None, f"column {name!r} holds true/false values, not exposures"
+    missing = np.asarray(raw.isna())
+    if missing.any():
+        return None, f"column {name!r} has a missing value at {_row_of(table, missing)}"
+    values = np.asarray(pd.to_numeric(raw, errors="coerce"), dtype=np.float64)
+    bad = np.isnan(values)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        return None, (f"column {name!r} has the non-numeric value {raw.iloc[i]!r} at "
+                      f"{_row_of(table, bad)}")
+    bad = ~np.isfinite(values) | (values <= 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        return None, (f"column {name!r} must be positive and finite (an exposure), but has "
+                      f"{float(values[i])!r} at {_row_of(table, bad)}")
+    return values, None

@@ -34,7 +34,7 @@ def _index_frame(ctx: _Context, index, n_rows: int, default: str) -> pd.DataFram
 def write_release(path, mechanism, values, *, name: str, index=None, columns=None,
                   invariants=None, description: str = "", units: str = "", provenance: str = "",
                   created=None, extra_columns=None, query=None, dims=None,
-                  values_file: str | None = None) -> Path:
+                  values_file: str | None = None, exposure_column: str | None = None) -> Path:
     """Write a release (curator side): the values file and the manifest beside it (their
     directory is created if missing). Returns the
     manifest's path; the files are read back with :func:`read_release` before returning, so
@@ -56,6 +56,9 @@ def write_release(path, mechanism, values, *, name: str, index=None, columns=Non
     query : an ``[query]`` table (dict) or a query matrix Q (released values = Q x).
     dims : PyMC dims of the values' axes. values_file : default ``<manifest stem>.csv``; a
         ``.parquet`` name writes Parquet (needs pyarrow).
+    exposure_column : the name of one of ``extra_columns`` that holds each row's public
+        exposure (population, person-years, trials; positive and finite), declared in the
+        manifest as ``exposure_column`` (the default exposure of ``dpinfer fit``).
     """
     path = Path(path)
     ctx = _Context(path)
@@ -128,6 +131,11 @@ def write_release(path, mechanism, values, *, name: str, index=None, columns=Non
     elif invariants is not None:
         raise ctx.error("invariants", f"given, but {type(mechanism).__name__} holds no invariants")
 
+    if exposure_column is not None:
+        extra = {str(k) for k in (extra_columns or {})}
+        if str(exposure_column) not in extra:
+            raise ctx.error("exposure_column", f"{exposure_column!r} must name one of "
+                            f"extra_columns (given: {sorted(extra)})")
     values_name = values_file if values_file is not None else path.with_suffix(".csv").name
     release = {"name": name}
     for key, value in (("description", description), ("units", units), ("provenance", provenance)):
@@ -140,6 +148,8 @@ def write_release(path, mechanism, values, *, name: str, index=None, columns=Non
         release["index_columns"] = index_columns
     if dims is not None:
         release["dims"] = [dims] if isinstance(dims, str) else [str(d) for d in dims]
+    if exposure_column is not None:
+        release["exposure_column"] = str(exposure_column)
     document = {"format": FORMAT, "release": release, **fragment}
     if query is not None:
         if isinstance(query, dict):
