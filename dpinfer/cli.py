@@ -11,6 +11,7 @@ COMMANDS = {
     "demo": "privatise census counts and recover them with a Bayesian model",
     "compare": "compare mechanisms at equal privacy: a preset or a config file in, a table and a PNG out",
     "fit": "fit a model to a release file: the posterior, a summary table and an HTML report out",
+    "cache": "where the compiled models are kept and what they hold; --clear deletes them",
 }
 
 CONFIG_KEYS = {"target", "families", "sensitivity", "true_values", "levels", "tails", "prob",
@@ -33,8 +34,31 @@ def main(argv=None) -> None:
         compare_main(rest)
     elif command == "fit":
         fit_main(rest)
+    elif command == "cache":
+        cache_main(rest)
     else:
         raise SystemExit(f"dpinfer: unknown command {command!r}; choose from {sorted(COMMANDS)}")
+
+
+def cache_main(argv) -> None:
+    """``dpinfer cache [--clear]``: the model cache's directory, entries and size (module
+    :mod:`dpinfer.inference.engines.compiled.cache`); ``--clear`` deletes it."""
+    parser = argparse.ArgumentParser(
+        prog="dpinfer cache", description=COMMANDS["cache"],
+        epilog="the directory is $DPINFER_CACHE_DIR/models, else $XDG_CACHE_HOME/dpinfer/models, "
+               "else ~/.cache/dpinfer/models; each entry is one compiled model function, keyed by "
+               "its graph and the versions of dpinfer, PyMC, PyTensor and numba")
+    parser.add_argument("--clear", action="store_true", help="delete every compiled model function")
+    args = parser.parse_args(argv)
+    from dpinfer.inference.engines.compiled import cache
+
+    root, entries, size = cache.contents()
+    if args.clear:
+        cache.clear()
+        print(f"dpinfer cache: deleted {entries} compiled model functions ({size / 1e6:.1f} MB) "
+              f"from {root}")
+        return
+    print(f"dpinfer cache: {root}: {entries} compiled model functions, {size / 1e6:.1f} MB")
 
 
 def _target(spec):

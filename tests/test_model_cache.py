@@ -245,3 +245,17 @@ def test_the_key_describes_ops_by_their_parameters_and_refuses_what_it_cannot():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert model_cache.describe(lambda v: v + 1) != model_cache.describe(lambda v: v + 2)
+
+
+def test_the_cache_command_shows_and_clears_the_cache(tmp_path, monkeypatch, capsys):
+    from dpinfer.cli import main
+
+    entry = tmp_path / "cache" / "models" / "ab" / "abcd"
+    entry.mkdir(parents=True)
+    (entry / "function.nbi").write_bytes(b"x" * 1000)
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path / "cache"))
+    main(["cache"])
+    assert "1 compiled model functions" in capsys.readouterr().out
+    main(["cache", "--clear"])
+    assert "deleted 1 compiled model functions" in capsys.readouterr().out
+    assert not (tmp_path / "cache" / "models").exists()

@@ -395,6 +395,14 @@ def _compile(entry, key, source: str, name: str, signature, namespace: dict):
     return cfunc
 
 
+def contents() -> tuple[Path, int, int]:
+    """(the cache's directory, its number of compiled functions, their size in bytes)."""
+    root = cache_root()
+    entries = [p for p in root.glob("??/*") if p.is_dir()] if root.is_dir() else []
+    size = sum(f.stat().st_size for e in entries for f in e.iterdir() if f.is_file())
+    return root, len(entries), size
+
+
 def clear() -> None:
     """Delete this user's model cache (``dpinfer`` recompiles models on next use)."""
     _LOADED.clear()
