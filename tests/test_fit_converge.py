@@ -273,8 +273,8 @@ def test_the_next_fit_grows_with_the_shortfall():
     assert next_round(conv(ess=390), 1000, 1000, None) == (2000, 1000, None)  # at least twice
     assert next_round(conv(rhat=1.05), 1000, 1000, None) == (2000, 1000, None)
     assert next_round(conv(divergences=3), 1000, 1000, None) == (1000, 1000, TARGET_ACCEPTS[0])
-    assert next_round(conv(divergences=3), 1000, 1000, 0.9)[2] == 0.95
-    assert next_round(conv(divergences=3), 1000, 1000, 0.99)[2] == 0.99
+    assert next_round(conv(divergences=3), 1000, 1000, 0.9)[2] == 0.99
+    assert next_round(conv(divergences=3), 1000, 1000, 0.99)[2] == 0.99  # as high as it goes
     assert shortfall(conv(rhat=1.02, ess=230, divergences=2)) == (
         "max R-hat 1.020 > 1.01 for mu; min bulk ESS 230 < 400 for sigma; 2 divergent transitions")
     assert _fitting(10000, 2000) == (6600, 3300) and _fitting(2500, 2000) == (500, 2000)
