@@ -133,12 +133,14 @@ def _numbers(text: str) -> set[str]:
 
 # Where each page's quoted numbers must come from; other pages (but references.md, whose
 # identifiers come from the seed papers) against DEFAULT_SOURCES.
+DEFAULT_SOURCES = ["README.md", "benchmarks/README.md", "models/*/README.md", "dpinfer/**/*.py"]
 NUMBER_SOURCES = {
     "validation.md": ["README.md", "benchmarks/README.md", "validation/results/*.md"],
     "gallery.md": ["README.md", "models/*/README.md", "benchmarks/README.md"],
     "cli.md": ["README.md", "benchmarks/README.md"],
+    # the exact posterior of B1 is derived in examples/privatised_mean.py's docstring
+    "continuous.md": DEFAULT_SOURCES + ["examples/*.py"],
 }
-DEFAULT_SOURCES = ["README.md", "benchmarks/README.md", "models/*/README.md", "dpinfer/**/*.py"]
 NUMBER_PAGES = [p for p in PAGES if page_id(p) != "references.md"]
 
 
