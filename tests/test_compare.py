@@ -126,6 +126,9 @@ def test_analysis_level_is_calibrated_and_the_naive_analysis_is_not():
     assert naive_counts < 0.5  # the release is rarely the truth at epsilon = 0.4
     assert _value(out, "dg", "count interval width", "dpinfer")[0] > 0
     assert _value(out, "dg", "count interval width", "naive")[0] == 0
+    share = _value(out, "dg", "share of fits meeting the ESS target and with no divergences", "dpinfer")[0]
+    assert 0.0 <= share <= 1.0  # stated beside the coverage it qualifies
+    assert _value(out, "dg", "fits' smallest bulk ESS", "dpinfer")[0] > 0
 
 
 def test_bad_input_is_refused_with_the_argument_named():

@@ -72,3 +72,10 @@ def test_a_short_fit_is_said_to_be_not_converged():
     with pytest.warns(ConvergenceWarning, match="NOT CONVERGED.*Not a result yet"):
         idata = sample(30, tune=10, model=_model(), random_seed=1, progressbar=False)
     assert not json.loads(idata.posterior.attrs["dpinfer_convergence"])["converged"]
+
+
+def test_one_chain_has_no_r_hat_and_is_judged_by_its_ess():
+    with pytest.warns(ConvergenceWarning, match="R-hat not computed .* min bulk ESS"):
+        idata = sample(100, tune=100, chains=1, model=_model(), random_seed=2, progressbar=False)
+    report = json.loads(idata.posterior.attrs["dpinfer_convergence"])
+    assert np.isnan(report["max_rhat"]) and not report["converged"]

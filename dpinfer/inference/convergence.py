@@ -55,14 +55,17 @@ class Convergence:
 
     @property
     def converged(self) -> bool:
-        return (self.max_rhat <= self.rhat_target and self.min_ess >= self.ess_target
-                and self.divergences == 0)
+        """Every target met; R-hat is not judged where it cannot be computed (one chain)."""
+        rhat_ok = not math.isfinite(self.max_rhat) or self.max_rhat <= self.rhat_target
+        return rhat_ok and self.min_ess >= self.ess_target and self.divergences == 0
 
     def line(self) -> str:
         """One line: converged or not, the worst R-hat and ESS, and what to do."""
-        worst = (f"max R-hat {self.max_rhat:.3f} ({self.worst_rhat}), min bulk ESS "
-                 f"{self.min_ess:.0f} ({self.worst_ess}) over {self.quantities} parameters and "
-                 f"counts" + (f", {self.divergences} divergent transitions" if self.divergences else ""))
+        rhat = (f"max R-hat {self.max_rhat:.3f} ({self.worst_rhat})" if math.isfinite(self.max_rhat)
+                else "R-hat not computed (it needs 2 chains or more)")
+        worst = (f"{rhat}, min bulk ESS {self.min_ess:.0f} ({self.worst_ess}) over "
+                 f"{self.quantities} parameters and counts"
+                 + (f", {self.divergences} divergent transitions" if self.divergences else ""))
         if self.converged:
             return f"dpinfer: converged: {worst} (targets R-hat <= {self.rhat_target}, ESS >= {self.ess_target:.0f})"
         return (f"dpinfer: NOT CONVERGED: {worst}; the targets are R-hat <= {self.rhat_target} and "
@@ -80,7 +83,7 @@ class Convergence:
 
 def check(idata, names: list) -> Convergence:
     """The worst R-hat and bulk ESS over the posterior variables ``names`` (every element)."""
-    worst_rhat, worst_ess = (-math.inf, ""), (math.inf, "")
+    worst_rhat, worst_ess = (math.nan, ""), (math.inf, "")
     count = 0
     for name in names:
         values = np.asarray(idata.posterior[name].values, dtype=float)
@@ -91,7 +94,7 @@ def check(idata, names: list) -> Convergence:
         count += flat.shape[2]
         if np.any(np.isfinite(rhats)):
             i = int(np.nanargmax(rhats))
-            if rhats[i] > worst_rhat[0]:
+            if not rhats[i] <= worst_rhat[0]:  # also when worst_rhat is still NaN
                 worst_rhat = (float(rhats[i]), labels[i])
         i = int(np.nanargmin(esses)) if np.any(np.isfinite(esses)) else None
         if i is not None and esses[i] < worst_ess[0]:

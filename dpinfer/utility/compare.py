@@ -43,9 +43,11 @@ and setting: columns mechanism, level, metric, setting, value, se, method) and
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -322,6 +324,7 @@ def _analysis_rows(name, mech, analysis: Analysis, replications, prob, rng, prog
     import nutpie
 
     from dpinfer.inference import sample
+    from dpinfer.inference.convergence import ConvergenceWarning
 
     truths = [analysis.generate(rng) for _ in range(replications)]
     releases = [mech.release(np.asarray(c, dtype=np.int64), rng) for c, _ in truths]
@@ -338,13 +341,19 @@ def _analysis_rows(name, mech, analysis: Analysis, replications, prob, rng, prog
     compiled_naive = nutpie.compile_pymc_model(naive_model)
     scores = {key: [] for key in ("count width", "count coverage", "parameter width",
                                   "parameter coverage", "naive parameter width",
-                                  "naive parameter coverage", "naive count coverage")}
+                                  "naive parameter coverage", "naive count coverage",
+                                  "fits converged", "fits' min bulk ESS")}
     start = time.perf_counter()
     for k, ((counts, theta), release) in enumerate(zip(truths, releases)):
         with model:
             pm.set_data({"dpinfer_compare_release": release})
-        idata = sample(analysis.draws, tune=analysis.tune, chains=1, cores=1, model=model,
-                       random_seed=int(rng.integers(2**31)), progressbar=False)
+        with warnings.catch_warnings():  # counted below, not one warning per replication
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            idata = sample(analysis.draws, tune=analysis.tune, chains=1, cores=1, model=model,
+                           random_seed=int(rng.integers(2**31)), progressbar=False)
+        fit = json.loads(idata.posterior.attrs["dpinfer_convergence"])
+        scores["fits converged"].append(float(fit["converged"]))
+        scores["fits' min bulk ESS"].append(fit["min_ess_bulk"])
         post = idata.posterior
         w, c = _interval_scores(post[analysis.latent].values.reshape(-1, np.size(counts)), counts, prob)
         scores["count width"].append(w)
@@ -372,7 +381,10 @@ def _analysis_rows(name, mech, analysis: Analysis, replications, prob, rng, prog
               "parameter coverage": (f"{analysis.parameter} interval coverage", "dpinfer"),
               "naive parameter width": (f"{analysis.parameter} interval width", "naive"),
               "naive parameter coverage": (f"{analysis.parameter} interval coverage", "naive"),
-              "naive count coverage": ("count interval coverage", "naive")}
+              "naive count coverage": ("count interval coverage", "naive"),
+              "fits converged": ("share of fits meeting the ESS target and with no divergences",
+                                 "dpinfer"),
+              "fits' min bulk ESS": ("fits' smallest bulk ESS", "dpinfer")}
     for key, values in scores.items():
         if key.endswith("parameter coverage") and truths[0][1] is None:
             continue  # no known parameter value
