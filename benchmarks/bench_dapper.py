@@ -5,7 +5,7 @@ B1, dapper's README example: y_i ~ N(theta, 1), n = 100, theta ~ N(0, 2^2); the 
 released with Gaussian noise of sd 1/3, s = -2.097902. Exact posterior theta | s ~ N(0.970612 s,
 0.117552). dapper 1.1.0 on this kind of machine: 833 ESS in 15.4 s, about 54 ESS/s (issue 13).
 dpinfer: ybar ~ N(theta, 1/100) as a continuous latent, the release observed through
-``dp.Gaussian.from_sigma(1/3)``, ``dp.sample`` (ybar summed out in closed form, nutpie on theta,
+``dp.Gaussian.from_sigma(1/3)``, ``dp.sample`` (ybar summed out in closed form, NUTS on theta (the compiled engine),
 ybar drawn exactly after), 2 chains x (1000 tune + 2000 draws) in parallel, compiled by an
 untimed first call; median of ``--repeats`` runs with different seeds.
 
@@ -15,7 +15,7 @@ released by randomised response keeping each bit with probability 3/4; privatise
 test_randomized_response.py) (0.28233, 0.33572, 0.10950, 0.27245). dapper: about 2-3 ESS/s
 (152 s; issue 13), taken here as 3. dpinfer: the analyst's model, a latent true table
 Multinomial(n, pi) with the release observed by ``dp.RandomizedResponse.observe``;
-``dp.sample`` sums the table out (the release ~ Multinomial(n, M^T pi)), runs nutpie on pi
+``dp.sample`` sums the table out (the release ~ Multinomial(n, M^T pi)), runs NUTS on pi
 (compiled by an untimed first call) and draws the true table exactly per posterior draw, all
 timed; min ESS over the 4 cells.
 
@@ -24,7 +24,7 @@ records x ~ N2((0.90014, -1.17335), I), y ~ N(beta0 + beta'x, 2), beta ~ N(0, 2^
 clamped to [-10, 10] and mapped to [-1, 1], Laplace noise of scale 13/10 on the 9 released
 statistics. dapper: about 1.1 min-ESS/s (135 s; issue 13). dpinfer: the record-level model
 (300 latent record values, ``dp.clamp``, ``dp.regression_statistic``) with ``dp.sample``
-(nutpie), min bulk ESS over beta. Beside it, in the same run: dapper's own algorithm compiled
+(the compiled engine's NUTS), min bulk ESS over beta. Beside it, in the same run: dapper's own algorithm compiled
 with numba and specialised to this model (benchmarks/b3_reference.py, conjugate beta draws, 2
 chains run one after the other), the independent reference; its long-run posterior (4 x 500,000
 sweeps, seeds 11-14) is B3_REFERENCE below, and the posterior means of every dpinfer run are
@@ -177,7 +177,7 @@ def main(argv=None):
     b3 = pd.DataFrame([run_b3(model3, args.draws, seed) for seed in range(1, args.repeats + 1)])
     da = pd.DataFrame([run_b3_data_augmentation(seed) for seed in range(1, args.repeats + 1)])
     table3 = pd.DataFrame([
-        {"method": "dpinfer.sample (NUTS on records and beta, nutpie)", **b3.median().to_dict()},
+        {"method": "dpinfer.sample (NUTS on records and beta)", **b3.median().to_dict()},
         {"method": "dapper's algorithm, numba (b3_reference.py, 2 x 100,000 sweeps)", **da.median().to_dict()},
         {"method": "dapper (published in issue 13)", "ESS/s": DAPPER_B3_ESS_PER_S},
         {"method": "reference (4 x 500,000 sweeps)",

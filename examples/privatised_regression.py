@@ -9,7 +9,7 @@ y_i | x_i ~ N(beta0 + beta1 x_i1 + beta2 x_i2, 2), beta ~ N(0, 2^2 I).
 
 The analyst writes the record-level model as it is, clamping included, and observes the
 release through the mechanism object; ``dp.sample`` samples the 300 latent record values and
-beta jointly (nutpie's NUTS).
+beta jointly (NUTS, dpinfer's compiled engine).
 
 The naive analysis takes the released statistics as the true ones (a conjugate update with
 X'X and X'Y read off the release) and is far too confident.

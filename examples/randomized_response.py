@@ -7,7 +7,7 @@ analyst's prior on the cell probabilities is pi ~ Dirichlet(1, 1, 1, 1). If the 
 i.i.d. categorical(pi), the true table is T ~ Multinomial(400, pi) and the analyst writes just
 that, with ``rr.observe`` for the release; ``dp.sample`` sums T out (the reports are i.i.d.
 categorical(M^T pi), M the mechanism's transition matrix, so s ~ Multinomial(400, M^T pi)),
-runs nutpie on pi and draws T exactly given pi and s once per posterior draw (a sum of
+runs NUTS on pi and draws T exactly given pi and s once per posterior draw (a sum of
 multinomials, ``rr.draw_true_table``).
 
 Exact posterior: pi | s is proportional to prod_o (M^T pi)_o^s_o on the simplex, a polynomial,

@@ -1,9 +1,9 @@
 """Simulation-based calibration of ``dpinfer.sample`` on continuous latents released by
-continuous mechanisms (the nutpie engine), on three small models.
+continuous mechanisms (dp.sample's default engine, the compiled one), on three small models.
 
 (a) a Normal latent summed out of a Laplace release (closed form, normal-Laplace law):
         theta ~ N(0, 2);  ybar_j ~ N(theta, 0.3), j = 1..3;  s = ybar + Laplace(eps = 2, Δ = 1)
-    (noise scale 0.5); NUTS (nutpie) on theta, ybar drawn exactly given each draw of theta;
+    (noise scale 0.5); NUTS on theta, ybar drawn exactly given each draw of theta;
 (b) the same with Gaussian noise: s = ybar + N(0, 0.5^2) (``dp.Gaussian.from_sigma(0.5)``),
     the release ~ N(theta, sqrt(0.3^2 + 0.5^2)) given theta;
 (c) record-level, clamped: beta0, beta1 ~ N(0, 1);  n = 20 records x_i ~ N(0, 1),
@@ -12,14 +12,14 @@ continuous mechanisms (the nutpie engine), on three small models.
     T = [sum y, sum x y, sum y^2, sum x, sum x^2] (``dp.regression_statistic``) released with
     ``dp.Laplace(epsilon=5, sensitivity=5)`` noise (scale 1): each scaled record adds at most
     |y| + |x y| + y^2 + |x| + x^2 <= 5 to the l1 norm of T (add-remove neighbours). NUTS
-    (nutpie) on beta and all 40 latent records jointly. Ranked: beta0, beta1 and the first
+    on beta and all 40 latent records jointly. Ranked: beta0, beta1 and the first
     record (x_first = x_1, y_first = y_1, Deterministics). The clamp binds often: a priori
     P(|x_i| > 2) = 4.6% and P(|y_i| > 2) = 23% (y_i has marginal sd sqrt(3)).
 
 Truths are drawn from the prior and the release with the mechanism's own sampler
 (``mechanism.release``). Each replication sets the release with ``pm.set_data`` and refits the
-same model: the nutpie model is compiled once and takes the new release through
-``with_data`` (dpinfer.inference.engines.nutpie). Ranks of the truth among L = 99 thinned
+same model: the model is compiled once and takes the new release as data
+(dpinfer.inference.engines.compiled). Ranks of the truth among L = 99 thinned
 posterior draws (2 chains of 500 draws, stride 10; (c): 1000 draws, stride 20), exact
 binomial coverage bands and rank tests with Bonferroni within each method
 (dpinfer.inference.sbc).
