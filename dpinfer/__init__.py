@@ -12,6 +12,7 @@
 """
 
 from dpinfer._kernel_cache import clear_if_stale
+from dpinfer._lazy import lazy_exports
 
 clear_if_stale()  # before any cached kernel is loaded
 
@@ -52,23 +53,4 @@ _EXPORTS = {
 }
 _SUBPACKAGES = ("batch", "demo", "distributions", "inference", "io", "lattice", "mechanisms",
                 "privacy", "statistics", "utility")
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    import importlib
-
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-    elif name in _SUBPACKAGES:
-        value = importlib.import_module(f"{__name__}.{name}")
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return sorted(set(globals()) | set(_WHERE) | set(_SUBPACKAGES))
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBPACKAGES)

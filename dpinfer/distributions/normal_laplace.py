@@ -43,7 +43,6 @@ from pymc.distributions.dist_math import check_parameters
 from pymc.distributions.distribution import Continuous
 from pymc.distributions.shape_utils import rv_size_is_none
 from pytensor.tensor.random.op import RandomVariable
-from scipy.special import erfc, erfcx, log_ndtr, ndtri_exp
 
 from dpinfer._validation import as_real_array, check_rng
 from dpinfer.distributions._params import as_float64
@@ -61,6 +60,8 @@ _INV_SQRT2 = 1.0 / math.sqrt(2.0)  # not exact in float32, so PyTensor keeps it 
 # --- the two log terms A = T(z, r), B = T(-z, r) -------------------------------------------
 def _log_term_np(z, r):
     """T(z, r) = r^2/2 - z r + log Phi(z - r), in numpy (see the module docstring)."""
+    from scipy.special import erfc, erfcx  # scipy.special loads in 0.1-0.2 s: on first use
+
     w = z - r
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         left = -0.5 * z * z + np.log(0.5 * erfcx(-w * _INV_SQRT2))
@@ -206,6 +207,8 @@ def _upper_truncated_normal(mean, sd, upper, rng):
     Y = mean + sd * Phi^{-1}(U Phi(c)), c = (upper - mean)/sd, U ~ U(0, 1], with
     log(U Phi(c)) = log U + log_ndtr(c) and Phi^{-1}(e^x) = ``ndtri_exp(x)``, both accurate
     for arguments deep in the lower tail; the result is clipped to upper against rounding."""
+    from scipy.special import log_ndtr, ndtri_exp  # on first use, as in _log_term_np
+
     c = (upper - mean) / sd
     log_u = np.log1p(-rng.random(np.shape(c)))  # log of U = 1 - V, V ~ U[0, 1), so U > 0
     return np.minimum(mean + sd * ndtri_exp(log_u + log_ndtr(c)), upper)

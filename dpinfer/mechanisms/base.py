@@ -81,10 +81,13 @@ class PrivacyAudit:
 class Mechanism(abc.ABC):
     """Base class. Subclasses set ``discrete`` (integer releases), ``exact_sampler``
     (curator-grade: the sampler draws exactly from the stated law, in integer arithmetic where
-    the noise is discrete; otherwise simulation-grade) and implement the abstract facets."""
+    the noise is discrete; otherwise simulation-grade) and implement the abstract facets.
+    ``keeps_invariants``: a release keeps invariants exactly, A s = A x (``dpinfer.sample``
+    plans its latent counts on the fibre of the invariants)."""
 
     discrete: bool = True
     exact_sampler: bool = True
+    keeps_invariants: bool = False
 
     # --- privacy ---------------------------------------------------------------------
     @property

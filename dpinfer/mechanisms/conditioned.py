@@ -111,6 +111,7 @@ class Conditioned(Mechanism):
 
     discrete = True
     exact_sampler = True  # release() is curator-grade (rejection from the exact base sampler)
+    keeps_invariants = True
 
     def __init__(self, base, invariants, *, nonnegative: bool = False, burn_in_sweeps: int = 200):
         if not isinstance(base, AdditiveMechanism) or not base.discrete:

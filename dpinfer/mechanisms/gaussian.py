@@ -21,7 +21,6 @@ import math
 
 import numpy as np
 import pymc as pm
-from scipy.special import log_ndtr, ndtri
 
 from dpinfer._math import log1mexp
 from dpinfer._validation import check_delta, check_epsilon, check_positive, check_probability
@@ -44,6 +43,8 @@ def _log_delta(epsilon: float, sigma: float, sensitivity: float) -> float:
     every factor in log space (scipy's ``log_ndtr``), so deep tails do not underflow."""
     u = sensitivity / sigma
     a = 0.5 * u - epsilon / u
+    from scipy.special import log_ndtr  # scipy.special loads in 0.1-0.2 s: on first use
+
     log_phi_a = float(log_ndtr(a))
     return log_phi_a + log1mexp(epsilon + float(log_ndtr(a - u)) - log_phi_a)
 
@@ -204,6 +205,7 @@ class Gaussian(AdditiveMechanism):
 
     def noise_interval(self, prob: float = 0.9) -> tuple[float, float]:
         """(-q, q) with q = σ Φ^{-1}((1 + prob)/2), the exact central quantile."""
+        from scipy.special import ndtri  # on first use (see _log_delta_term)
         q = self.sigma * float(ndtri(0.5 + 0.5 * check_probability(prob)))
         return -q, q
 

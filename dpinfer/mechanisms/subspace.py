@@ -83,6 +83,7 @@ class GeneralizedLaplace(Mechanism):
 
     discrete = True
     exact_sampler = False  # l1 group draws: noise tabulated to 1e-20; otherwise MCMC
+    keeps_invariants = True
 
     def __init__(self, epsilon, invariants, norm: str = "l1", *, iterations: int | None = None,
                  proposal_a: float | None = None, chain: str = "gibbs"):

@@ -25,7 +25,7 @@ import numpy as np
 
 from dpinfer.inference.planning.cells import TotalsPlan, cells_plan
 from dpinfer.inference.planning.closed_form import check_tables, summable
-from dpinfer.inference.planning.fibre import entries_from, plan_fibre, respects_invariants
+from dpinfer.inference.planning.entries import entries_from
 from dpinfer.inference.planning.queries import resolve_query
 from dpinfer.mechanisms.records import ReleaseRecord, closest_free_variables
 
@@ -71,10 +71,14 @@ def plan_releases(model, records, *, method: str = "auto") -> list:
     plans = []
     records = [r for r in records if not is_continuous_release(model, r)]
     for latent, entries in entries_from(model, records, resolve_query).items():
-        special = [e for e in entries if respects_invariants(e.record.mechanism) or e.query is not None]
+        special = [e for e in entries if e.record.mechanism.keeps_invariants or e.query is not None]
         if not special:
             plans.append(cells_plan(model, entries[0].record))
             continue
+        # imported here: a model without invariants or queries never loads the lattice
+        # machinery (scipy.sparse, Markov bases), which a fresh script would pay for
+        from dpinfer.inference.planning.fibre import plan_fibre
+
         plan = plan_fibre(model, latent, entries, allow_convolution=method != "fibre")
         if plan.method == "fibre":
             plans.append(plan)

@@ -37,7 +37,8 @@ import numpy as np
 
 from dpinfer._graphs import shape_of
 from dpinfer.inference.planning.children import terms_depending_on
-from dpinfer.inference.latents import NotMarginalisableError, current_value, prior_support
+from dpinfer.inference.latents import NotMarginalisableError, prior_support
+from dpinfer.inference.planning.entries import Entry
 from dpinfer.inference.window import initial_half_width, log_eta
 from dpinfer.lattice.invariants import Invariants, MoveSet
 from dpinfer.lattice.fibre_gibbs import MovePlan, NormFactor, QueryRows
@@ -55,11 +56,6 @@ def is_l2_release(mechanism) -> bool:
     return isinstance(mechanism, GeneralizedLaplace) and mechanism.norm == "l2"
 
 
-def respects_invariants(mechanism) -> bool:
-    """Whether releases of the mechanism keep invariants A s = A x exactly (a fibre plan)."""
-    return isinstance(mechanism, Conditioned) or is_l2_release(mechanism)
-
-
 def cell_mechanism(mechanism):
     """The per-cell noise likelihood of a release (the base law of a conditioned release);
     None for an l2 release, which has no per-cell factor."""
@@ -75,16 +71,6 @@ def tail_mechanism(mechanism):
     if is_l2_release(mechanism) or (isinstance(mechanism, Conditioned) and mechanism.nonnegative):
         return mechanism
     return cell_mechanism(mechanism)
-
-
-@dataclass
-class Entry:
-    """One release of the latent: its record, its query (None: the counts themselves) and the
-    released values (flattened)."""
-
-    record: object
-    query: np.ndarray | None
-    value: np.ndarray
 
 
 @dataclass
@@ -298,7 +284,7 @@ def plan_fibre(model, latent, entries: list[Entry], *, allow_convolution: bool =
                 "fibre step bounds query likelihoods by 1, which needs a discrete mechanism"
             )
         mech = e.record.mechanism
-        if respects_invariants(mech):
+        if mech.keeps_invariants:
             a_mat = mech.invariants.constraint_matrix
             n_values = d if e.query is None else e.query.shape[0]
             if a_mat.shape[1] != n_values:
@@ -354,13 +340,3 @@ def plan_fibre(model, latent, entries: list[Entry], *, allow_convolution: bool =
     if plan.method == "fibre":
         plan.moves = constraint.markov_basis() if constraint is not None else MoveSet.unit(d)
     return plan
-
-
-def entries_from(model, records, resolve) -> dict:
-    """Group release records by their latent counts: {latent: [Entry, ...]} (insertion order)."""
-    groups: dict = {}
-    for record in records:
-        latent, query = resolve(model, record.latent)
-        value = current_value(model.rvs_to_values[record.release_rv]).reshape(-1)
-        groups.setdefault(latent, []).append(Entry(record, query, value))
-    return groups
