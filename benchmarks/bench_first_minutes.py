@@ -5,7 +5,8 @@
    first use) and against importing what a script uses (``dp.sample`` and a mechanism);
    ``dpinfer --help``;
    the README's Beta-binomial snippet run as a script, with an empty model cache (first run:
-   the model's functions compiled and saved) and then again (later runs: loaded).
+   the model's functions compiled and saved) and then again (later runs: loaded), and how
+   much of that is the interpreter's shutdown after the script's last line.
 2. A warm process that builds a new ``pm.Model`` for every fit, as scripts and loops do
    (every timing includes what the new model object costs: building it, its functions from
    the model cache or compiled, sampling, the convergence report):
@@ -77,10 +78,21 @@ def fresh_processes(repeats: int) -> dict:
     script = cache / "snippet.py"
     script.write_text(SNIPPET)
     env["DPINFER_CACHE_DIR"] = str(cache / "cache")
+    # the same script, writing the clock when its last line is done: the rest of the wall
+    # time is the interpreter's own shutdown (its final garbage collections over every module
+    # and object the script loaded), which no library controls
+    stamp = cache / "end"
+    timed = cache / "snippet_timed.py"
+    timed.write_text(SNIPPET + f"import time; open({str(stamp)!r}, 'w').write(repr(time.time()))\n")
     try:
         rows["README snippet, empty model cache"] = wall([PYTHON, str(script)], env)
         rows["README snippet, second run"] = statistics.median(
             wall([PYTHON, str(script)], env) for _ in range(repeats))
+        shutdowns = []
+        for _ in range(repeats):
+            subprocess.run([PYTHON, str(timed)], env=env, check=True, capture_output=True, cwd=ROOT)
+            shutdowns.append(time.time() - float(stamp.read_text()))
+        rows["  of which Python's shutdown after its last line"] = statistics.median(shutdowns)
     finally:
         shutil.rmtree(cache)
     return rows

@@ -21,7 +21,6 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
-from dpinfer.inference.engines.pymc.fibre import FibreGibbs
 from dpinfer.inference.engines.pymc.gibbs import WindowedCountGibbs
 from dpinfer.inference.engines.pymc.marginal import compile_window_log_weights, marginalise
 from dpinfer.inference.report import window_entry
@@ -77,9 +76,13 @@ class MarginalFit:
         step.window = plan.window
         return step
 
-    def fibre_step(self, plans) -> FibreGibbs:
+    def fibre_step(self, plans):
         """The fibre step of the fibre latents: its compiled prior tables are kept while the
         windows' widths are unchanged; everything that depends on the releases is refreshed."""
+        # imported here: the fibre machinery (scipy.sparse, Markov bases) loads only for
+        # models with fibre latents, not with every dp.sample
+        from dpinfer.inference.engines.pymc.fibre import FibreGibbs
+
         key = tuple((p.latent_name, p.half_width) for p in plans)
         if self._fibre is None or self._fibre[0] != key:
             step = FibreGibbs([self.model[p.latent_name] for p in plans], model=self.model, plans=plans)
