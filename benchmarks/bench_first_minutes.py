@@ -3,10 +3,10 @@
 1. Fresh processes (each figure the median wall time of ``--repeats`` runs of a new Python
    process, timed from outside): ``import pymc`` against ``import dpinfer`` (names load on
    first use) and against importing what a script uses (``dp.sample`` and a mechanism);
-   ``dpinfer --help``;
-   the README's Beta-binomial snippet run as a script, with an empty model cache (first run:
-   the model's functions compiled and saved) and then again (later runs: loaded), and how
-   much of that is the interpreter's shutdown after the script's last line.
+   ``dpinfer --help``; the README's Beta-binomial example (read from README.md, "An analyst's
+   example") run as a script, with an empty model cache (first run: the model's functions
+   compiled and saved) and then again (later runs: loaded), and how much of that is the
+   interpreter's shutdown after the script's last line.
 2. A warm process that builds a new ``pm.Model`` for every fit, as scripts and loops do
    (every timing includes what the new model object costs: building it, its functions from
    the model cache or compiled, sampling, the convergence report):
@@ -34,7 +34,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import warnings
 from pathlib import Path
@@ -44,18 +43,15 @@ PYTHON = sys.executable
 DPINFER = str(Path(PYTHON).with_name("dpinfer"))
 DAPPER_B1_ESS_PER_S = 54.0  # 833 ESS in 15.4 s (issue 13; benchmarks/bench_dapper.py)
 
-SNIPPET = textwrap.dedent("""
-    import numpy as np, pymc as pm, dpinfer as dp
 
-    mech = dp.DoubleGeometric(epsilon=0.1)
-    release = mech.release(np.array([610]), np.random.default_rng(1))
+def readme_snippet() -> str:
+    """The Python block of the README's "An analyst's example", as the README shows it."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("```python", text.index("## An analyst's example")) + len("```python\n")
+    return text[start:text.index("```", start)]
 
-    with pm.Model() as model:
-        theta = pm.Beta("theta", 10, 10)
-        x = pm.Binomial("x", 1000, theta)
-        mech.observe("release", x, observed=612)
-        idata = dp.sample()
-""")
+
+SNIPPET = readme_snippet()
 
 
 def wall(command: list, env: dict) -> float:
