@@ -47,7 +47,9 @@ def cache_main(argv) -> None:
         prog="dpinfer cache", description=COMMANDS["cache"],
         epilog="the directory is $DPINFER_CACHE_DIR/models, else $XDG_CACHE_HOME/dpinfer/models, "
                "else ~/.cache/dpinfer/models; each entry is one compiled model function, keyed by "
-               "its graph and the versions of dpinfer, PyMC, PyTensor and numba")
+               "its graph and the versions of dpinfer, PyMC, PyTensor and numba; after each "
+               "compilation the least recently used entries are deleted beyond "
+               "$DPINFER_CACHE_MAX_MB megabytes (default 1024)")
     parser.add_argument("--clear", action="store_true", help="delete every compiled model function")
     args = parser.parse_args(argv)
     from dpinfer.inference.engines.compiled import cache
@@ -58,7 +60,8 @@ def cache_main(argv) -> None:
         print(f"dpinfer cache: deleted {entries} compiled model functions ({size / 1e6:.1f} MB) "
               f"from {root}")
         return
-    print(f"dpinfer cache: {root}: {entries} compiled model functions, {size / 1e6:.1f} MB")
+    print(f"dpinfer cache: {root}: {entries} compiled model functions, {size / 1e6:.1f} MB "
+          f"(bound {cache.size_limit() / 1e6:.0f} MB, least recently used deleted beyond it)")
 
 
 def _target(spec):

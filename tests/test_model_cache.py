@@ -259,3 +259,45 @@ def test_the_cache_command_shows_and_clears_the_cache(tmp_path, monkeypatch, cap
     main(["cache", "--clear"])
     assert "deleted 1 compiled model functions" in capsys.readouterr().out
     assert not (tmp_path / "cache" / "models").exists()
+
+
+def test_the_cache_is_bounded_and_the_least_recently_used_go_first(tmp_path, monkeypatch):
+    """prune deletes the entries used longest ago until the cache fits its bound, never the
+    one just written; a load refreshes an entry's time; compiling prunes to
+    $DPINFER_CACHE_MAX_MB; a bad bound is refused naming the variable."""
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path / "cache"))
+    root = tmp_path / "cache" / "models"
+
+    def make(name, last_use):
+        entry = root / name[:2] / name
+        entry.mkdir(parents=True)
+        (entry / "function.nbc").write_bytes(b"x" * 1000)
+        os.utime(entry, (last_use, last_use))
+        return entry
+
+    old, middle, new = make("aa01", 100), make("bb02", 200), make("cc03", 300)
+    assert model_cache.prune(3000) == 0
+    assert model_cache.prune(2500) == 1 and not old.exists() and middle.exists()
+    model_cache._touch(middle)  # used now: newer than `new`
+    assert model_cache.prune(1000) == 1 and not new.exists() and middle.exists()
+    assert model_cache.prune(0, keep=middle) == 0 and middle.exists()
+    assert model_cache.contents()[1:] == (1, 1000)
+
+    monkeypatch.setenv(model_cache.SIZE_ENV, "0.0025")
+    assert model_cache.size_limit() == 2500
+    monkeypatch.delenv(model_cache.SIZE_ENV)
+    assert model_cache.size_limit() == model_cache.DEFAULT_MAX_MB * 10**6
+    for bad in ("-1", "lots", "nan", "inf"):
+        monkeypatch.setenv(model_cache.SIZE_ENV, bad)
+        with pytest.raises(ValueError, match="DPINFER_CACHE_MAX_MB must be a number of megabytes >= 0"):
+            model_cache.size_limit()
+
+    # a fit under a bound of 0: each compilation keeps only its own entry, and the fit is exact
+    monkeypatch.setenv(model_cache.SIZE_ENV, "0")
+    forget()
+    args = (10, 10, 1000, 0.1, 612)
+    idata = sample(model=beta_binomial(*args, prior="uniform"), random_seed=1, **FIT)
+    assert model_cache.STATS == {"compiled": 3}
+    assert model_cache.contents()[1] == 1 and not middle.exists()
+    assert_theta_exact(idata, 1, 1, *args[2:])  # Uniform(0, 1) is Beta(1, 1)
+    forget()

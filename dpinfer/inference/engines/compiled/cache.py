@@ -26,6 +26,11 @@ directory or file that another user owns or could have written is never loaded (
 cache is then passed over with a warning). A cache that cannot be written, or an entry that
 cannot be read back (a corrupt or truncated file), means compiling as if there were no
 cache, with a :class:`ModelCacheWarning`; it never means another function.
+
+**Size.** Entries of old versions and of structures no longer used are never loaded again,
+so the cache is bounded: after each compilation the least recently used entries (a load
+refreshes an entry's time) are deleted until the cache holds at most ``$DPINFER_CACHE_MAX_MB``
+megabytes (default 1024; the entry just written is always kept).
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import io_toposort
 
 CACHE_ENV = "DPINFER_CACHE_DIR"
+SIZE_ENV = "DPINFER_CACHE_MAX_MB"
+DEFAULT_MAX_MB = 1024
 _FORMAT = 1  # the layout of an entry; bumped when it changes
 
 
@@ -68,6 +75,20 @@ def cache_root() -> Path:
         return Path(os.environ[CACHE_ENV]).expanduser() / "models"
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base).expanduser() / "dpinfer" / "models"
+
+
+def size_limit() -> int:
+    """The cache's bound in bytes: ``$DPINFER_CACHE_MAX_MB`` megabytes, else 1024 MB."""
+    raw = os.environ.get(SIZE_ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_MAX_MB * 10**6
+    try:
+        megabytes = float(raw)
+    except ValueError:
+        megabytes = -1.0
+    if not megabytes >= 0 or megabytes == float("inf"):
+        raise ValueError(f"{SIZE_ENV} must be a number of megabytes >= 0, got {raw!r}")
+    return int(megabytes * 10**6)
 
 
 def _this_user() -> int:
@@ -315,11 +336,14 @@ def native_function(key: str | None, source: str, name: str, signature, compile_
             shutil.rmtree(entry, ignore_errors=True)
         if cfunc is not None:
             STATS["loaded"] += 1
+            _touch(entry)
     if cfunc is None:
         start = time.perf_counter()
         cfunc = _compile(entry, key, source, name, signature, compile_namespace())
         STATS["compiled"] += 1
         _LOG.debug("dpinfer: compiled the model's %s in %.2f s", name, time.perf_counter() - start)
+        if entry is not None and entry.is_dir():
+            prune(size_limit(), keep=entry)
     if key is not None:
         _LOADED[key] = cfunc
     return cfunc
@@ -395,12 +419,48 @@ def _compile(entry, key, source: str, name: str, signature, namespace: dict):
     return cfunc
 
 
+def _touch(entry: Path) -> None:
+    """Mark ``entry`` as used now (its time orders :func:`prune`)."""
+    try:
+        os.utime(entry)
+    except OSError:
+        pass  # a read-only cache: entries are still loaded, only their order is not kept
+
+
+def _entries(root: Path) -> list:
+    """[(last use, size in bytes, directory)] of the cache's entries, least recently used first."""
+    found = []
+    for entry in (p for p in root.glob("??/*") if p.is_dir()) if root.is_dir() else ():
+        try:
+            size = sum(f.stat().st_size for f in entry.iterdir() if f.is_file())
+            found.append((entry.stat().st_mtime, size, entry))
+        except OSError:
+            continue  # deleted meanwhile by another process
+    return sorted(found, key=lambda item: item[0])
+
+
+def prune(limit: int, keep: Path | None = None) -> int:
+    """Delete the least recently used entries until the cache holds at most ``limit`` bytes,
+    never ``keep``; returns how many were deleted."""
+    entries = _entries(cache_root())
+    total = sum(size for _, size, _ in entries)
+    deleted = 0
+    for _, size, entry in entries:
+        if total <= limit:
+            break
+        if entry == keep:
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        total -= size
+        deleted += 1
+    return deleted
+
+
 def contents() -> tuple[Path, int, int]:
     """(the cache's directory, its number of compiled functions, their size in bytes)."""
     root = cache_root()
-    entries = [p for p in root.glob("??/*") if p.is_dir()] if root.is_dir() else []
-    size = sum(f.stat().st_size for e in entries for f in e.iterdir() if f.is_file())
-    return root, len(entries), size
+    entries = _entries(root)
+    return root, len(entries), sum(size for _, size, _ in entries)
 
 
 def clear() -> None:
