@@ -89,6 +89,16 @@ def _kinetic(p, inv_mass):
 
 
 @numba.njit(cache=True, nogil=True)
+def _momentum(inv_mass, rng):
+    """A fresh momentum p ~ N(0, M), M = diag(1 / inv_mass)."""
+    n = inv_mass.shape[0]
+    p = np.empty(n)
+    for i in range(n):
+        p[i] = standard_normal(rng) / math.sqrt(inv_mass[i])
+    return p
+
+
+@numba.njit(cache=True, nogil=True)
 def _turned(ps_minus, ps_plus, rho):
     """The generalized no-U-turn criterion fails (the trajectory has turned)."""
     a = 0.0
@@ -194,9 +204,7 @@ def nuts_transition(logp_grad, data, q, g, lp, eps, inv_mass, max_depth, rng):
     the trajectory, diverging, energy H of the new point, its energy error)."""
     f = logp_grad_at(logp_grad)
     n = q.shape[0]
-    p0 = np.empty(n)
-    for i in range(n):
-        p0[i] = standard_normal(rng) / math.sqrt(inv_mass[i])
+    p0 = _momentum(inv_mass, rng)
     H0 = -lp + _kinetic(p0, inv_mass)
     slots = max_depth + 2
     log_w = np.empty(slots)
@@ -281,10 +289,7 @@ def reasonable_step_size(logp_grad, data, q, g, lp, eps, inv_mass, rng):
     """Hoffman & Gelman (2014) Algorithm 4: double or halve ``eps`` until the acceptance
     probability of one leapfrog step from (q, fresh momentum) crosses 1/2."""
     f = logp_grad_at(logp_grad)
-    n = q.shape[0]
-    p0 = np.empty(n)
-    for i in range(n):
-        p0[i] = standard_normal(rng) / math.sqrt(inv_mass[i])
+    p0 = _momentum(inv_mass, rng)
     H0 = -lp + _kinetic(p0, inv_mass)
 
     def log_ratio(e):
