@@ -152,6 +152,33 @@ def test_a_fresh_process_loads_every_function(cache_dir):
     assert 0.55 < result["mean"] < 0.66  # exact 0.6082 (benchmarks/bench_beta_binomial.py)
 
 
+def test_every_key_is_the_same_in_a_fresh_process():
+    """A model with vector latents and data (an exposure, a shape-(4,) count table: graphs with
+    None constants, object arrays whose bytes are pointers) gets the same key for each native
+    function in two fresh processes, so a second run loads all of them (keys recorded, nothing
+    compiled)."""
+    script = textwrap.dedent("""
+        import json, numpy as np, pymc as pm
+        import dpinfer as dp
+        from dpinfer.inference.engines.compiled import model as compiled_model
+        keys = []
+        compiled_model.native_function = lambda key, *args: keys.append(key)
+        with pm.Model() as model:
+            population = pm.Data("population", np.array([1000.0, 5000.0, 20000.0, 800.0]))
+            rate = pm.Gamma("rate", 2.0, 200.0)
+            x = pm.Poisson("x", rate * population)
+            dp.Laplace(epsilon=0.5).observe("release", x, observed=np.array([3, 20, 98, 1]))
+        compiled_model.compile_model(model, [x], [model["release"]])
+        print(json.dumps(keys))
+    """)
+    runs = [json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                      check=True, timeout=600).stdout.strip().splitlines()[-1])
+            for _ in range(2)]
+    assert len(runs[0]) == 3 and None not in runs[0]
+    assert runs[0] == runs[1]
+    assert model_cache.describe(np.asarray(None)) == ("objects", (), (None,))
+
+
 def test_a_change_of_structure_or_of_a_version_is_a_new_key(cache_dir, monkeypatch):
     """Another structure (the prior's transform changes every graph) compiles its own
     functions; a new version of dpinfer, PyMC, PyTensor or numba changes every key (function

@@ -194,6 +194,8 @@ def describe(obj, depth: int = 0):
         return ("slice", describe((obj.start, obj.stop, obj.step), depth + 1))
     if obj is Ellipsis:
         return "..."
+    if isinstance(obj, np.ndarray) and obj.dtype == object:  # its bytes are pointers: by element
+        return ("objects", obj.shape, tuple(describe(o, depth + 1) for o in obj.ravel()))
     if isinstance(obj, np.ndarray):
         data = np.ascontiguousarray(obj)
         return ("array", str(data.dtype), data.shape, hashlib.sha256(data.tobytes()).hexdigest())
