@@ -272,6 +272,18 @@ def test_the_key_describes_ops_by_their_parameters_and_refuses_what_it_cannot():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert model_cache.describe(lambda v: v + 1) != model_cache.describe(lambda v: v + 2)
+    # an Op defined by an inner graph (OpFromGraph; PyTensor's logaddexp, which the
+    # normal-Laplace likelihood uses) is described by that graph
+    from pytensor.compile.builders import OpFromGraph
+
+    a, b = pt.dscalar("a"), pt.dscalar("b")
+
+    def key_of(inner):
+        return model_cache.graph_key([x], [OpFromGraph([a, b], [inner])(x.sum(), x.max())])
+
+    assert key_of(a + b) == key_of(a + b) != key_of(a * b)
+    assert model_cache.graph_key([x, y], [pt.logaddexp(x, y)]) != model_cache.graph_key(
+        [x, y], [pt.logaddexp(x, -y)])
 
 
 def test_the_cache_command_shows_and_clears_the_cache(tmp_path, monkeypatch, capsys):

@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 from numba.core.compiler_lock import global_compiler_lock
 from pytensor.graph.basic import Constant, Variable
+from pytensor.graph.fg import AbstractFunctionGraph
 from pytensor.graph.traversal import io_toposort
 
 CACHE_ENV = "DPINFER_CACHE_DIR"
@@ -172,8 +173,10 @@ _MAX_DEPTH = 12
 
 def describe(obj, depth: int = 0):
     """A value that is equal for two objects exactly when they compute the same thing: numbers,
-    strings and arrays by value, classes and functions by qualified name (closures and lambdas
-    by their code and cells), other objects (Ops, types, transforms) by class and attributes.
+    strings and arrays by value (object arrays element by element), classes and functions by
+    qualified name (closures and lambdas by their code and cells), Ops defined by an inner
+    graph (OpFromGraph) by that graph, other objects (Ops, types, transforms) by class and
+    attributes.
     Raises :class:`NotCacheableError` for what it cannot describe."""
     if depth > _MAX_DEPTH:
         raise NotCacheableError(f"object nested too deeply to describe: {type(obj).__name__}")
@@ -208,6 +211,10 @@ def describe(obj, depth: int = 0):
         return _describe_function(obj, depth)
     if isinstance(obj, Variable):
         raise NotCacheableError(f"a graph variable held by an Op: {obj}")
+    inner = getattr(obj, "fgraph", None)
+    if isinstance(inner, AbstractFunctionGraph):  # an Op defined by an inner graph (OpFromGraph, LogAddExp)
+        return ("inner graph", type(obj).__module__, type(obj).__qualname__,
+                _graph_digest(inner.inputs, inner.outputs, depth + 1))
     props = getattr(type(obj), "__props__", None)
     if props is not None:
         fields = {p: getattr(obj, p) for p in props}
@@ -237,20 +244,29 @@ def graph_key(inputs: list, outputs: list, *extra) -> str:
     """The hash of the graph from ``inputs`` to ``outputs`` (structure, types, remaining
     constants' values), of ``extra`` and of :func:`versions`. Every root of the graph must be
     one of ``inputs`` or a constant."""
-    ids = {v: ("input", i, str(v.type)) for i, v in enumerate(inputs)}
     digest = hashlib.sha256(repr(versions()).encode())
     digest.update(repr(describe(extra)).encode())
+    digest.update(_graph_digest(inputs, outputs).encode())
+    return digest.hexdigest()
+
+
+def _graph_digest(inputs: list, outputs: list, depth: int = 0) -> str:
+    """The hash of the graph from ``inputs`` to ``outputs``: each node's Op (:func:`describe`),
+    where its inputs come from (an input by position and type, an earlier node's output, a
+    constant by type and value) and its outputs' types."""
+    ids = {v: ("input", i, str(v.type)) for i, v in enumerate(inputs)}
+    digest = hashlib.sha256()
     for k, node in enumerate(io_toposort(inputs, outputs)):
         refs = []
         for v in node.inputs:
             if v not in ids:
                 if not isinstance(v, Constant):
                     raise NotCacheableError(f"the graph has an input that is not data: {v} ({v.type})")
-                ids[v] = ("constant", str(v.type), describe(np.asarray(v.data)))
+                ids[v] = ("constant", str(v.type), describe(np.asarray(v.data), depth + 1))
             refs.append(ids[v])
         for j, out in enumerate(node.outputs):
             ids[out] = ("node", k, j)
-        digest.update(repr((describe(node.op), tuple(refs),
+        digest.update(repr((describe(node.op, depth + 1), tuple(refs),
                             tuple(str(o.type) for o in node.outputs))).encode())
     digest.update(repr(tuple(ids[o] if o in ids else ("constant", str(o.type)) for o in outputs)).encode())
     return digest.hexdigest()
