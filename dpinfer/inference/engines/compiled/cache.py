@@ -571,26 +571,24 @@ def thaw_literals(model):
 
 
 def lift_data(outputs: list, sources: dict) -> tuple:
-    """(outputs with their data as inputs, the inputs, their values, their sources, their
-    positions in ``sources``): every shared variable in ``sources`` that the outputs use
-    becomes an input of its value's shape and dtype, in the order the graph first uses it
-    (``sources`` as :func:`thaw_literals` returns it)."""
+    """(outputs with their data as inputs, the inputs, their positions in ``sources``): every
+    shared variable in ``sources`` that the outputs use becomes an input of its value's shape
+    and dtype, in the order the graph first uses it (``sources`` as :func:`thaw_literals`
+    returns it)."""
     import pytensor.tensor as pt
     from pytensor.graph.replace import clone_replace
 
     position = {v: i for i, v in enumerate(sources)}
-    replacements, inputs, values, origins, index = {}, [], [], [], []
+    replacements, inputs, index = {}, [], []
     for node in io_toposort([], outputs):
         for v in node.inputs:
             if v in replacements or v not in sources:
                 continue
-            value = np.array(v.get_value(), order="C")  # a copy (0-d stays 0-d)
+            value = np.asarray(v.get_value())
             new = pt.tensor(dtype=value.dtype, shape=value.shape, name=f"data{len(inputs)}")
             replacements[v] = new
             inputs.append(new)
-            values.append(value)
-            origins.append(sources[v])
             index.append(position[v])
     if not replacements:
-        return list(outputs), [], [], [], []
-    return clone_replace(list(outputs), replacements), inputs, values, origins, index
+        return list(outputs), [], []
+    return clone_replace(list(outputs), replacements), inputs, index

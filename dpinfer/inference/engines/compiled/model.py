@@ -248,7 +248,7 @@ def _build(thawed, sources: dict, latent_names: list, excluded: list) -> Structu
                for name, shape in zip(names, shapes)]
     start = _start_graph(thawed, params, jitters)
 
-    graphs, inputs, _, _, index = lift_data(
+    graphs, inputs, index = lift_data(
         [logp, grad, *tables, *points, *outputs, *start], sources)
     logp, grad = graphs[:2]
     tables = graphs[2:2 + len(latents)]
