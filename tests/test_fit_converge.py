@@ -278,6 +278,11 @@ def test_the_next_fit_grows_with_the_shortfall():
     assert shortfall(conv(rhat=1.02, ess=230, divergences=2)) == (
         "max R-hat 1.020 > 1.01 for mu; min bulk ESS 230 < 400 for sigma; 2 divergent transitions")
     assert _fitting(10000, 2000) == (6600, 3300) and _fitting(2500, 2000) == (500, 2000)
+    # one chain: R-hat is not computed (NaN) and not judged, as dp.sample judges it
+    one_chain = conv(rhat=float("nan"), ess=230)
+    assert shortfall(one_chain) == "min bulk ESS 230 < 400 for sigma"
+    assert next_round(one_chain, 1000, 1000, None) == (2200, 1100, None)
+    assert next_round(conv(rhat=float("nan")), 1000, 1000, None) == (1000, 1000, None)
 
 
 def test_a_short_fit_samples_again_until_it_converges(tmp_path):

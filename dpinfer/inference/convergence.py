@@ -55,16 +55,29 @@ class Convergence:
     ess_target: float = ESS_MIN
 
     @property
+    def rhat_ok(self) -> bool:
+        """R-hat meets its target, or cannot be computed (one chain) and is not judged."""
+        return not math.isfinite(self.max_rhat) or self.max_rhat <= self.rhat_target
+
+    @property
+    def ess_ok(self) -> bool:
+        return self.min_ess >= self.ess_target
+
+    @property
     def converged(self) -> bool:
-        """Every target met; R-hat is not judged where it cannot be computed (one chain)."""
-        rhat_ok = not math.isfinite(self.max_rhat) or self.max_rhat <= self.rhat_target
-        return rhat_ok and self.min_ess >= self.ess_target and self.divergences == 0
+        """Every target met (R-hat as :attr:`rhat_ok` judges it)."""
+        return self.rhat_ok and self.ess_ok and self.divergences == 0
+
+    @property
+    def rhat_text(self) -> str:
+        """"max R-hat 1.004 (theta)", or that it was not computed (one chain)."""
+        if math.isfinite(self.max_rhat):
+            return f"max R-hat {self.max_rhat:.3f} ({self.worst_rhat})"
+        return "R-hat not computed (it needs 2 chains or more)"
 
     def line(self) -> str:
         """One line: converged or not, the worst R-hat and ESS, and what to do."""
-        rhat = (f"max R-hat {self.max_rhat:.3f} ({self.worst_rhat})" if math.isfinite(self.max_rhat)
-                else "R-hat not computed (it needs 2 chains or more)")
-        worst = (f"{rhat}, min bulk ESS {self.min_ess:.0f} ({self.worst_ess}) over "
+        worst = (f"{self.rhat_text}, min bulk ESS {self.min_ess:.0f} ({self.worst_ess}) over "
                  f"{self.quantities} parameters and counts"
                  + (f", {self.divergences} divergent transitions" if self.divergences else ""))
         if self.converged:

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpinfer._validation import check_count
 from dpinfer.inference import sample
 from dpinfer.inference.convergence import ConvergenceWarning, check
 from dpinfer.io.release import read_release
@@ -166,10 +167,10 @@ class Fit:
 def shortfall(convergence) -> str:
     """Why a fit falls short of the targets, e.g. "min bulk ESS 230 < 400 for mu"."""
     reasons = []
-    if not convergence.max_rhat <= convergence.rhat_target:
+    if not convergence.rhat_ok:
         reasons.append(f"max R-hat {convergence.max_rhat:.3f} > {convergence.rhat_target} "
                        f"for {convergence.worst_rhat}")
-    if not convergence.min_ess >= convergence.ess_target:
+    if not convergence.ess_ok:
         reasons.append(f"min bulk ESS {convergence.min_ess:.0f} < {convergence.ess_target:.0f} "
                        f"for {convergence.worst_ess}")
     if convergence.divergences:
@@ -180,9 +181,9 @@ def shortfall(convergence) -> str:
 def next_round(convergence, draws: int, tune: int, target_accept):
     """(draws, tune, target_accept) of the next fit (module docstring)."""
     growth = 1.0
-    if not convergence.min_ess >= convergence.ess_target:
+    if not convergence.ess_ok:
         growth = 1.25 * convergence.ess_target / max(float(convergence.min_ess), 1.0)
-    if not convergence.max_rhat <= convergence.rhat_target:
+    if not convergence.rhat_ok:
         growth = max(growth, 2.0)
     if growth > 1.0:
         growth = min(max(growth, 2.0), float(MAX_GROWTH))
@@ -197,7 +198,7 @@ def next_round(convergence, draws: int, tune: int, target_accept):
 def verdict_line(convergence, rounds, max_minutes: float) -> str:
     """One line: converged or not, the worst R-hat and ESS with their quantities, and, if not,
     what to do."""
-    worst = (f"max R-hat {convergence.max_rhat:.3f} ({convergence.worst_rhat}), min bulk ESS "
+    worst = (f"{convergence.rhat_text}, min bulk ESS "
              f"{convergence.min_ess:.0f} ({convergence.worst_ess}) over {convergence.quantities} "
              f"parameters and counts, {convergence.divergences} divergent transitions")
     last = rounds[-1]
@@ -269,16 +270,12 @@ def fit(path, *, model: str = "auto", out=None, draws: int = 1000, tune: int = 1
     file holding the true counts; progress lines go to ``log`` (default stderr). The chains run
     in parallel on ``cores`` cores (default: one per chain, up to the cores this process may
     use; PyMC's own default counts half the CPUs, taking the others for hyper-threads)."""
-    for name, value, least in (("draws", draws, 1), ("tune", tune, 0), ("chains", chains, 1)):
-        if isinstance(value, bool) or int(value) != value or value < least:
-            raise ValueError(f"--{name} must be a whole number >= {least}, got {value!r}")
+    draws, tune, chains = (check_count(f"--{name}", value, least) for name, value, least in
+                           (("draws", draws, 1), ("tune", tune, 0), ("chains", chains, 1)))
     if isinstance(max_minutes, bool) or not (isinstance(max_minutes, (int, float))
                                              and math.isfinite(max_minutes) and max_minutes >= 0):
         raise ValueError(f"--max-minutes must be a finite number >= 0, got {max_minutes!r}")
-    if cores is None:
-        cores = min(int(chains), available_cores())
-    elif isinstance(cores, bool) or int(cores) != cores or cores < 1:
-        raise ValueError(f"--cores must be a whole number >= 1, got {cores!r}")
+    cores = min(chains, available_cores()) if cores is None else check_count("--cores", cores, 1)
     log = sys.stderr if log is None else log
     release = read_release(path)
     per_true_value = release.per_true_value()

@@ -127,20 +127,16 @@ def diagnostics(idata) -> dict:
             "draws per chain": int(idata.posterior.sizes["draw"])}
 
 
-def write_report(directory, idata, *, latent: str, release, labels, title: str,
-                 baseline=None, truth=None, description: str = "", convergence=None,
-                 verdict: str | None = None, advice=None, rounds=None, exposure: str | None = None,
-                 template: dict | None = None) -> Path:
+def write_report(directory, idata, *, latent: str, release, labels, title: str, convergence,
+                 verdict: str, baseline=None, truth=None, description: str = "", advice=None,
+                 rounds=None, exposure: str | None = None, template: dict | None = None) -> Path:
     """Write the files of the module docstring into ``directory`` (created); returns the
     path of ``index.html``. ``convergence`` (a
-    :class:`~dpinfer.inference.convergence.Convergence`; default: computed over every variable
-    of the posterior), ``verdict`` (its one-line statement), ``advice`` (sentences: what to do
-    when it has not converged), ``rounds`` (each fit made, as dicts), ``exposure`` (which was
-    used) and ``template`` (:func:`dpinfer.io.templates.template_report`) make the top of the
-    page."""
+    :class:`~dpinfer.inference.convergence.Convergence` over every variable of the posterior),
+    ``verdict`` (its one-line statement), ``advice`` (sentences: what to do when it has not
+    converged), ``rounds`` (each fit made, as dicts), ``exposure`` (which was used) and
+    ``template`` (:func:`dpinfer.io.templates.template_report`) make the top of the page."""
     import arviz as az
-
-    from dpinfer.inference.convergence import check
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -154,13 +150,6 @@ def write_report(directory, idata, *, latent: str, release, labels, title: str,
     if params:
         _parameters_figure(idata, params[:SCALAR_LIMIT], out / "parameters.png")
     diag = diagnostics(idata)
-    if convergence is None:
-        convergence = check(idata, list(idata.posterior.data_vars))
-    if verdict is None:
-        verdict = convergence.line().removeprefix("dpinfer: ")
-    if advice is None and not convergence.converged:
-        advice = ["sample longer (more draws and tuning steps);",
-                  "or fit another model: another template or your own model file."]
     report = json.loads(idata.posterior.attrs.get("dpinfer", "{}"))
     top = _top(convergence, verdict, advice or [], rounds or [], exposure, template)
     page = _html(title, description, table, summary.loc[[i for i in summary.index if i in params]]
@@ -174,7 +163,9 @@ def _top(convergence, verdict: str, advice: list, rounds: list, exposure, templa
     "not-converged"), what to do, the exposure, the parameterisation and the fits made."""
     esc = html.escape
     c = convergence
-    figures = (f"max R-hat <b>{c.max_rhat:.3f}</b> ({esc(c.worst_rhat)}), min bulk ESS "
+    rhat = (f"max R-hat <b>{c.max_rhat:.3f}</b> ({esc(c.worst_rhat)})" if np.isfinite(c.max_rhat)
+            else esc(c.rhat_text))
+    figures = (f"{rhat}, min bulk ESS "
                f"<b>{c.min_ess:.0f}</b> ({esc(c.worst_ess)}) over {c.quantities} parameters and "
                f"counts, {c.divergences} divergent transitions; targets: R-hat &le; "
                f"{c.rhat_target}, bulk ESS &ge; {c.ess_target:.0f}, no divergences.")
