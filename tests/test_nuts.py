@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpinfer.inference.engines.compiled.native import LOGP_GRAD, new_stream
+from dpinfer._random_stream import new_stream
+from dpinfer.inference.engines.compiled.native import LOGP_GRAD
 from dpinfer.inference.engines.compiled.nuts import log_density_at, metric_windows, nuts_transition
 
 B = 0.5  # banana: x1 ~ N(0, 1), x2 | x1 ~ N(x1^2, B^2)

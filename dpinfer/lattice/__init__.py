@@ -4,6 +4,8 @@
   lattice, Markov bases and fibres;
 * :mod:`~dpinfer.lattice.convolution`: convolutions of per-cell weights at group totals
   (values, conditional marginals, exact joint draws);
+* :mod:`~dpinfer.lattice.nested`: counts on the leaves of a tree of areas measured at every
+  level (exact sum-tree moves along one cell or a pair of cells);
 * :mod:`~dpinfer.lattice.class_convolution`: i.i.d. noise conditioned on invariants, class by
   class (normaliser and exact draws);
 * :mod:`~dpinfer.lattice.fibre_gibbs`: exact Gibbs line updates of counts on a boxed fibre;

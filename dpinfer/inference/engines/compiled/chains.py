@@ -57,7 +57,7 @@ from dpinfer.inference.engines.compiled.exact_counts import (
     draw_given_totals,
     draw_independent,
 )
-from dpinfer.inference.engines.compiled.native import new_stream
+from dpinfer._random_stream import new_stream
 from dpinfer.inference.engines.compiled.nuts import (
     log_density_at,
     metric_windows,

@@ -76,7 +76,8 @@ import math
 import numba
 import numpy as np
 
-from dpinfer.inference.engines.compiled.native import below, pointer, prior_point_at, prior_table_at, uniform, uniform_open
+from dpinfer._random_stream import below, uniform, uniform_open
+from dpinfer.inference.engines.compiled.native import pointer, prior_point_at, prior_table_at
 
 HOLD_RATIO = 1000.0  # a cell whose tail envelope outweighs its window this much is held
 HOLD_RATIO_TUNING = 10.0  # ... during tuning, whose draws are discarded (cheaper sweeps)

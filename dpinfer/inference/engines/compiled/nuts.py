@@ -41,7 +41,8 @@ import math
 import numba
 import numpy as np
 
-from dpinfer.inference.engines.compiled.native import logp_grad_at, pointer, standard_normal, uniform
+from dpinfer._random_stream import standard_normal, uniform
+from dpinfer.inference.engines.compiled.native import logp_grad_at, pointer
 
 MAX_ENERGY_ERROR = 1000.0
 

@@ -1,0 +1,84 @@
+"""Gibbs sweeps of nested-sum counts given the cells' prior log pmfs on their boxes.
+
+:class:`NestedGibbs` holds the boxes (each count's range of values, lo .. hi) and runs the
+kernels' sweeps (:func:`dpinfer.lattice.nested.kernel.sweep`) from a start that meets every
+term. The prior enters as a table ``prior[l * n_cells + c, j] = log p_{l,c}(lo[l, c] + j)``
+(``-inf`` where the count's support ends); the compiled engine refills it from the parameters
+before every sweep, a test gives it once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpinfer._random_stream import new_stream
+from dpinfer.lattice.nested.kernel import DEFAULT_TRIM, sweep
+from dpinfer.lattice.nested.structure import NestedSums
+from dpinfer.lattice.nested.terms import term_log
+
+
+class NestedGibbs:
+    """Sweeps of the counts of ``sums`` on the boxes ``box_lo .. box_hi`` (n_leaves, n_cells),
+    inclusive; ``support`` = (lowest, highest) count (None: open) tells a box edge that only
+    the box makes (counted when a draw lands on it) from an end of the support."""
+
+    def __init__(self, sums: NestedSums, box_lo, box_hi, *, support=(0, None), trim: float = DEFAULT_TRIM):
+        shape = (sums.n_leaves, sums.n_cells)
+        self.sums = sums
+        self.box_lo = np.ascontiguousarray(np.broadcast_to(box_lo, shape), dtype=np.int64)
+        self.box_hi = np.ascontiguousarray(np.broadcast_to(box_hi, shape), dtype=np.int64)
+        if np.any(self.box_hi < self.box_lo):
+            raise ValueError("box_hi must be >= box_lo for every count")
+        lower, upper = support
+        self.lo_open = self.box_lo > (-np.inf if lower is None else lower)
+        self.hi_open = self.box_hi < (np.inf if upper is None else upper)
+        self.width = int(np.max(self.box_hi - self.box_lo)) + 1
+        if not trim > 0:
+            raise ValueError(f"trim must be > 0 nats, got {trim!r}")
+        self.trim = float(trim)
+        self._tables = sums.tables.arrays()
+
+    def grid(self) -> np.ndarray:
+        """(n_leaves * n_cells, width): the values each count's prior table is wanted at."""
+        return (self.box_lo.reshape(-1, 1) + np.arange(self.width)[None, :]).astype(np.int64)
+
+    def check_start(self, x0) -> np.ndarray:
+        """x0 as int64 (n_leaves, n_cells), if it lies in the boxes and meets every term."""
+        s = self.sums
+        x = np.array(x0, dtype=np.int64).reshape(s.n_leaves, s.n_cells)
+        outside = (x < self.box_lo) | (x > self.box_hi)
+        if np.any(outside):
+            l, c = np.argwhere(outside)[0]
+            raise ValueError(f"the start x0[{l}, {c}] = {x[l, c]} lies outside its box "
+                             f"{self.box_lo[l, c]} .. {self.box_hi[l, c]}")
+        e = s.term_value - s.term_sums(x)
+        meta, inv2v, values = self._tables
+        bad = [r for r in range(e.size) if term_log(int(s.term_table[r]), int(e[r]), meta, inv2v, values) == -np.inf]
+        if bad:
+            names = sorted({str(s.term_name[r]) for r in bad})
+            raise ValueError(f"the start x0 breaks {len(bad)} exact term(s) (equalities or bounds): {names[:5]}")
+        return x
+
+    def run(self, x0, prior: np.ndarray, n_sweeps: int, rng: np.random.Generator):
+        """(draws (n_sweeps, n_leaves, n_cells), stats) from ``n_sweeps`` sweeps from x0 with the
+        fixed prior table ``prior`` (n_leaves * n_cells, width). stats: moves made, trimmed
+        edges hit, counts at an open box edge, moves without mass."""
+        s = self.sums
+        x = self.check_start(x0)
+        prior = np.ascontiguousarray(prior, dtype=float)
+        if prior.shape != (s.n_leaves * s.n_cells, self.width):
+            raise ValueError(f"prior must have shape {(s.n_leaves * s.n_cells, self.width)}, got {prior.shape}")
+        S = s.area_sums(x)
+        tsum = s.term_sums(x).astype(np.int64)
+        stream = new_stream(rng)
+        stats = np.zeros(3, np.int64)
+        failed = 0
+        draws = np.empty((n_sweeps, s.n_leaves, s.n_cells), dtype=np.int64)
+        meta, inv2v, values = self._tables
+        for i in range(n_sweeps):
+            failed += sweep(x, S, tsum, self.box_lo, self.box_hi, self.lo_open, self.hi_open, prior,
+                            s.order, s.child_ptr, s.child_area, s.area_leaf, s.term_ptr, s.term_cells,
+                            s.term_value, s.term_table, meta, inv2v, values, self.trim, stream, stats)
+            draws[i] = x
+        return draws, {"moves": int(stats[0]), "trimmed_edges_hit": int(stats[1]),
+                       "open_box_edges_hit": int(stats[2]), "moves_without_mass": int(failed)}

@@ -1,0 +1,141 @@
+"""The data of nested sums: a tree of areas, the latent counts on its leaves, and the terms.
+
+:class:`NestedSums` is what the kernels (:mod:`dpinfer.lattice.nested.kernel`) read: the tree
+in arrays (parents, children, a bottom-up order), the counts' leaves, and the terms sorted by
+area with the cells each one sums and its table (:mod:`dpinfer.lattice.nested.terms`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dpinfer.lattice.nested.terms import TermTables
+
+
+@dataclass(frozen=True)
+class NestedSums:
+    """Counts x (n_leaves, n_cells) on the leaves of a tree of areas, and terms
+    w_r(y_r - sum_{c in cells_r} S_{area_r, c}) with S_{v, c} = sum of x[l, c] over the leaves
+    l under area v.
+
+    ``parent[v]`` is area v's parent (-1 for the one root), ``leaf_area[l]`` the area of the
+    counts' row l; every area without children is a leaf. Terms: ``term_area`` (R,),
+    ``term_cells`` (R, n_cells) bool, ``term_value`` (R,) int64, ``term_table`` (R,) indices
+    into ``tables``; ``term_name`` (R,) says where each term came from (for messages)."""
+
+    parent: np.ndarray
+    leaf_area: np.ndarray
+    n_cells: int
+    term_area: np.ndarray
+    term_cells: np.ndarray
+    term_value: np.ndarray
+    term_table: np.ndarray
+    tables: TermTables
+    term_name: np.ndarray
+    # derived (see __post_init__)
+    order: np.ndarray = field(init=False, repr=False)  # areas, children before parents
+    child_ptr: np.ndarray = field(init=False, repr=False)
+    child_area: np.ndarray = field(init=False, repr=False)
+    area_leaf: np.ndarray = field(init=False, repr=False)  # leaf row of an area, -1 inside
+    term_ptr: np.ndarray = field(init=False, repr=False)  # terms of area v: term_ptr[v]:term_ptr[v+1]
+
+    def __post_init__(self):
+        parent = np.asarray(self.parent, dtype=np.int64).reshape(-1)
+        n = parent.size
+        leaf_area = np.asarray(self.leaf_area, dtype=np.int64).reshape(-1)
+        roots = np.flatnonzero(parent < 0)
+        if roots.size != 1:
+            raise ValueError(f"parent must describe one tree with one root (parent -1), found {roots.size} roots")
+        if np.any(parent >= n) or np.any(parent == np.arange(n)):
+            raise ValueError("parent holds an area index out of range or an area that is its own parent")
+        depth = np.full(n, -1, dtype=np.int64)
+        depth[roots[0]] = 0
+        for _ in range(n):  # propagate depths down; a cycle leaves -1
+            todo = (depth < 0) & (parent >= 0)
+            if not np.any(todo):
+                break
+            ready = todo & (depth[np.maximum(parent, 0)] >= 0)
+            if not np.any(ready):
+                break
+            depth[ready] = depth[parent[ready]] + 1
+        if np.any(depth < 0):
+            raise ValueError("parent has a cycle: not every area reaches the root")
+        order = np.argsort(-depth, kind="stable").astype(np.int64)
+        children = np.flatnonzero(parent >= 0)
+        children = children[np.argsort(parent[children], kind="stable")]
+        counts = np.bincount(parent[children], minlength=n)
+        child_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        area_leaf = np.full(n, -1, dtype=np.int64)
+        if np.unique(leaf_area).size != leaf_area.size or np.any((leaf_area < 0) | (leaf_area >= n)):
+            raise ValueError("leaf_area must list distinct areas of the tree")
+        area_leaf[leaf_area] = np.arange(leaf_area.size)
+        childless = counts == 0
+        if np.any(childless != (area_leaf >= 0)):
+            bad = np.flatnonzero(childless != (area_leaf >= 0))[:5]
+            raise ValueError(f"the leaves must be exactly the areas without children; areas {bad.tolist()} "
+                             "are not (an area with no leaf under it, or a leaf with children)")
+        term_area = np.asarray(self.term_area, dtype=np.int64).reshape(-1)
+        by_area = np.argsort(term_area, kind="stable")
+        cells = np.asarray(self.term_cells, dtype=bool).reshape(term_area.size, int(self.n_cells))
+        set_ = object.__setattr__
+        set_(self, "parent", parent)
+        set_(self, "leaf_area", leaf_area)
+        set_(self, "term_area", term_area[by_area])
+        set_(self, "term_cells", np.ascontiguousarray(cells[by_area]))
+        set_(self, "term_value", np.asarray(self.term_value, dtype=np.int64).reshape(-1)[by_area])
+        set_(self, "term_table", np.asarray(self.term_table, dtype=np.int64).reshape(-1)[by_area])
+        set_(self, "term_name", np.asarray(self.term_name, dtype=object).reshape(-1)[by_area])
+        set_(self, "order", order)
+        set_(self, "child_ptr", child_ptr)
+        set_(self, "child_area", children.astype(np.int64))
+        set_(self, "area_leaf", area_leaf)
+        set_(self, "term_ptr", np.searchsorted(self.term_area, np.arange(n + 1)).astype(np.int64))
+        self._check_equalities()
+
+    @property
+    def n_areas(self) -> int:
+        return self.parent.size
+
+    @property
+    def n_leaves(self) -> int:
+        return self.leaf_area.size
+
+    def area_sums(self, x: np.ndarray) -> np.ndarray:
+        """S (n_areas, n_cells): every area's sums of the counts x (n_leaves, n_cells)."""
+        x = np.asarray(x, dtype=np.int64).reshape(self.n_leaves, self.n_cells)
+        S = np.zeros((self.n_areas, self.n_cells), dtype=np.int64)
+        S[self.leaf_area] = x
+        for v in self.order:
+            if self.parent[v] >= 0:
+                S[self.parent[v]] += S[v]
+        return S
+
+    def term_sums(self, x: np.ndarray) -> np.ndarray:
+        """t (R,): each term's sum of counts."""
+        S = self.area_sums(x)
+        return np.einsum("rc,rc->r", self.term_cells, S[self.term_area])
+
+    def log_weight(self, x: np.ndarray) -> float:
+        """sum_r log w_r(y_r - t_r) at counts x (the terms' part of the log density)."""
+        t = self.term_sums(x)
+        e = self.term_value - t
+        return float(sum(self.tables.log_weight(int(k), int(v)) for k, v in zip(self.term_table, e)))
+
+    def _check_equalities(self) -> None:
+        """The pair moves connect the counts under equalities whose cell sets, per area, are
+        pairwise disjoint or nested (:mod:`dpinfer.lattice.nested`); refuse any other."""
+        meta, _, _ = self.tables.arrays()
+        if len(meta) == 0:
+            return
+        hard = (meta[self.term_table, 3] == 0) & (meta[self.term_table, 4] == 0)
+        for v in np.unique(self.term_area[hard]):
+            rows = np.flatnonzero(hard & (self.term_area == v))
+            sets = [frozenset(np.flatnonzero(self.term_cells[r])) for r in rows]
+            for i, a in enumerate(sets):
+                for b in sets[i + 1:]:
+                    if a & b and not (a <= b or b <= a):
+                        raise ValueError(
+                            f"equalities at one area must sum disjoint or nested sets of cells; "
+                            f"{self.term_name[rows[i]]!r} and another equality there overlap partly")

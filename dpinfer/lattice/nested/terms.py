@@ -1,0 +1,160 @@
+r"""The terms of nested sums: log weights of a residual e = value - (sum of counts), as tables.
+
+A term of :mod:`dpinfer.lattice.nested` multiplies the law of the counts by w(e), e = y - t,
+t the sum of some cells of one area's counts and y the term's value. Every w here is
+log-concave, and one table format holds them all (:class:`TermTables`): the log weights on a
+range e_lo .. e_lo + n - 1 and, on either side beyond it, one of
+
+* ``HARD``: w = 0 (log -inf), an end of a bound or an equality;
+* ``FLAT``: w = w(edge), the open side of a one-sided bound;
+* ``GAUSS``: log w(e) = log w(edge) - (e^2 - edge^2) / (2 v), the discrete Gaussian's own
+  quadratic (exact for one discrete Gaussian, v = sigma^2).
+
+Constructors:
+
+* :meth:`TermTables.add_discrete_gaussian` -- the noise of a measurement y = t + e, e the sum
+  of ``m`` independent discrete Gaussians N_Z(0, sigma^2) (Canonne, Kamath & Steinke 2020):
+  m = 1 is one measured count; m > 1 is a measurement summed over m published cells (a finer
+  query summed to coarser cells, :mod:`dpinfer.io.nmf`). For m = 1 the table is
+  log f(e) = -e^2/(2 sigma^2) - log Z, Z = sum_k exp(-k^2/(2 sigma^2)) (exact, extended exactly by
+  GAUSS). For m > 1 the pmf of the sum is computed by exact convolution (binary powers, linear
+  space, sums of non-negative terms: relative error ~ m eps per entry) of the pmf truncated to
+  |e| <= B = ceil(14 sqrt(m sigma^2)) + 2 at every step; the truncation drops mass < 1e-40
+  relative to the peak, and beyond B the table continues with the quadratic of variance
+  m sigma^2 (the sum's tail there is below e^-98 of the peak and is never reached in practice).
+* :meth:`TermTables.add_equality` -- t = y exactly (an invariant): w = 1{e = 0};
+* :meth:`TermTables.add_at_most` / :meth:`TermTables.add_at_least` -- t <= y / t >= y (a
+  published bound): w = 1{e >= 0} / 1{e <= 0}.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+HARD, FLAT, GAUSS = 0, 1, 2
+
+# Half-width of a summed discrete Gaussian's table in standard deviations (e^-98 at the edge).
+_TABLE_SDS = 14.0
+
+
+class TermTables:
+    """A growing set of term tables; :meth:`arrays` gives the kernels' form.
+
+    Table k occupies ``values[offset_k : offset_k + n_k]`` for e = lo_k .. lo_k + n_k - 1;
+    ``meta[k] = (lo_k, n_k, offset_k, left_mode, right_mode)``, ``inv2v[k] = 1/(2 v)`` for GAUSS
+    ends. Identical tables are stored once (:meth:`add_discrete_gaussian` is keyed by
+    (sigma^2, m))."""
+
+    def __init__(self):
+        self._meta: list[tuple] = []
+        self._inv2v: list[float] = []
+        self._values: list[np.ndarray] = []
+        self._offset = 0
+        self._keys: dict = {}
+
+    def __len__(self) -> int:
+        return len(self._meta)
+
+    def _add(self, key, lo: int, log_w: np.ndarray, left: int, right: int, inv2v: float = 0.0) -> int:
+        if key in self._keys:
+            return self._keys[key]
+        log_w = np.asarray(log_w, dtype=float)
+        self._meta.append((int(lo), log_w.size, self._offset, left, right))
+        self._inv2v.append(float(inv2v))
+        self._values.append(log_w)
+        self._offset += log_w.size
+        self._keys[key] = len(self._meta) - 1
+        return self._keys[key]
+
+    def add_discrete_gaussian(self, sigma2: float, m: int = 1) -> int:
+        """The table of the sum of ``m`` iid N_Z(0, sigma2) noises (module docstring)."""
+        sigma2, m = float(sigma2), int(m)
+        if not (math.isfinite(sigma2) and sigma2 > 0):
+            raise ValueError(f"sigma2 must be a finite positive variance, got {sigma2!r}")
+        if m < 1:
+            raise ValueError(f"m (the number of summed noises) must be >= 1, got {m!r}")
+        log_w = summed_discrete_gaussian_log_pmf(sigma2, m)
+        half = (log_w.size - 1) // 2
+        return self._add(("dg", sigma2, m), -half, log_w, GAUSS, GAUSS, 1.0 / (2.0 * m * sigma2))
+
+    def add_equality(self) -> int:
+        """w(e) = 1{e = 0}."""
+        return self._add(("eq",), 0, np.zeros(1), HARD, HARD)
+
+    def add_at_most(self) -> int:
+        """t <= y: w(e) = 1{e >= 0}."""
+        return self._add(("le",), 0, np.zeros(1), HARD, FLAT)
+
+    def add_at_least(self) -> int:
+        """t >= y: w(e) = 1{e <= 0}."""
+        return self._add(("ge",), 0, np.zeros(1), FLAT, HARD)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(meta (T, 5) int64, inv2v (T,), values (total,)) for :func:`term_log`."""
+        meta = np.array(self._meta, dtype=np.int64).reshape(-1, 5)
+        values = np.concatenate(self._values) if self._values else np.zeros(0)
+        return meta, np.array(self._inv2v, dtype=float), values
+
+    def log_weight(self, k: int, e) -> np.ndarray:
+        """log w_k(e) (vectorised, for tests and reports)."""
+        meta, inv2v, values = self.arrays()
+        e = np.asarray(e, dtype=np.int64)
+        return np.vectorize(lambda v: term_log(k, int(v), meta, inv2v, values))(e)
+
+
+def summed_discrete_gaussian_log_pmf(sigma2: float, m: int) -> np.ndarray:
+    """log pmf of the sum of m iid N_Z(0, sigma2) on e = -B .. B (module docstring)."""
+    half = int(math.ceil(_TABLE_SDS * math.sqrt(m * sigma2))) + 2
+    k = np.arange(-half, half + 1, dtype=float)
+    # one discrete Gaussian: its normaliser over all integers (terms beyond `half` are < e^-98
+    # of the peak for m = 1 and are summed exactly from the closed form below for safety)
+    far = np.arange(half + 1, half + 1 + int(math.ceil(40 * math.sqrt(sigma2))) + 2, dtype=float)
+    log_q = -k * k / (2.0 * sigma2)
+    log_z = np.logaddexp.reduce(np.concatenate([log_q, np.log(2.0) - far * far / (2.0 * sigma2)]))
+    if m == 1:
+        return log_q - log_z
+    one = np.exp(log_q - log_z)
+    result = None
+    power = one
+    n = m
+    while n:
+        if n & 1:
+            result = power if result is None else _truncated_convolve(result, power, half)
+        n >>= 1
+        if n:
+            power = _truncated_convolve(power, power, half)
+    with np.errstate(divide="ignore"):
+        return np.log(result)
+
+
+def _truncated_convolve(a: np.ndarray, b: np.ndarray, half: int) -> np.ndarray:
+    """The convolution of two pmfs on -half .. half, kept on -half .. half (direct: sums of
+    non-negative terms)."""
+    full = np.convolve(a, b)  # on -2 half .. 2 half
+    return full[half: half + 2 * half + 1]
+
+
+@numba.njit(cache=True, nogil=True)
+def term_log(k, e, meta, inv2v, values):
+    """log w_k(e) for the tables of :meth:`TermTables.arrays`."""
+    lo = meta[k, 0]
+    n = meta[k, 1]
+    j = e - lo
+    if 0 <= j < n:
+        return values[meta[k, 2] + j]
+    if j < 0:
+        mode = meta[k, 3]
+        edge = lo
+        w = values[meta[k, 2]]
+    else:
+        mode = meta[k, 4]
+        edge = lo + n - 1
+        w = values[meta[k, 2] + n - 1]
+    if mode == 0:
+        return -np.inf
+    if mode == 1:
+        return w
+    return w - (float(e) * float(e) - float(edge) * float(edge)) * inv2v[k]

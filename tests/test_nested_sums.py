@@ -1,0 +1,263 @@
+"""Nested sums (dpinfer.lattice.nested): term tables against closed forms, and the exact moves
+against exhaustive enumeration of a small multi-level table (2 leaves x 4 cells, measurements
+at three levels, a summed discrete Gaussian, an equality and an inequality)."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpinfer._random_stream import new_stream
+from dpinfer.lattice.nested.kernel import DEFAULT_TRIM, draw_direction, sweep
+from dpinfer.lattice.nested.sampler import NestedGibbs
+from dpinfer.lattice.nested.structure import NestedSums
+from dpinfer.lattice.nested.terms import TermTables
+
+
+def dg_log_pmf(e, sigma2):
+    """log N_Z(0, sigma2) at e, normaliser summed over |k| <= 2000 (closed form per term)."""
+    k = np.arange(-2000, 2001)
+    return -np.asarray(e, float) ** 2 / (2 * sigma2) - np.logaddexp.reduce(-k * k / (2 * sigma2))
+
+
+def summed_dg_log_pmf(e, sigma2, m):
+    """log pmf of the sum of m discrete Gaussians by explicit repeated sums over k."""
+    k = np.arange(-300, 301)
+    pmf = np.exp(dg_log_pmf(k, sigma2))
+    total = pmf.copy()
+    for _ in range(m - 1):
+        total = np.convolve(total, pmf)
+    centre = (total.size - 1) // 2
+    return np.log(total[centre + np.asarray(e)])
+
+
+@pytest.mark.parametrize("sigma2,m", [(0.3, 1), (2.0, 1), (10.0, 1), (1.5, 2), (0.7, 5), (4.0, 9)])
+def test_summed_discrete_gaussian_table_matches_the_explicit_convolution(sigma2, m):
+    tables = TermTables()
+    k = tables.add_discrete_gaussian(sigma2, m)
+    e = np.arange(-25, 26)
+    got = tables.log_weight(k, e)
+    with np.errstate(divide="ignore"):
+        want = summed_dg_log_pmf(e, sigma2, m)
+    inside = want > -700  # the reference underflows in linear space beyond
+    np.testing.assert_allclose(got[inside], want[inside], rtol=1e-12, atol=1e-12)
+    assert np.all(got[~inside] < -690)
+    if m == 1:  # beyond the table, the quadratic continues the exact pmf
+        far = np.array([-400, 333, 1000]) * int(math.ceil(math.sqrt(sigma2)))
+        np.testing.assert_allclose(tables.log_weight(k, far), dg_log_pmf(far, sigma2), rtol=1e-12)
+
+
+def test_bound_and_equality_tables():
+    tables = TermTables()
+    eq, le, ge = tables.add_equality(), tables.add_at_most(), tables.add_at_least()
+    e = np.array([-3, -1, 0, 1, 5])
+    assert list(tables.log_weight(eq, e)) == [-np.inf, -np.inf, 0, -np.inf, -np.inf]
+    assert list(tables.log_weight(le, e)) == [-np.inf, -np.inf, 0, 0, 0]  # t <= y: e = y - t >= 0
+    assert list(tables.log_weight(ge, e)) == [0, 0, 0, -np.inf, -np.inf]
+    assert tables.add_discrete_gaussian(2.0) == tables.add_discrete_gaussian(2.0)  # stored once
+    with pytest.raises(ValueError, match="sigma2"):
+        tables.add_discrete_gaussian(0.0)
+
+
+# ---- the small multi-level table --------------------------------------------------------------
+C = 4
+LAM = np.array([[1.5, 2.0, 0.8, 1.2], [1.0, 2.5, 1.1, 0.6]])  # Poisson priors, leaf x cell
+TOTAL = 10
+
+
+def small_table():
+    """Areas: 0 root, 1 mid (both leaves), 2 and 3 the leaves. Terms at three levels: per-cell
+    and total measurements at the leaves, a measurement of cells {0, 1} summed over two
+    published noises and one of {2, 3} at mid, the root's total exact, cells {0, 1} at most 6
+    and cell 2 measured at the root."""
+    tables = TermTables()
+    terms = []
+
+    def add(area, cells, value, table, name):
+        mask = np.zeros(C, bool)
+        mask[list(cells)] = True
+        terms.append((area, mask, value, table, name))
+
+    release = [1, 3, 0, 2, 2, 0, 1, 1]
+    for leaf, area in enumerate([2, 3]):
+        for c in range(C):
+            add(area, [c], release[leaf * C + c], tables.add_discrete_gaussian(2.0), f"leaf{leaf}/cell{c}")
+        add(area, range(C), [6, 4][leaf], tables.add_discrete_gaussian(1.0), f"leaf{leaf}/total")
+    add(1, [0, 1], 5, tables.add_discrete_gaussian(1.5, 2), "mid/cells 0+1 (summed)")
+    add(1, [2, 3], 4, tables.add_discrete_gaussian(3.0), "mid/cells 2+3")
+    add(0, range(C), TOTAL, tables.add_equality(), "root/total (=)")
+    add(0, [0, 1], 6, tables.add_at_most(), "root/cells 0+1 (<=)")
+    add(0, [2], 2, tables.add_discrete_gaussian(0.7), "root/cell 2")
+    area, cells, value, table, name = zip(*terms)
+    return NestedSums([-1, 0, 1, 1], [2, 3], C, area, np.array(cells), value, table, tables, name), terms
+
+
+def enumerate_posterior():
+    """Every x >= 0 with total TOTAL (the equality) and its posterior log probability
+    (normalised), computed with the independent pmfs above (no dpinfer table)."""
+    _, terms = small_table()
+    n = 2 * C
+    comps = np.array(list(itertools.combinations(range(TOTAL + n - 1), n - 1)))  # stars and bars
+    bars = np.concatenate([np.full((len(comps), 1), -1), comps, np.full((len(comps), 1), TOTAL + n - 1)], 1)
+    states = (np.diff(bars, axis=1) - 1).reshape(-1, 2, C)
+    S = {2: states[:, 0], 3: states[:, 1], 1: states.sum(1), 0: states.sum(1)}
+    logp = stats.poisson.logpmf(states, LAM).sum((1, 2))
+    summed = summed_dg_log_pmf(np.arange(-30, 31), 1.5, 2)
+    for area, mask, value, _, name in terms:
+        e = value - S[area][:, mask].sum(1)
+        if "(=)" in name:
+            logp = logp + np.where(e == 0, 0.0, -np.inf)
+        elif "(<=)" in name:
+            logp = logp + np.where(e >= 0, 0.0, -np.inf)
+        elif "summed" in name:
+            logp = logp + summed[e + 30]
+        else:
+            sigma2 = {"leaf": 2.0 if "cell" in name else 1.0, "mid/": 3.0, "root": 0.7}[name[:4]]
+            logp = logp + dg_log_pmf(e, sigma2)
+    logp -= np.logaddexp.reduce(logp)
+    return states, logp
+
+
+@pytest.fixture(scope="module")
+def posterior():
+    states, logp = enumerate_posterior()
+    return states, np.exp(logp), logp
+
+
+def gibbs(sums):
+    hi = TOTAL + 1  # every count's box covers its whole support 0 .. TOTAL (+1: an open edge)
+    g = NestedGibbs(sums, 0, hi)
+    grid = g.grid()
+    prior = stats.poisson.logpmf(grid, LAM.reshape(-1, 1))
+    return g, np.ascontiguousarray(prior)
+
+
+def test_the_log_weight_of_the_structure_matches_the_enumeration(posterior):
+    sums, _ = small_table()
+    states, p, logp = posterior
+    rng = np.random.default_rng(0)
+    ref = int(np.argmax(p))
+    lp0 = sums.log_weight(states[ref]) + float(np.sum(stats.poisson.logpmf(states[ref], LAM)))
+    for i in rng.choice(len(states), 40):
+        lp = sums.log_weight(states[i]) + float(np.sum(stats.poisson.logpmf(states[i], LAM)))
+        if logp[i] == -np.inf:
+            assert lp == -np.inf
+        else:
+            assert lp - lp0 == pytest.approx(logp[i] - logp[ref], abs=1e-9)
+
+
+def _chi2_pvalue(observed, expected_p):
+    keep = expected_p * observed.sum() >= 5
+    obs = np.append(observed[keep], observed[~keep].sum())
+    exp = np.append(expected_p[keep], expected_p[~keep].sum()) * observed.sum()
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return stats.chisquare(obs, exp).pvalue
+
+
+@pytest.mark.parametrize("direction", [([0], [1]), ([2], [1]), ([1, 3], [1, -1]), ([0, 1], [1, -1])])
+def test_one_move_draws_the_exact_conditional(posterior, direction):
+    """From a fixed state, one move along a direction, 20,000 times: the draws' law is the
+    enumerated posterior restricted to the states that move reaches (chi-square)."""
+    sums, _ = small_table()
+    g, prior = gibbs(sums)
+    states, p, logp = posterior
+    x0 = states[np.argmax(p)]
+    dcells, dsigns = (np.array(v, np.int64) for v in direction)
+    d = np.zeros(C, np.int64)
+    d[dcells] = dsigns
+    # the reachable states: x0 + z (.) d per leaf
+    reach = np.array([np.all((s - x0) * (d == 0) == 0) and
+                      all(len(set(((s - x0)[leaf][dcells] * dsigns).tolist())) == 1 for leaf in range(2))
+                      for s in states])
+    target = p * reach
+    target /= target.sum()
+    index = {s.tobytes(): i for i, s in enumerate(states)}
+    counts = np.zeros(len(states))
+    meta, inv2v, values = sums.tables.arrays()
+    rng = new_stream(np.random.default_rng(1))
+    stat = np.zeros(3, np.int64)
+    S0, t0 = sums.area_sums(x0), sums.term_sums(x0)
+    for _ in range(20_000):
+        x, S, t = x0.copy(), S0.copy(), t0.copy()
+        assert draw_direction(dcells, dsigns, x, S, t, g.box_lo, g.box_hi, g.lo_open, g.hi_open, prior,
+                              sums.order, sums.child_ptr, sums.child_area, sums.area_leaf, sums.term_ptr,
+                              sums.term_cells, sums.term_value, sums.term_table, meta, inv2v, values,
+                              DEFAULT_TRIM, rng, stat)
+        np.testing.assert_array_equal(S, sums.area_sums(x))
+        np.testing.assert_array_equal(t, sums.term_sums(x))
+        counts[index[x.tobytes()]] += 1
+    assert counts[~reach].sum() == 0
+    assert _chi2_pvalue(counts, target) > 1e-3
+    assert stat[1] == 0 and stat[2] == 0
+
+
+def test_a_sweep_keeps_the_posterior(posterior):
+    """Start 6,000 independent chains at exact posterior draws, make one sweep each: the result
+    is again distributed as the posterior (chi-square on every count's marginal and on the
+    joint of the leaf totals)."""
+    sums, _ = small_table()
+    g, prior = gibbs(sums)
+    states, p, logp = posterior
+    rng = np.random.default_rng(2)
+    starts = rng.choice(len(states), size=6000, p=p)
+    out = np.empty((starts.size, 2, C), np.int64)
+    meta, inv2v, values = sums.tables.arrays()
+    stream = new_stream(rng)
+    stat = np.zeros(3, np.int64)
+    for i, s in enumerate(starts):
+        x = states[s].copy()
+        assert sweep(x, sums.area_sums(x), sums.term_sums(x), g.box_lo, g.box_hi, g.lo_open, g.hi_open,
+                     prior, sums.order, sums.child_ptr, sums.child_area, sums.area_leaf, sums.term_ptr,
+                     sums.term_cells, sums.term_value, sums.term_table, meta, inv2v, values, DEFAULT_TRIM,
+                     stream, stat) == 0
+        out[i] = x
+    pvalues = []
+    for leaf in range(2):
+        for c in range(C):
+            marg = np.bincount(states[:, leaf, c], weights=p, minlength=TOTAL + 1)
+            pvalues.append(_chi2_pvalue(np.bincount(out[:, leaf, c], minlength=TOTAL + 1).astype(float), marg))
+    lt = states.sum(2)[:, 0]
+    pvalues.append(_chi2_pvalue(np.bincount(out.sum(2)[:, 0], minlength=TOTAL + 1).astype(float),
+                                np.bincount(lt, weights=p, minlength=TOTAL + 1)))
+    # 9 tests: Bonferroni at 1e-3 overall
+    assert min(pvalues) > 1e-3 / len(pvalues), pvalues
+
+
+def test_a_long_chain_reaches_the_posterior_from_a_bad_start(posterior):
+    """From a start far in the posterior's tail, 20,000 sweeps: every count's posterior mean
+    within 5 batch-means standard errors of the enumeration, and every draw keeps the
+    equality and the inequality."""
+    sums, _ = small_table()
+    g, prior = gibbs(sums)
+    states, p, logp = posterior
+    x0 = np.array([[6, 0, 0, 0], [0, 0, 0, 4]])
+    draws, info = g.run(x0, prior, 20_000, np.random.default_rng(3))
+    assert info["moves_without_mass"] == 0 and info["trimmed_edges_hit"] == 0
+    assert np.all(draws.sum((1, 2)) == TOTAL)
+    assert np.all(draws[:, :, :2].sum((1, 2)) <= 6)
+    exact = np.tensordot(p, states, axes=1)
+    kept = draws[1000:].reshape(-1, 2 * C).astype(float)
+    batches = kept.reshape(50, -1, 2 * C).mean(1)
+    se = batches.std(0, ddof=1) / math.sqrt(50)
+    z = (kept.mean(0) - exact.reshape(-1)) / se
+    assert np.all(np.abs(z) < 5), z
+
+
+def test_bad_inputs_are_refused():
+    sums, _ = small_table()
+    with pytest.raises(ValueError, match="outside its box"):
+        NestedGibbs(sums, 0, 5).check_start(np.full((2, C), 6))
+    with pytest.raises(ValueError, match="breaks .* exact term"):
+        NestedGibbs(sums, 0, 20).check_start(np.ones((2, C)))  # total 8, not 10
+    with pytest.raises(ValueError, match="one root"):
+        NestedSums([-1, -1], [0, 1], 1, [], np.zeros((0, 1), bool), [], [], TermTables(), [])
+    with pytest.raises(ValueError, match="exactly the areas without children"):
+        NestedSums([-1, 0, 0], [1], 1, [], np.zeros((0, 1), bool), [], [], TermTables(), [])
+    tables = TermTables()
+    eq = tables.add_equality()
+    with pytest.raises(ValueError, match="disjoint or nested"):
+        NestedSums([-1, 0], [1], 3, [0, 0], np.array([[1, 1, 0], [0, 1, 1]], bool), [1, 1], [eq, eq],
+                   tables, ["a", "b"])
