@@ -33,6 +33,9 @@ _EXPORTS = {
         "from_diffprivlib", "from_opendp", "read_noisy_measurements", "read_release",
         "write_release"
     ),
+    "dpinfer.io.nmf": (
+        "read_nmf", "write_synthetic_nmf"
+    ),
     "dpinfer.lattice.invariants": (
         "Invariants",
     ),

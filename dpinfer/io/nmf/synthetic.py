@@ -1,0 +1,568 @@
+r"""A synthetic 2020 Census PL94 person noisy measurement file (NMF) with a known truth.
+
+:func:`write_synthetic_nmf` draws person histograms for the blocks of a made-up state (or
+several), aggregates them up the spine Block -> Block_Group -> Tract -> County -> State -> US,
+adds exact discrete Gaussian noise with the production budget's variances, and writes the
+result in the published layout (:mod:`dpinfer.io.nmf.layout`; fact sheet
+``docs/dev/census-nmf-layout.md``), beside the truth. The nation is the states written, so with
+one state US = that state.
+
+    python -m dpinfer.io.nmf.synthetic --out models/synthetic_state_nmf --preset small
+
+Geography (fact sheet §6)
+-------------------------
+Each state has ``n_counties`` counties (FIPS 001, 003, ...), each with ``tracts_per_county``
+tracts, each with ``block_groups_per_tract`` block groups, each with ``blocks_per_block_group``
+blocks; a size is an int or an inclusive range (low, high) drawn uniformly per parent. With
+``aian_tracts`` > 0 the state also has an AIAN part (State geocode "1" + FIPS, partition
+State=100+FIPS): one AIAN-area spine county (synthetic AIANNHCE 9001, tabulated in county 001)
+with that many tracts (tabulation tracts 940100, 940200, ...). Geocodes:
+
+* US ``""``; State ``"0" + FIPS`` (``"1" + FIPS`` for the AIAN part);
+* County: the 8-character root AIAN flag + FIPS + ``"1" + "0" + county`` (``"0" + AIANNHCE``
+  in the AIAN part) + ``"1"``, 9 characters like the fixture county ``"050100011"`` of the
+  fact sheet;
+* Tract, Block_Group: parent + the child's number (from 1), zero-padded to the number of
+  digits of the largest fanout in the nation (widths are uniform across the nation);
+* Block: block-group geocode + geocode16 = FIPS(2) county(3) tract(6) block-group digit(1)
+  block(4), the block's 4 digits starting with the block-group digit.
+
+So every geocode starts with its parent's, and the last 16 characters of a block geocode are
+its tabulation geocode16 (spine tract and block-group numbers are not tabulation codes, as in
+production).
+
+Truth: a hierarchical model of persons
+--------------------------------------
+Race distributions over the 63 cenrace levels have base vectors (mostly white alone, then
+black, asian, sor, a few 2-race codes, a thin floor of 1e-5 on every level; Hispanic persons
+mostly white, sor or white-sor; the AIAN part mostly aian and white-aian). Per county
+c: Hispanic share h_c ~ Beta(2, 25) (mean 7%; Beta(1, 30) in the AIAN part) and race
+vectors r_c ~ Dirichlet(300 base); per tract r_t ~ Dirichlet(1000 r_c). Per block b:
+
+* empty with probability 0.25, else household population n_b = max(1, round(L)),
+  L ~ LogNormal(log(mean_block_population) - 0.9^2/2, 0.9) (mean ``mean_block_population``);
+* voting-age share v_b ~ Beta(46.2, 13.8) (mean 77%);
+* each household person independently: 18+ with prob v_b, Hispanic with prob h_c, race from
+  r_t (Hispanic or not), with the 2+-race levels' weight doubled for minors: the household
+  cells are Multinomial(n_b, p) over (votingage, hispanic, cenrace);
+* with probability 0.02 one group-quarters facility, of type 1..7 with probabilities
+  (0.15, 0.03, 0.35, 0.05, 0.2, 0.02, 0.2), 1 + Poisson(f_k mean_block_population) residents,
+  f = (1.0, 0.3, 1.1, 0.4, 3.0, 1.5, 0.4), 18+ with probability
+  (0.99, 0.1, 1, 0.8, 0.99, 0.98, 0.85) by type (none under 18 in nursing facilities, so
+  ``nurse_nva_0`` holds), Hispanic and race as the block's households;
+* housing units H_b = ceil(n_b / 2.4) + Poisson(0.1 ceil(n_b / 2.4)) if n_b > 0, else
+  Poisson(0.3) (vacant units).
+
+Measurements and constraints
+----------------------------
+For every level written and every query of ``budget`` at that level, a row per geounit:
+value = Q x + e, x the geounit's histogram (sum of its blocks), Q the query's matrix
+(:func:`~dpinfer.io.nmf.layout.query_matrix`), e exact discrete Gaussian noise with
+sigma^2 = ``budget.variance(level, query)`` = 1/rho_q
+(:meth:`DiscreteGaussian.sample_noise <dpinfer.mechanisms.DiscreteGaussian.sample_noise>`,
+Canonne-Kamath-Steinke Algorithm 3 in integer arithmetic; 2.5 to 3.5 microseconds a draw, so a
+geounit's 2603 noisy cells cost about 10 ms). The ``variance`` column holds sigma^2.
+
+Constraints at the levels of :data:`~dpinfer.io.nmf.layout.US_CONSTRAINT_LEVELS` (variance
+0.0), by a synthetic rule that the truth satisfies: ``total_con`` (=) at US, the true total;
+at Block ``hhgq_total_lb_con`` (>=) = (0, number of facilities of each GQ type) and
+``hhgq_total_ub_con`` (<=) = 99999 x (H_b, facilities of each type) (99999 times the units, as
+the production residence-hall bound; a type without a facility is a structural zero), and
+``nurse_nva_0_con`` (=) 0; at State the sums of the blocks' bounds (as production sums node
+constraints).
+
+Files
+-----
+``<root>/US_Person_PL_PROD/<Level>.parquet/{DPQuery,Constraint}/State=<int>/part-0.parquet``,
+State = int(geocode[:3]) (FIPS, or 100 + FIPS for the AIAN part); the US rows (geocode "")
+go to ``State=0``, a choice: the fact sheet does not say how the US level is partitioned.
+Columns: geocode, query_name (name + ``_dpq`` / ``_con``), hhgq, votingage, hispanic, cenrace
+(axis specs), query_shape (list<int64>, one entry per axis), value (list<int64>, C order),
+variance (float64); Constraint files also sign ("=", "<=", ">="). DPQuery files have no sign
+column (as some published partitions). ``<root>/truth.parquet``: block geocode, cell
+(0..2015, C order of the 2016 histogram cells), count (nonzero counts only).
+``<root>/manifest.json`` and ``<root>/README.md``: the parameters and geounit counts.
+
+Randomness: ``numpy.random.SeedSequence(seed)`` spawns one stream for the truth and one per
+level for the noise, so the truth does not depend on ``levels``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import numbers
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dpinfer.io.nmf.layout import (
+    AXES,
+    CENRACE_LABELS,
+    CONSTRAINT_DIR,
+    CONSTRAINT_SUFFIX,
+    DPQUERY_DIR,
+    DPQUERY_SUFFIX,
+    LEVELS,
+    N_CELLS,
+    PL94_CONSTRAINTS,
+    PL94_QUERIES,
+    PRODUCTION_BUDGET,
+    PRODUCTS,
+    SHAPE,
+    US_CONSTRAINT_LEVELS,
+    PrivacyBudget,
+    query_matrix,
+)
+from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
+
+__all__ = ["PRESETS", "write_synthetic_nmf"]
+
+#: Named parameter sets; "small" is the default of :func:`write_synthetic_nmf` and the
+#: instance shipped in ``models/synthetic_state_nmf``; "iowa" has Iowa's 99 counties and
+#: about its tracts (~900) and block groups (~2700), with few blocks.
+PRESETS = {
+    "small": dict(state_fips="19", n_counties=3, tracts_per_county=3, block_groups_per_tract=(2, 3),
+                  blocks_per_block_group=(4, 8), aian_tracts=1, mean_block_population=40.0,
+                  seed=2020),
+    "iowa": dict(state_fips="19", n_counties=99, tracts_per_county=(4, 14), block_groups_per_tract=3,
+                 blocks_per_block_group=(1, 3), aian_tracts=1, mean_block_population=760.0,
+                 seed=2020),
+}
+
+# --- the truth model's constants (module docstring) -------------------------------------------
+P_EMPTY = 0.25
+LOG_SD = 0.9
+VOTING_AGE = (46.2, 13.8)
+HISPANIC_SHARE = {False: (2.0, 25.0), True: (1.0, 30.0)}  # Beta, by "in the AIAN part"
+COUNTY_CONCENTRATION, TRACT_CONCENTRATION = 300.0, 1000.0
+P_FACILITY = 0.02
+FACILITY_TYPES = np.array([0.15, 0.03, 0.35, 0.05, 0.2, 0.02, 0.2])
+FACILITY_SIZE = np.array([1.0, 0.3, 1.1, 0.4, 3.0, 1.5, 0.4])
+FACILITY_VOTING_AGE = np.array([0.99, 0.1, 1.0, 0.8, 0.99, 0.98, 0.85])
+PERSONS_PER_UNIT, VACANT_RATE, VACANT_EMPTY = 2.4, 0.1, 0.3
+UB_MULTIPLE = 99999
+AIANNHCE = "9001"
+_FLOOR = 1e-5
+
+
+def _race_base(weights: dict) -> np.ndarray:
+    base = np.full(len(CENRACE_LABELS), _FLOOR)
+    for label, w in weights.items():
+        base[CENRACE_LABELS.index(label)] = w
+    return base / base.sum()
+
+
+RACE_BASE = {
+    "non-hispanic": _race_base({"white": 0.88, "black": 0.04, "aian": 0.004, "asian": 0.025,
+                                "nhopi": 0.001, "sor": 0.003, "white-black": 0.012,
+                                "white-aian": 0.008, "white-asian": 0.006, "white-sor": 0.01,
+                                "black-sor": 0.001, "white-black-aian": 0.001}),
+    "hispanic": _race_base({"white": 0.25, "sor": 0.35, "white-sor": 0.25, "black": 0.02,
+                            "aian": 0.02, "white-aian": 0.01, "black-sor": 0.005,
+                            "aian-sor": 0.005, "white-black": 0.005}),
+    "aian": _race_base({"aian": 0.7, "white": 0.18, "white-aian": 0.08, "black-aian": 0.01,
+                        "aian-sor": 0.005, "black": 0.005}),
+}
+_MULTI = np.array([label.count("-") > 0 for label in CENRACE_LABELS])
+
+
+# --- arguments ---------------------------------------------------------------------------------
+
+def _size_range(name: str, value, high_limit: int) -> list[int]:
+    """An int n or an inclusive (low, high) as [low, high], 1 <= low <= high <= high_limit."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = (value, value)
+    if (not isinstance(value, (tuple, list)) or len(value) != 2
+            or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value)):
+        raise TypeError(f"{name} must be an int or a (low, high) pair of ints, got {value!r}")
+    low, high = int(value[0]), int(value[1])
+    if not 1 <= low <= high <= high_limit:
+        raise ValueError(f"{name} must satisfy 1 <= low <= high <= {high_limit}, got {value!r}")
+    return [low, high]
+
+
+def _states(state_fips) -> list[str]:
+    states = [state_fips] if isinstance(state_fips, str) else list(state_fips)
+    for s in states:
+        if not (isinstance(s, str) and len(s) == 2 and s.isdigit() and s != "00"):
+            raise ValueError(f"state_fips must be 2-digit FIPS strings ('01'..'99'), got {s!r}")
+        if s == "72":
+            raise ValueError("state_fips '72' (Puerto Rico) is a separate run (PR_Person_PL_PROD) "
+                             "with its own budget, which this generator does not model")
+    if not states or len(set(states)) != len(states):
+        raise ValueError(f"state_fips must name one or more distinct states, got {state_fips!r}")
+    return states
+
+
+def _levels(levels) -> list[str]:
+    chosen = [levels] if isinstance(levels, str) else list(levels)
+    unknown = [lv for lv in chosen if lv not in LEVELS]
+    if unknown or not chosen:
+        raise ValueError(f"levels must be a non-empty subset of {LEVELS}, got {levels!r}")
+    return [lv for lv in LEVELS if lv in chosen]
+
+
+def _parameters(state_fips, n_counties, tracts_per_county, block_groups_per_tract,
+                blocks_per_block_group, aian_tracts, mean_block_population, seed, levels) -> dict:
+    """The checked arguments of :func:`write_synthetic_nmf`, as JSON values (ranges as
+    [low, high])."""
+    if isinstance(aian_tracts, bool) or not isinstance(aian_tracts, numbers.Integral) \
+            or not 0 <= aian_tracts <= 99:
+        raise ValueError(f"aian_tracts must be an int in 0..99, got {aian_tracts!r}")
+    if isinstance(mean_block_population, bool) or not isinstance(mean_block_population, numbers.Real) \
+            or not (math.isfinite(mean_block_population) and mean_block_population > 0):
+        raise ValueError(f"mean_block_population must be a finite number > 0, got {mean_block_population!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    return {"state_fips": _states(state_fips),
+            "n_counties": _size_range("n_counties", n_counties, 500),
+            "tracts_per_county": _size_range("tracts_per_county", tracts_per_county, 99),
+            "block_groups_per_tract": _size_range("block_groups_per_tract", block_groups_per_tract, 9),
+            "blocks_per_block_group": _size_range("blocks_per_block_group", blocks_per_block_group, 1000),
+            "aian_tracts": int(aian_tracts), "mean_block_population": float(mean_block_population),
+            "seed": int(seed), "levels": _levels(levels)}
+
+
+# --- geography -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Tract:
+    state: str          # FIPS
+    aian: bool
+    county: str         # tabulation county (3 digits)
+    county_key: tuple   # (state, aian, spine county root)
+    code: str           # tabulation tract (6 digits)
+    block_groups: tuple  # blocks per block group
+
+
+def _draw(rng, bounds) -> int:
+    return int(rng.integers(bounds[0], bounds[1] + 1))
+
+
+def _geography(parameters: dict, rng) -> pd.DataFrame:
+    """One row per block: the geocode of every level, its county key and tract key."""
+
+    def tract(state, aian, county, root, code):
+        block_groups = tuple(_draw(rng, parameters["blocks_per_block_group"])
+                             for _ in range(_draw(rng, parameters["block_groups_per_tract"])))
+        return _Tract(state, aian, county, (state, aian, root), code, block_groups)
+
+    tracts = []
+    for state in parameters["state_fips"]:
+        for c in range(_draw(rng, parameters["n_counties"])):
+            county = f"{2 * c + 1:03d}"
+            tracts += [tract(state, False, county, "10" + county, f"{(t + 1) * 100:06d}")
+                       for t in range(_draw(rng, parameters["tracts_per_county"]))]
+        tracts += [tract(state, True, "001", "0" + AIANNHCE, f"{9401 + t:04d}00")
+                   for t in range(parameters["aian_tracts"])]
+    per_county = pd.Series([t.county_key for t in tracts]).value_counts()
+    tract_width = len(str(int(per_county.max())))
+    bg_width = len(str(max(len(t.block_groups) for t in tracts)))
+    rows, numbered = [], {}
+    for t in tracts:
+        key = t.county_key
+        numbered[key] = numbered.get(key, 0) + 1
+        state_geo = ("1" if t.aian else "0") + t.state
+        county_geo = state_geo + key[2] + "1"
+        tract_geo = county_geo + f"{numbered[key]:0{tract_width}d}"
+        for g, n_blocks in enumerate(t.block_groups, start=1):
+            bg_geo = tract_geo + f"{g:0{bg_width}d}"
+            for k in range(n_blocks):
+                geocode16 = t.state + t.county + t.code + str(g) + f"{g}{k:03d}"
+                rows.append((state_geo, county_geo, tract_geo, bg_geo, bg_geo + geocode16,
+                             t.aian, key, (key, t.code)))
+    frame = pd.DataFrame(rows, columns=["State", "County", "Tract", "Block_Group", "Block", "aian",
+                                        "county_key", "tract_key"])
+    frame.insert(0, "US", "")
+    return frame
+
+
+# --- truth ---------------------------------------------------------------------------------
+
+def _truth(geo: pd.DataFrame, mean_population: float, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(histograms (blocks, 2016) int64, facilities (blocks, 8) int64 with column 0 unused,
+    housing units (blocks,)) from the model of the module docstring."""
+    counties = {key: (rng.beta(*HISPANIC_SHARE[key[1]]),
+                      {h: rng.dirichlet(COUNTY_CONCENTRATION * RACE_BASE[_race_group(key[1], h)])
+                       for h in (False, True)})
+                for key in dict.fromkeys(geo["county_key"])}
+    tracts = {key: {h: rng.dirichlet(TRACT_CONCENTRATION * counties[key[0]][1][h])
+                    for h in (False, True)}
+              for key in dict.fromkeys(geo["tract_key"])}
+    n = len(geo)
+    hist = np.zeros((n, SHAPE[0], SHAPE[1] * SHAPE[2] * SHAPE[3]), dtype=np.int64)
+    facilities = np.zeros((n, SHAPE[0]), dtype=np.int64)
+    units = np.zeros(n, dtype=np.int64)
+    mu = math.log(mean_population) - LOG_SD**2 / 2
+    for b, (county_key, tract_key) in enumerate(zip(geo["county_key"], geo["tract_key"])):
+        hispanic_share, races = counties[county_key][0], tracts[tract_key]
+        voting = rng.beta(*VOTING_AGE)
+        population = 0 if rng.random() < P_EMPTY else max(1, round(rng.lognormal(mu, LOG_SD)))
+        if population:
+            hist[b, 0] = rng.multinomial(population, _cell_probabilities(voting, hispanic_share, races))
+            base_units = math.ceil(population / PERSONS_PER_UNIT)
+            units[b] = base_units + rng.poisson(VACANT_RATE * base_units)
+        else:
+            units[b] = rng.poisson(VACANT_EMPTY)
+        if rng.random() < P_FACILITY:
+            k = int(rng.choice(len(FACILITY_TYPES), p=FACILITY_TYPES))
+            residents = 1 + rng.poisson(FACILITY_SIZE[k] * mean_population)
+            probs = _cell_probabilities(FACILITY_VOTING_AGE[k], hispanic_share, races)
+            hist[b, k + 1] += rng.multinomial(residents, probs)
+            facilities[b, k + 1] += 1
+    return hist.reshape(n, N_CELLS), facilities, units
+
+
+def _race_group(aian: bool, hispanic: bool) -> str:
+    return "hispanic" if hispanic else ("aian" if aian else "non-hispanic")
+
+
+def _cell_probabilities(voting: float, hispanic_share: float, races: dict) -> np.ndarray:
+    """P(votingage, hispanic, cenrace), C order: minors' 2+-race levels weighted x2."""
+    p = np.empty((2, 2, len(CENRACE_LABELS)))
+    for va, p_va in ((0, 1 - voting), (1, voting)):
+        for h, p_h in ((0, 1 - hispanic_share), (1, hispanic_share)):
+            r = races[bool(h)] * np.where(_MULTI & (va == 0), 2.0, 1.0)
+            p[va, h] = p_va * p_h * r / r.sum()
+    p = p.ravel()
+    return p / p.sum()
+
+
+# --- writing -------------------------------------------------------------------------------
+
+def _list_array(matrix: np.ndarray) -> pa.ListArray:
+    """Rows of a 2-D int64 array as a list<int64> column."""
+    n, k = matrix.shape
+    offsets = pa.array(np.arange(0, (n + 1) * k, k, dtype=np.int32) if n * k < 2**31
+                       else np.arange(0, (n + 1) * k, k, dtype=np.int64))
+    values = pa.array(np.ascontiguousarray(matrix, dtype=np.int64).ravel())
+    if offsets.type == pa.int64():
+        return pa.LargeListArray.from_arrays(offsets, values).cast(pa.list_(pa.int64()))
+    return pa.ListArray.from_arrays(offsets, values)
+
+
+def _rows_table(parts: list, with_sign: bool) -> pa.Table:
+    """One table from parts (name, axes, shape, geocodes, values (n, k), variance, sign)."""
+    columns = {"geocode": [], "query_name": [], **{a: [] for a in AXES}, "query_shape": [],
+               "value": [], "variance": [], "sign": []}
+    for name, axes, shape, geocodes, values, variance, sign in parts:
+        n = len(geocodes)
+        columns["geocode"].append(pa.array(geocodes, pa.string()))
+        columns["query_name"].append(pa.array([name] * n, pa.string()))
+        for a, spec in zip(AXES, axes):
+            columns[a].append(pa.array([spec] * n, pa.string()))
+        columns["query_shape"].append(_list_array(np.tile(np.array(shape, dtype=np.int64), (n, 1))))
+        columns["value"].append(_list_array(values))
+        columns["variance"].append(pa.array(np.full(n, variance, dtype=np.float64)))
+        columns["sign"].append(pa.array([sign] * n, pa.string()))
+    if not with_sign:
+        del columns["sign"]
+    return pa.table({c: pa.concat_arrays(arrays) for c, arrays in columns.items()})
+
+
+def _write_partitions(directory: Path, parts: list, with_sign: bool) -> None:
+    """Rows split by State partition = int(geocode[:3]) (0 for the US geocode "")."""
+    table = _rows_table(parts, with_sign)
+    geocodes = table.column("geocode").to_pylist()
+    partition = np.array([int(g[:3]) if g else 0 for g in geocodes])
+    for value in sorted(set(partition.tolist())):
+        path = directory / f"State={value}" / "part-0.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table.filter(pa.array(partition == value)), path, compression="zstd")
+
+
+def _constraint_parts(level: str, geocodes, hist, facilities, units) -> list:
+    """Constraint rows (module docstring) for histograms ``hist`` (n, 2016), facilities
+    (n, 8) and housing units (n,) of the level's geounits."""
+    n = len(geocodes)
+    parts = []
+    for name in US_CONSTRAINT_LEVELS.get(level, ()):
+        spec = PL94_CONSTRAINTS[name]
+        shape, matrix = query_matrix(spec.axes)
+        if name == "total":
+            values = (matrix @ hist.T).T
+        elif name == "hhgq_total_lb":
+            values = facilities.copy()
+        elif name == "hhgq_total_ub":
+            values = UB_MULTIPLE * np.column_stack([units, facilities[:, 1:]])
+        else:  # nurse_nva_0
+            values = np.zeros((n, 1), dtype=np.int64)
+        parts.append((name + CONSTRAINT_SUFFIX, spec.axes, shape, geocodes, values, 0.0, spec.sign))
+    return parts
+
+
+def write_synthetic_nmf(
+    root,
+    *,
+    state_fips="19",
+    n_counties=3,
+    tracts_per_county=3,
+    block_groups_per_tract=(2, 3),
+    blocks_per_block_group=(4, 8),
+    aian_tracts: int = 1,
+    mean_block_population: float = 40.0,
+    seed: int = 2020,
+    budget: PrivacyBudget = PRODUCTION_BUDGET,
+    levels=LEVELS,
+) -> dict:
+    """Write a synthetic PL94 person NMF with its truth under ``root`` (module docstring).
+
+    Parameters
+    ----------
+    root : path
+        A directory; it may exist, but must not hold a previous instance.
+    state_fips : str or sequence of str
+        2-digit FIPS codes of the states (the nation); not "72" (Puerto Rico is another run).
+    n_counties, tracts_per_county, block_groups_per_tract, blocks_per_block_group : int or (low, high)
+        Sizes, drawn uniformly in the inclusive range per parent (block groups per tract <= 9,
+        the tabulation block-group digit; blocks per block group <= 1000).
+    aian_tracts : int
+        Tracts in each state's AIAN part (0: no AIAN part).
+    mean_block_population : float
+        Mean household population of a populated block.
+    seed : int
+    budget : PrivacyBudget
+        The production budget by default; it must cover every level written.
+    levels : sequence of str
+        The levels to write (all by default); the truth is always written.
+
+    Returns
+    -------
+    dict
+        The manifest written to ``root/manifest.json``: parameters, geounits per level,
+        population.
+    """
+    parameters = _parameters(state_fips, n_counties, tracts_per_county, block_groups_per_tract,
+                             blocks_per_block_group, aian_tracts, mean_block_population, seed, levels)
+    if not isinstance(budget, PrivacyBudget):
+        raise TypeError(f"budget must be a PrivacyBudget, got {type(budget).__name__}")
+    levels = parameters["levels"]
+    missing = [lv for lv in levels if lv not in budget.query_shares]
+    if missing:
+        raise ValueError(f"budget has no shares for levels {missing}; it covers {list(budget.query_shares)}")
+    root = Path(root)
+    product = root / PRODUCTS["US"]
+    for existing in (product, root / "truth.parquet", root / "manifest.json"):
+        if existing.exists():
+            raise FileExistsError(f"{existing} exists: write_synthetic_nmf writes a fresh instance "
+                                  "(remove it first)")
+
+    streams = np.random.SeedSequence(parameters["seed"]).spawn(1 + len(LEVELS))
+    truth_rng = np.random.default_rng(streams[0])
+    geo = _geography(parameters, truth_rng)
+    hist, facilities, units = _truth(geo, parameters["mean_block_population"], truth_rng)
+
+    counts = {}
+    for level in levels:
+        codes, index = np.unique(geo[level].to_numpy(dtype=str), return_inverse=True)
+        counts[level] = len(codes)
+        aggregate = np.zeros((len(codes), N_CELLS), dtype=np.int64)
+        np.add.at(aggregate, index, hist)
+        rng = np.random.default_rng(streams[1 + LEVELS.index(level)])
+        parts = []
+        for query, variance in ((q, budget.variance(level, q)) for q in budget.query_shares[level]):
+            axes = PL94_QUERIES[query]
+            shape, matrix = query_matrix(axes)
+            exact = (matrix @ aggregate.T).T
+            mechanism = DiscreteGaussian(math.sqrt(variance), sensitivity=1, neighbour="substitution")
+            noisy = exact + mechanism.sample_noise(exact.shape, rng)
+            parts.append((query + DPQUERY_SUFFIX, axes, shape, codes.tolist(), noisy, variance, None))
+        level_dir = product / f"{level}.parquet"
+        _write_partitions(level_dir / DPQUERY_DIR, parts, with_sign=False)
+        if level in US_CONSTRAINT_LEVELS:
+            agg_fac = np.zeros((len(codes), SHAPE[0]), dtype=np.int64)
+            np.add.at(agg_fac, index, facilities)
+            agg_units = np.bincount(index, weights=units, minlength=len(codes)).astype(np.int64)
+            _write_partitions(level_dir / CONSTRAINT_DIR,
+                              _constraint_parts(level, codes.tolist(), aggregate, agg_fac, agg_units),
+                              with_sign=True)
+
+    block, cell = np.nonzero(hist)
+    truth = pa.table({"geocode": pa.array(geo["Block"].to_numpy(dtype=str)[block], pa.string()),
+                      "cell": pa.array(cell.astype(np.int16)),
+                      "count": pa.array(hist[block, cell].astype(np.int64))})
+    pq.write_table(truth, root / "truth.parquet", compression="zstd")
+
+    manifest = {
+        "generator": "dpinfer.io.nmf.synthetic.write_synthetic_nmf",
+        "parameters": parameters,
+        "budget": {"rho": str(budget.rho),
+                   "level_shares": {k: str(v) for k, v in budget.level_shares.items()},
+                   "production": budget == PRODUCTION_BUDGET},
+        "product": PRODUCTS["US"],
+        "geounits": {level: int(geo[level].nunique()) for level in LEVELS},
+        "written_geounits": counts,
+        "population": int(hist.sum()),
+        "group_quarters_population": int(hist.reshape(-1, SHAPE[0], N_CELLS // SHAPE[0])[:, 1:].sum()),
+        "empty_blocks": int((hist.sum(axis=1) == 0).sum()),
+    }
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (root / "README.md").write_text(_readme(manifest))
+    return manifest
+
+
+def _preset_of(parameters: dict) -> str | None:
+    """The name of the preset with these (normalised) parameters and every level, if any."""
+    for name, preset in PRESETS.items():
+        if _parameters(**preset, levels=LEVELS) == parameters:
+            return name
+    return None
+
+
+def _readme(manifest: dict) -> str:
+    p = manifest["parameters"]
+    preset = _preset_of(p)
+    command = (f"python -m dpinfer.io.nmf.synthetic --out <this directory> --preset {preset}"
+               if preset else f"dpinfer.io.nmf.synthetic.write_synthetic_nmf(root, **{p!r})")
+    geounits = ", ".join(f"{lv} {n}" for lv, n in manifest["written_geounits"].items())
+    return f"""# Synthetic 2020 Census PL94 person noisy measurement file
+
+Made-up data in the layout of the published noisy measurement files (NMF), with its truth.
+Not Census data. The generator, the model of the truth and the file layout are described in
+`dpinfer/io/nmf/synthetic.py`; read the files with `dpinfer.read_nmf(<this directory>, "{p['state_fips'][0]}")`.
+
+- `{manifest['product']}/<Level>.parquet/DPQuery/State=<int>/part-0.parquet`: noisy
+  measurements, discrete Gaussian noise with the production budget's variances.
+- `{manifest['product']}/<Level>.parquet/Constraint/State=<int>/part-0.parquet`: constraints.
+- `truth.parquet`: the true block histograms (block geocode, cell 0..2015, count; nonzero only).
+- `manifest.json`: the parameters below and the geounit counts.
+
+States {", ".join(p['state_fips'])}; geounits: {geounits}; population {manifest['population']}
+(in group quarters {manifest['group_quarters_population']}); empty blocks {manifest['empty_blocks']}.
+
+Regenerate (after removing the directory's contents):
+
+    {command}
+"""
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m dpinfer.io.nmf.synthetic",
+        description="Write a synthetic 2020 Census PL94 person noisy measurement file.")
+    parser.add_argument("--out", required=True, help="output directory (must not hold an instance)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    parser.add_argument("--seed", type=int, help="override the preset's seed")
+    parser.add_argument("--levels", help=f"comma-separated levels to write (default all: {','.join(LEVELS)})")
+    args = parser.parse_args(argv)
+    kwargs = dict(PRESETS[args.preset])
+    if args.seed is not None:
+        kwargs["seed"] = args.seed
+    if args.levels:
+        kwargs["levels"] = args.levels.split(",")
+    start = time.perf_counter()
+    manifest = write_synthetic_nmf(args.out, **kwargs)
+    size = sum(f.stat().st_size for f in Path(args.out).rglob("*") if f.is_file())
+    print(f"wrote {args.out}: geounits {manifest['written_geounits']}, population "
+          f"{manifest['population']}, {size / 1e6:.2f} MB in {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
