@@ -42,7 +42,7 @@ _EXPORTS = {
     "dpinfer.mechanisms": (
         "BITLaplace", "ClampedGeometric", "Conditioned", "DiscreteGaussian", "DoubleGeometric",
         "Gaussian", "GeneralizedGaussian", "GeneralizedLaplace", "Laplace", "Logistic",
-        "Mechanism", "MultiLevelGeometric", "RandomizedResponse", "PrivacyAudit",
+        "Mechanism", "MultiLevelGeometric", "NestedMeasurements", "RandomizedResponse", "PrivacyAudit",
         "PrivacyGuarantee", "Subbotin", "TruncatedLaplace"
     ),
     "dpinfer.statistics": (

@@ -175,6 +175,10 @@ def _engine(model, plan, method: str, sample_kwargs: dict):
         raise NotMarginalisableError(
             f"latents {sorted(s.latent_name for s in plan.summed)} are summed out in closed form for "
             f"the compiled engine, which cannot fit this model: {reason}")
+    nested = sorted(p.latent_name for p in plan.latents if p.kind == "nested")
+    if nested:
+        raise ValueError(f"the counts {nested} behind nested measurements are drawn by the compiled "
+                         f"engine only, which cannot fit this model: {reason}")
     return "pymc", model, None, reason
 
 

@@ -15,6 +15,7 @@ _EXPORTS = {
     "dpinfer.mechanisms.laplace": ("Laplace",),
     "dpinfer.mechanisms.logconcave": ("Logistic", "Subbotin", "log_concave_delta"),
     "dpinfer.mechanisms.multilevel": ("MultiLevelAudit", "MultiLevelGeometric"),
+    "dpinfer.mechanisms.nested": ("NestedMeasurements",),
     "dpinfer.mechanisms.randomized_response": ("RandomizedResponse",),
     "dpinfer.mechanisms.generalized_gaussian": ("GeneralizedGaussian", "PrivacyUnverifiedError"),
     "dpinfer.mechanisms.subspace": ("GeneralizedLaplace",),

@@ -7,8 +7,9 @@ any sampling.
 * latents summed out in closed form (:mod:`~dpinfer.inference.planning.closed_form`): Normal
   latents released whole by Gaussian or Laplace noise, true tables under randomised response;
 * one plan per latent count vector: independent cells, cells on group totals, cells with
-  further children (:mod:`~dpinfer.inference.planning.cells`), or cells on a fibre
-  (:mod:`~dpinfer.inference.planning.fibre`);
+  further children (:mod:`~dpinfer.inference.planning.cells`), cells on a fibre
+  (:mod:`~dpinfer.inference.planning.fibre`), or counts on the leaves of a tree of areas
+  measured at every level (:mod:`~dpinfer.inference.planning.nested`);
 * the releases of continuous latents, which need no plan (NUTS samples them with the release
   observed).
 
@@ -71,6 +72,17 @@ def plan_releases(model, records, *, method: str = "auto") -> list:
     plans = []
     records = [r for r in records if not is_continuous_release(model, r)]
     for latent, entries in entries_from(model, records, resolve_query).items():
+        nested = [e for e in entries if hasattr(e.record.mechanism, "sums")]
+        if nested:
+            if len(entries) > 1:
+                raise ValueError(
+                    f"the counts {latent.name!r} have the nested release {nested[0].record.name!r} "
+                    f"and {len(entries) - 1} more; put every measurement of them in the one "
+                    "NestedMeasurements release")
+            from dpinfer.inference.planning.nested import nested_plan
+
+            plans.append(nested_plan(model, nested[0].record, latent))
+            continue
         special = [e for e in entries if e.record.mechanism.keeps_invariants or e.query is not None]
         if not special:
             plans.append(cells_plan(model, entries[0].record))

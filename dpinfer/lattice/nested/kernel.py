@@ -300,3 +300,28 @@ def sweep(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
                               term_table, meta, inv2v, values, trim, rng, stats):
             failed += 1
     return failed
+
+
+@numba.njit(cache=True, nogil=True)
+def current_sums(x, S, tsum, order, child_ptr, child_area, area_leaf, term_cells, term_area):
+    """Fill S (every area's sums of x) and tsum (every term's sum) from the counts x."""
+    n_cells = x.shape[1]
+    for v in order:
+        leaf = area_leaf[v]
+        if leaf >= 0:
+            for c in range(n_cells):
+                S[v, c] = x[leaf, c]
+        else:
+            for c in range(n_cells):
+                S[v, c] = 0
+            for p in range(child_ptr[v], child_ptr[v + 1]):
+                ch = child_area[p]
+                for c in range(n_cells):
+                    S[v, c] += S[ch, c]
+    for r in range(tsum.size):
+        acc = 0
+        v = term_area[r]
+        for c in range(n_cells):
+            if term_cells[r, c]:
+                acc += S[v, c]
+        tsum[r] = acc

@@ -5,7 +5,8 @@ One iteration (sweep) of a chain, which gives one stored draw, is ``nuts_per_swe
 transitions (3 by default) of the continuous parameters q given all counts
 (:mod:`dpinfer.inference.engines.compiled.nuts`; the log density is the model with the counts as data), with
 ``counts_per_sweep`` draws (2 by default) of every count block given the current parameters
-(:mod:`dpinfer.inference.engines.compiled.exact_counts`) spread among them, the first before the first
+(:mod:`dpinfer.inference.engines.compiled.exact_counts`; for nested measurements one sweep of
+:mod:`dpinfer.lattice.nested`) spread among them, the first before the first
 transition: with the defaults, counts, NUTS, counts, NUTS, NUTS.
 
 Why these defaults (``benchmarks/README.md``): a small count and its log rate are tightly
@@ -50,20 +51,23 @@ import numba
 import numpy as np
 from numba import literal_unroll
 
-from dpinfer.inference.engines.compiled.count_blocks import GroupTotals, IndependentCells
+from dpinfer._random_stream import new_stream
+from dpinfer.inference.engines.compiled.count_blocks import GroupTotals, IndependentCells, NestedCounts
 from dpinfer.inference.engines.compiled.exact_counts import (
     HOLD_RATIO,
     HOLD_RATIO_TUNING,
     draw_given_totals,
     draw_independent,
+    log_weight_tables,
 )
-from dpinfer._random_stream import new_stream
 from dpinfer.inference.engines.compiled.nuts import (
     log_density_at,
     metric_windows,
     nuts_transition,
     reasonable_step_size,
 )
+from dpinfer.lattice.nested.kernel import current_sums
+from dpinfer.lattice.nested.kernel import sweep as nested_sweep
 
 MAX_TREE_DEPTH = 10
 NUTS_STATS = ("lp", "tree_depth", "n_steps", "acceptance_rate", "diverging", "energy",
@@ -114,7 +118,7 @@ def _metric_variance(m2_q, m2_grad, c):
 
 
 @numba.njit(cache=True, nogil=True)
-def _draw_blocks(q, counts, env, cells, totals, hold_ratio, rng, row):
+def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row):
     """Every count block's draw; their statistics into ``row`` at each block's columns."""
     for b in literal_unroll(cells):
         (full, hoisted, point, offset, grid, release_table, release, tails, shape, log_eta,
@@ -139,12 +143,32 @@ def _draw_blocks(q, counts, env, cells, totals, hold_ratio, rng, row):
         row[column] += stats[0]
         row[column + 1] += stats[2]
         row[column + 2] += stats[3]
+    for b in literal_unroll(nested):
+        (full, hoisted, offset, grid, zero_release, table, x, S, tsum, box_lo, box_hi, lo_open, hi_open,
+         order, child_ptr, child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
+         term_area, meta, inv2v, values, trim, stats, column) = b
+        if grid.shape[0] == 0:
+            continue
+        log_weight_tables(full, hoisted, q, env, grid, zero_release, table)
+        n_leaves, n_cells = x.shape
+        for i in range(n_leaves * n_cells):
+            x[i // n_cells, i % n_cells] = counts[offset + i]
+        current_sums(x, S, tsum, order, child_ptr, child_area, area_leaf, term_cells, term_area)
+        stats[:] = 0
+        failed = nested_sweep(x, S, tsum, box_lo, box_hi, lo_open, hi_open, table, order, child_ptr,
+                              child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
+                              meta, inv2v, values, trim, rng, stats)
+        for i in range(n_leaves * n_cells):
+            counts[offset + i] = x[i // n_cells, i % n_cells]
+        row[column] += stats[1]
+        row[column + 1] += stats[2]
+        row[column + 2] += failed
     return True
 
 
 @numba.njit(cache=True, nogil=True)
 def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt, metric_count,
-            metric_mean, metric_m2, window_ends, max_depth, cells, totals, rng, out_q, out_counts,
+            metric_mean, metric_m2, window_ends, max_depth, cells, totals, nested, rng, out_q, out_counts,
             out_stats, row, nuts_per_sweep, counts_per_sweep):
     """Iterations first..last-1 of a chain (module docstring). Returns 0, or 1 if a count
     block found a window without mass, 2 if the parameters' log density is not finite.
@@ -167,7 +191,7 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt,
         c_sweep = counts_per_sweep if it >= tune else 1
         for t in range(n_sweep):
             if it >= warm_start and (t * c_sweep) // n_sweep > ((t - 1) * c_sweep) // n_sweep:
-                if not _draw_blocks(q, counts, env, cells, totals, hold_ratio, rng, row):
+                if not _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row):
                     return 1
             if n == 0:
                 continue
@@ -262,8 +286,10 @@ def run_chain(model, blocks, *, tune: int, draws: int, rng: np.random.Generator,
     names, columns = _stat_columns(blocks)
     cells = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "cells")
     totals = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "totals")
+    nested = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "nested")
     cells = cells or (IndependentCells.placeholder(),)
     totals = totals or (GroupTotals.placeholder(),)
+    nested = nested or (NestedCounts.placeholder(),)
     out_q = np.empty((draws, n))
     out_counts = np.empty((draws, counts.size), dtype=np.int64)
     out_stats = np.zeros((draws, len(names)))
@@ -280,7 +306,7 @@ def run_chain(model, blocks, *, tune: int, draws: int, rng: np.random.Generator,
         last = min(total, first + chunk)
         code = _sweeps(first, last, tune, model.logp_grad_address, q, grad, counts, env, inv_mass,
                        adapt, metric_count, metric_mean, metric_m2, window_ends, max_tree_depth,
-                       cells, totals, stream, out_q, out_counts, out_stats, row, nuts_per_sweep,
+                       cells, totals, nested, stream, out_q, out_counts, out_stats, row, nuts_per_sweep,
                        counts_per_sweep)
         if code == 1:
             raise SamplingError("a count block's window holds no mass (a release far outside "

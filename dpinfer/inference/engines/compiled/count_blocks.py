@@ -139,3 +139,37 @@ class GroupTotals:
         z = np.zeros(1, np.int64)
         return (0, z, 0, 0, i, f, np.zeros(0), np.zeros((6, 0)), np.zeros(3), z, np.zeros(0, np.int64),
                 np.zeros(0, np.int64), f, f, f, np.zeros((4, 0)), np.zeros(4), 0)
+
+
+class NestedCounts:
+    """Counts on the leaves of a tree of areas measured at every level (a nested release),
+    moved by exact sum-tree draws given the parameters: :func:`dpinfer.lattice.nested.kernel.sweep`
+    on the plan's boxes, with the prior's table refilled from the parameters first."""
+
+    kind = "nested"
+
+    def __init__(self, name: str, offset: int, gibbs, prior_table):
+        self.name, self.offset, self.gibbs, self.prior = name, offset, gibbs, prior_table
+        self.grid = np.ascontiguousarray(gibbs.grid())
+        self._hoisted, self.hoisted = prior_table.prepare(self.grid)
+        self.stat_names = (f"{name}_trimmed_edges_hit", f"{name}_box_edges_hit",
+                           f"{name}_moves_without_mass")
+
+    def native(self, column: int) -> tuple:
+        """The kernel's data, with fresh scratch for one chain; statistics from ``column``."""
+        g, s = self.gibbs, self.gibbs.sums
+        meta, inv2v, values = s.tables.arrays()
+        return (self.prior.full_address, self.hoisted, self.offset, self.grid, np.zeros(self.grid.shape),
+                np.empty(self.grid.shape), np.empty((s.n_leaves, s.n_cells), np.int64),
+                np.empty((s.n_areas, s.n_cells), np.int64), np.empty(s.term_value.size, np.int64),
+                g.box_lo, g.box_hi, g.lo_open, g.hi_open, s.order, s.child_ptr, s.child_area, s.area_leaf,
+                s.term_ptr, s.term_cells, s.term_value, s.term_table, s.term_area, meta, inv2v, values,
+                g.trim, np.zeros(3, np.int64), column)
+
+    @staticmethod
+    def placeholder() -> tuple:
+        """A block of no counts with the kernel's types (the compiled loop needs one)."""
+        f, i = np.zeros((0, 0)), np.zeros((0, 0), np.int64)
+        z, b = np.zeros(0, np.int64), np.zeros((0, 0), bool)
+        return (0, np.zeros(1, np.int64), 0, i, f, f, i, i, z, i, i, b, b, z, z, z, z, z, b, z, z, z,
+                np.zeros((0, 5), np.int64), np.zeros(0), np.zeros(0), 1.0, np.zeros(3, np.int64), 0)

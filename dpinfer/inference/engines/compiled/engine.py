@@ -33,7 +33,12 @@ from dpinfer.inference.engines.compiled.chains import (
     SamplingError,
     run_chains,
 )
-from dpinfer.inference.engines.compiled.count_blocks import CellTables, GroupTotals, IndependentCells
+from dpinfer.inference.engines.compiled.count_blocks import (
+    CellTables,
+    GroupTotals,
+    IndependentCells,
+    NestedCounts,
+)
 from dpinfer.inference.engines.compiled.model import NotCompilableError, compile_model
 from dpinfer.inference.report import window_entry
 
@@ -46,6 +51,9 @@ METHODS = {
     "totals": ("exact Gibbs (compiled): the counts drawn exactly and jointly on the group totals "
                "given the parameters, alternating with NUTS transitions of the parameters given the "
                "counts (counts_per_sweep and nuts_per_sweep per draw, in sample_stats.attrs)"),
+    "nested": ("exact Gibbs (compiled): the counts moved by exact sum-tree draws along every cell "
+               "and random pairs of cells (dpinfer.lattice.nested) given the parameters, "
+               "alternating with NUTS transitions of the parameters given the counts"),
 }
 STUCK_SHARE = 0.5  # a chain holding cells in more than this share of its draws is stuck
 
@@ -121,11 +129,13 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
 
 
 def _block(plan, compiled):
-    """The count block of a cells or totals plan: its window's tables and the prior's."""
+    """The count block of a plan: its window's tables (a nested plan: its boxes) and the prior's."""
+    offset = compiled.latent_slices[plan.latent_name].start
+    if plan.kind == "nested":
+        return NestedCounts(plan.latent_name, offset, plan.window.gibbs, compiled.prior_tables[plan.latent_name])
     tables = CellTables.build(plan.mechanism, plan.release_value, plan.support,
                               plan.window.half_width,
                               log_eta=None if plan.exact_tails else plan.window.log_eta)
-    offset = compiled.latent_slices[plan.latent_name].start
     prior = compiled.prior_tables[plan.latent_name]
     if plan.kind == "totals":
         return GroupTotals(plan.latent_name, offset, tables, prior, plan.group_codes, plan.targets)
@@ -134,7 +144,10 @@ def _block(plan, compiled):
 
 def _report(plan, stats, block, tol: float) -> tuple[dict, float | None]:
     """(the plan's report entry, the largest neglected-mass bound if it exceeds tol, else None;
-    infinite when cells were held too often: :func:`held_too_often`)."""
+    infinite when cells were held too often: :func:`held_too_often`, or, for a nested plan,
+    when a draw after tuning reached an edge of its box: :func:`_nested_report`)."""
+    if plan.kind == "nested":
+        return _nested_report(plan, stats, block)
     held = stats[block.stat_names[1]].values
     entry = window_entry(plan, METHODS[plan.kind], 0.0, tol)
     entry.update(exact_tails=plan.exact_tails, held_cells_after_tuning=int(held.sum()),
@@ -149,6 +162,24 @@ def _report(plan, stats, block, tol: float) -> tuple[dict, float | None]:
     bound = float(np.max(stats[block.stat_names[0]].values))
     entry["max_relative_error_bound"] = bound
     return entry, (None if bound <= tol else bound)
+
+
+def _nested_report(plan, stats, block) -> tuple[dict, float | None]:
+    """A nested plan's entry. Its boxes are a truncation: a draw after tuning on a box edge
+    the support does not make means the posterior reaches the box, so the fit is redone with
+    wider boxes (bound inf); trimmed message edges reached are reported (and warned of)."""
+    trimmed, edges, empty = (int(stats[name].values.sum()) for name in block.stat_names)
+    entry = window_entry(plan, METHODS["nested"], 0.0, math.inf)
+    entry.update(box_half_width_sds=plan.window.half_width, box_edges_hit_after_tuning=edges,
+                 trimmed_edges_hit_after_tuning=trimmed, moves_without_mass_after_tuning=empty)
+    if trimmed:
+        import warnings
+
+        warnings.warn(f"{plan.latent_name}: {trimmed} nested-sum draws after tuning landed on an edge "
+                      f"of a message trimmed at {plan.window.gibbs.trim:g} nats: the rest of the tree pulls "
+                      "some area sums far from their own evidence; check the model", RuntimeWarning,
+                      stacklevel=2)
+    return entry, (math.inf if edges or empty else None)
 
 
 def held_too_often(held) -> bool:

@@ -1,0 +1,238 @@
+"""The plan of latent counts behind nested measurements (:mod:`dpinfer.mechanisms.nested`).
+
+The counts x (n_leaves, n_cells) are drawn by exact sum-tree moves
+(:mod:`dpinfer.lattice.nested`) inside **boxes**: each count's range lo .. hi, fixed for a fit.
+The boxes are centred on a pilot estimate x^ of the counts, the non-negative weighted least
+squares fit of the measurements (each weighted by 1/variance, equalities and bounds as
+constraints handled by the start below), with half-width k * s + 2, where
+s = min(m, sqrt(x^ + 2 m + 1)), m the sd of the most precise measurement of the count's cell at
+its leaf or an area above it: the posterior's spread is at most the data's (m) and about the
+square root of a Poisson-like mean, which the data allow up to x^ + 2 m (k sds of either
+cover the posterior when the model fits); k = ``FIRST_K`` at first. A draw that lands on a box edge the support does not impose is
+counted; a fit where that happens widens the boxes (k doubled) and runs again, as windows are
+widened elsewhere in ``dpinfer.sample``.
+
+The chains start from the integer point nearest x^ (in l1) that meets every equality and bound
+and lies in the boxes, found by HiGHS (``scipy.optimize.milp``); an infeasible set of
+equalities and bounds is reported with the terms involved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import scipy.optimize
+import scipy.sparse
+
+from pytensor.tensor.random.op import RandomVariable
+
+from dpinfer.inference.latents import NotMarginalisableError, prior_support
+from dpinfer.inference.planning.children import terms_depending_on
+from dpinfer.lattice.nested.sampler import NestedGibbs
+from dpinfer.mechanisms.records import ReleaseRecord
+
+FIRST_K = 15  # first box half-width, in pilot standard deviations
+
+
+@dataclass
+class NestedBoxes:
+    """The boxes of one fit: k (their half-width in pilot sds) and the sampler on them."""
+
+    half_width: int
+    gibbs: NestedGibbs
+
+
+@dataclass
+class NestedPlan:
+    """Latent counts whose only release is a :class:`~dpinfer.mechanisms.nested.NestedMeasurements`
+    (module docstring). Engines read ``gibbs`` (the boxes and the tree) and ``start``."""
+
+    kind: ClassVar[str] = "nested"
+    record: ReleaseRecord
+    latent_name: str
+    support: tuple
+    pilot: np.ndarray = field(repr=False)  # x^ (n_leaves, n_cells)
+    scale: np.ndarray = field(repr=False)  # s (n_leaves, n_cells)
+    window: NestedBoxes | None = None
+    start: np.ndarray | None = None
+    exact_tails: bool = True
+
+    @property
+    def sums(self):
+        return self.record.mechanism.sums
+
+    def first_half_width(self, tol: float, compiled: bool) -> int:
+        return FIRST_K
+
+    def widened_half_width(self, bound: float, tol: float) -> int:
+        return 2 * self.window.half_width
+
+    def set_half_width(self, k: int) -> None:
+        """Boxes of half-width k * s + 2 around the pilot (module docstring), and a start in them."""
+        lower, upper = self.support
+        half = np.ceil(k * self.scale).astype(np.int64) + 2
+        centre = np.rint(self.pilot).astype(np.int64)
+        lo = centre - half
+        hi = centre + half
+        if lower is not None:
+            lo = np.maximum(lo, lower)
+            hi = np.maximum(hi, lower)
+        if upper is not None:
+            hi = np.minimum(hi, upper)
+            lo = np.minimum(lo, upper)
+        zeros = structural_zeros(self.sums)
+        hi = np.where(zeros, np.maximum(lo, 0), hi)
+        lo = np.where(zeros, np.minimum(lo, 0) if lower is None else max(lower, 0), lo)
+        start = feasible_start(self.sums, self.pilot, lo, hi, self.record.name)
+        self.window = NestedBoxes(k, NestedGibbs(self.sums, lo, hi, support=self.support))
+        self.start = start.reshape(-1)
+
+
+def nested_plan(model, record: ReleaseRecord, latent) -> NestedPlan:
+    """The plan of ``latent`` (the counts) behind the nested release ``record``."""
+    sums = record.mechanism.sums
+    node = latent.owner
+    if not isinstance(node.op, RandomVariable) or node.op.ndim_supp != 0 or not latent.type.dtype.startswith("int"):
+        raise NotMarginalisableError(
+            f"latent {latent.name!r} must be integer counts with an elementwise distribution (Poisson, "
+            f"NegativeBinomial, ...); got {node.op}")
+    children, named = terms_depending_on(model, latent, exclude=(record.release_rv,))
+    if children or named:
+        raise NotMarginalisableError(
+            f"the counts {latent.name!r} have children besides their nested release "
+            f"{record.name!r}; the nested sampler needs the release to be their only child")
+    support = prior_support(node)
+    pilot = pilot_estimate(sums, support)
+    sd = measurement_sd(sums)
+    scale = np.minimum(sd, np.sqrt(np.maximum(pilot, 0.0) + 2.0 * np.minimum(sd, 1e9) + 1.0))
+    return NestedPlan(record=record, latent_name=latent.name, support=support, pilot=pilot, scale=scale)
+
+
+def leaf_matrix(sums, rows) -> scipy.sparse.csr_matrix:
+    """The 0/1 matrix (len(rows), n_leaves * n_cells) of the terms ``rows``' sums of counts."""
+    n_leaves, n_cells = sums.n_leaves, sums.n_cells
+    under = leaves_under(sums)
+    data_r, data_c = [], []
+    for i, r in enumerate(rows):
+        leaves = under[sums.term_area[r]]
+        cells = np.flatnonzero(sums.term_cells[r])
+        cols = (leaves[:, None] * n_cells + cells[None, :]).reshape(-1)
+        data_r.append(np.full(cols.size, i))
+        data_c.append(cols)
+    r = np.concatenate(data_r) if data_r else np.zeros(0, np.int64)
+    c = np.concatenate(data_c) if data_c else np.zeros(0, np.int64)
+    return scipy.sparse.csr_matrix((np.ones(r.size), (r, c)), shape=(len(rows), n_leaves * n_cells))
+
+
+def leaves_under(sums) -> list:
+    """For each area, the leaf rows under it."""
+    under = [[] for _ in range(sums.n_areas)]
+    for leaf, area in enumerate(sums.leaf_area):
+        v = area
+        while v >= 0:
+            under[v].append(leaf)
+            v = sums.parent[v]
+    return [np.array(u, dtype=np.int64) for u in under]
+
+
+def _term_kinds(sums):
+    """(measured, hard, variance): which terms are noisy measurements, which exact, and each
+    measurement's noise variance (summed * sigma^2 from its table)."""
+    meta, inv2v, _ = sums.tables.arrays()
+    left, right = meta[sums.term_table, 3], meta[sums.term_table, 4]
+    measured = (left == 2) & (right == 2)
+    with np.errstate(divide="ignore"):
+        variance = np.where(measured, 1.0 / (2.0 * inv2v[sums.term_table]), np.inf)
+    return measured, ~measured, variance
+
+
+def pilot_estimate(sums, support) -> np.ndarray:
+    """x^: the non-negative (support-bounded) least squares fit of the measurements weighted by
+    1/variance, equalities added as rows of weight 1e3 times the heaviest (module docstring)."""
+    measured, hard, variance = _term_kinds(sums)
+    meta, _, _ = sums.tables.arrays()
+    equal = hard & (meta[sums.term_table, 3] == 0) & (meta[sums.term_table, 4] == 0)
+    rows = np.flatnonzero(measured | equal)
+    A = leaf_matrix(sums, rows)
+    w = np.where(measured[rows], 1.0 / np.sqrt(variance[rows]), 0.0)
+    w[~measured[rows]] = 1e3 * (w.max() if np.any(measured) else 1.0)
+    A = scipy.sparse.diags(w) @ A
+    b = w * sums.term_value[rows]
+    lower, upper = support
+    n = sums.n_leaves * sums.n_cells
+    if A.shape[0] == 0:
+        return np.zeros((sums.n_leaves, sums.n_cells))
+    bounds = (np.full(n, -np.inf if lower is None else float(lower)),
+              np.full(n, np.inf if upper is None else float(upper)))
+    fit = scipy.optimize.lsq_linear(A, b, bounds=bounds, lsmr_tol="auto", tol=1e-8, max_iter=200)
+    return fit.x.reshape(sums.n_leaves, sums.n_cells)
+
+
+def measurement_sd(sums) -> np.ndarray:
+    """(n_leaves, n_cells): for each count, the sd of the most precise measurement whose sum
+    holds it (at its leaf or above); inf where none does."""
+    measured, _, variance = _term_kinds(sums)
+    best_area = np.full((sums.n_areas, sums.n_cells), np.inf)
+    for r in np.flatnonzero(measured):
+        v = sums.term_area[r]
+        best_area[v] = np.where(sums.term_cells[r], np.minimum(best_area[v], variance[r]), best_area[v])
+    best = np.full((sums.n_leaves, sums.n_cells), np.inf)
+    for leaf, area in enumerate(sums.leaf_area):
+        v = area
+        while v >= 0:
+            best[leaf] = np.minimum(best[leaf], best_area[v])
+            v = sums.parent[v]
+    return np.sqrt(best)
+
+
+def structural_zeros(sums) -> np.ndarray:
+    """(n_leaves, n_cells) bool: counts an equality to 0 over cells at an area forces to 0."""
+    meta, _, _ = sums.tables.arrays()
+    eq = (meta[sums.term_table, 3] == 0) & (meta[sums.term_table, 4] == 0) & (sums.term_value == 0)
+    zero = np.zeros((sums.n_leaves, sums.n_cells), bool)
+    under = leaves_under(sums)
+    for r in np.flatnonzero(eq):
+        zero[np.ix_(under[sums.term_area[r]], np.flatnonzero(sums.term_cells[r]))] = True
+    return zero
+
+
+def feasible_start(sums, pilot, lo, hi, name: str) -> np.ndarray:
+    """The integer counts in the boxes nearest ``pilot`` in l1 that meet every equality and
+    bound (HiGHS MILP); the rounded pilot if there are none."""
+    _, hard, _ = _term_kinds(sums)
+    x0 = np.clip(np.rint(pilot), lo, hi).astype(np.int64)
+    rows = np.flatnonzero(hard)
+    if rows.size == 0:
+        return x0
+    meta, _, _ = sums.tables.arrays()
+    A = leaf_matrix(sums, rows)
+    t = sums.term_table[rows]
+    y = sums.term_value[rows].astype(float)
+    # e = y - t: HARD on the left (e < 0 forbidden) means t <= y; HARD on the right means t >= y
+    upper_b = np.where(meta[t, 3] == 0, y, np.inf)
+    lower_b = np.where(meta[t, 4] == 0, y, -np.inf)
+    n = A.shape[1]
+    # variables: x (n, integer) and d (n) >= |x - pilot|; minimise sum d
+    p = pilot.reshape(-1)
+    eye = scipy.sparse.eye(n, format="csr")
+    constraints = [
+        scipy.optimize.LinearConstraint(scipy.sparse.hstack([A, scipy.sparse.csr_matrix((rows.size, n))]),
+                                        lower_b, upper_b),
+        scipy.optimize.LinearConstraint(scipy.sparse.hstack([eye, -eye]), -np.inf, p),
+        scipy.optimize.LinearConstraint(scipy.sparse.hstack([eye, eye]), p, np.inf),
+    ]
+    bounds = scipy.optimize.Bounds(np.concatenate([lo.reshape(-1), np.zeros(n)]),
+                                   np.concatenate([hi.reshape(-1), np.full(n, np.inf)]))
+    res = scipy.optimize.milp(np.concatenate([np.zeros(n), np.ones(n)]), constraints=constraints,
+                              bounds=bounds, integrality=np.concatenate([np.ones(n), np.zeros(n)]))
+    if res.status != 0 or res.x is None:
+        names = sorted({str(sums.term_name[r]) for r in rows})
+        raise ValueError(
+            f"release {name!r}: no counts in the boxes meet every equality and bound "
+            f"({res.message.strip()}); the exact terms are {names[:8]}{' ...' if len(names) > 8 else ''}. "
+            "Check that the equalities and bounds are consistent (an equality outside a bound, "
+            "children's equalities that do not add up to their parent's)")
+    x = np.rint(res.x[:n]).astype(np.int64).reshape(pilot.shape)
+    return x

@@ -1,0 +1,254 @@
+r"""Measurements of latent counts at every level of a tree of areas, as one release.
+
+The 2020 Census noisy measurement files (:mod:`dpinfer.io.nmf`) measure one histogram at the
+nation, states, counties, tracts, block groups and blocks, with exact equalities and published
+bounds. With latent counts x[l, c] on the leaf areas l (cells c of the histogram, or of a
+coarsening of it) and area sums S_{v,c} = sum_{l under v} x[l, c], each published number is a
+**term**
+
+* a measurement y = sum_{c in cells} S_{v,c} + e, e the sum of ``summed`` independent discrete
+  Gaussians N_Z(0, sigma^2) (``summed`` = 1: one published count; more: published counts of a
+  finer query added up to the coarser cells, see below);
+* an equality sum_{c in cells} S_{v,c} = y (an invariant; y = 0 on a set of cells is a
+  structural zero);
+* a bound sum_{c in cells} S_{v,c} <= y or >= y.
+
+The likelihood of the release given x is the product of the terms' weights
+(:mod:`dpinfer.lattice.nested.terms`):
+
+    p(y | x) = prod_measurements f_{sigma^2, summed}(y - t(x)) * 1{equalities and bounds hold}.
+
+**Summing finer measurements.** A measurement of a query finer than the analyst's cells (63
+race codes where the model has 7 race groups) is summed to the cells: y_g = sum_{j in g} y_j =
+t_g(x) + sum_{j in g} e_j, whose noise is the sum of |g| discrete Gaussians. Conditioning on the
+sums (a statistic of the release) instead of the published counts keeps the posterior valid:
+p(x | sums) is the posterior given less data, not an approximation of p(x | y). What it gives up
+is the information in the split of each sum, i.e. about the finer cells' counts, which the coarse
+model does not have; for the coarse counts themselves the split carries information only
+through the prior's non-negativity of the finer counts.
+
+:class:`NestedMeasurements` holds the tree, the terms and their names, gives the log-likelihood
+(numpy), and ``observe`` adds it to a PyMC model for latent counts of shape (n_leaves,
+n_cells). ``dpinfer.sample`` then draws the counts with exact sum-tree moves
+(:mod:`dpinfer.lattice.nested`) on the compiled engine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpinfer.lattice.nested.structure import NestedSums
+from dpinfer.lattice.nested.terms import TermTables
+
+
+class NestedMeasurements:
+    """Terms over the area sums of counts on a tree's leaves (module docstring).
+
+    ``parent[v]``: area v's parent (-1 for the root); ``leaves``: the areas of the counts'
+    rows, in order; ``n_cells``: the counts' columns; ``area_names`` (optional): a label per
+    area for messages and tables. Add terms with :meth:`measure`, :meth:`equal`,
+    :meth:`at_most`, :meth:`at_least` and :meth:`zero`; they are frozen at the first call of
+    :attr:`sums` (or ``observe``)."""
+
+    discrete = True
+    keeps_invariants = False
+
+    def __init__(self, parent, leaves, n_cells: int, *, area_names=None):
+        self.parent = np.asarray(parent, dtype=np.int64).reshape(-1)
+        self.leaves = np.asarray(leaves, dtype=np.int64).reshape(-1)
+        self.n_cells = int(n_cells)
+        if self.n_cells < 1:
+            raise ValueError(f"n_cells must be >= 1, got {n_cells!r}")
+        self.area_names = (np.asarray(area_names, dtype=object) if area_names is not None
+                           else np.arange(self.parent.size).astype(str).astype(object))
+        if self.area_names.size != self.parent.size:
+            raise ValueError(f"area_names has {self.area_names.size} names for {self.parent.size} areas")
+        self.tables = TermTables()
+        self._terms: list[tuple] = []  # (areas, cells mask (R, C), values, table ids, names)
+        self._sums: NestedSums | None = None
+        self.releases: list[dict] = []  # one entry per measure() call: name, sigma2, rows
+
+    # ---- adding terms -------------------------------------------------------------------------
+    def _cells(self, cells) -> np.ndarray:
+        cells = np.asarray(cells)
+        if cells.dtype == bool:
+            mask = np.atleast_2d(cells)
+        else:  # a list of cell index lists, one per query cell
+            mask = np.zeros((len(cells), self.n_cells), bool)
+            for j, group in enumerate(cells):
+                mask[j, np.asarray(group, dtype=np.int64).reshape(-1)] = True
+        if mask.shape[1] != self.n_cells:
+            raise ValueError(f"cells must select among the {self.n_cells} cells, got a mask of width {mask.shape[1]}")
+        if not np.all(mask.any(1)):
+            raise ValueError("every query cell must sum at least one cell")
+        return mask
+
+    def _areas(self, areas) -> np.ndarray:
+        areas = np.asarray(areas, dtype=np.int64).reshape(-1)
+        if np.any((areas < 0) | (areas >= self.parent.size)):
+            raise ValueError(f"areas must be area indices 0 .. {self.parent.size - 1}")
+        return areas
+
+    def _add(self, name: str, areas, cells, values, tables) -> None:
+        if self._sums is not None:
+            raise RuntimeError("the terms are frozen once the release is used; add every term first")
+        areas, mask = self._areas(areas), self._cells(cells)
+        values = np.asarray(values)
+        if values.shape != (areas.size, mask.shape[0]):
+            raise ValueError(f"{name}: values must have shape (areas, query cells) = "
+                             f"{(areas.size, mask.shape[0])}, got {values.shape}")
+        if not np.all(np.isfinite(values)) or np.any(values != np.round(values)):
+            raise ValueError(f"{name}: values must be whole numbers")
+        tables = np.broadcast_to(np.asarray(tables, dtype=np.int64), values.shape)
+        n, k = values.shape
+        labels = np.array([f"{name} [{self.area_names[a]}, query cell {j}]" for a in areas for j in range(k)],
+                          dtype=object)
+        self._terms.append((np.repeat(areas, k), np.tile(mask, (n, 1)), values.astype(np.int64).reshape(-1),
+                            tables.reshape(-1), labels))
+
+    def measure(self, name: str, areas, cells, values, sigma2, summed=1) -> None:
+        """Noisy measurements y[i, j] = sum of cells[j] at areas[i] + e, e the sum of
+        ``summed[j]`` discrete Gaussians N_Z(0, sigma2[i]). ``cells``: a (k, n_cells) bool mask
+        or k lists of cell indices; ``values`` (n_areas, k); ``sigma2`` a scalar or (n_areas,)."""
+        areas = self._areas(areas)
+        k = self._cells(cells).shape[0]
+        sigma2 = np.broadcast_to(np.asarray(sigma2, dtype=float), (areas.size,))
+        summed = np.broadcast_to(np.asarray(summed, dtype=np.int64), (k,))
+        bad = ~np.isfinite(sigma2) | (sigma2 <= 0)
+        if np.any(bad):
+            raise ValueError(f"{name}: sigma2 must be finite and > 0, got {sigma2[bad][0]!r} at row "
+                             f"{int(np.flatnonzero(bad)[0])}")
+        if np.any(summed < 1):
+            raise ValueError(f"{name}: summed must be >= 1 for every query cell")
+        tables = np.array([[self.tables.add_discrete_gaussian(s, m) for m in summed] for s in sigma2],
+                          dtype=np.int64).reshape(areas.size, k)
+        self._add(name, areas, cells, values, tables)
+        self.releases.append({"name": name, "sigma2": sigma2.copy(), "summed": summed.copy(),
+                              "areas": areas.size, "query_cells": k})
+
+    def equal(self, name: str, areas, cells, values) -> None:
+        """Exact equalities: sum of cells[j] at areas[i] == values[i, j]."""
+        self._add(name, areas, cells, values, self.tables.add_equality())
+
+    def zero(self, name: str, areas, cells) -> None:
+        """Structural zeros: every count of ``cells`` under ``areas`` is 0 (an equality to 0)."""
+        mask = self._cells(cells)
+        self.equal(name, areas, mask, np.zeros((np.size(areas), mask.shape[0]), np.int64))
+
+    def at_most(self, name: str, areas, cells, values) -> None:
+        """Bounds: sum of cells[j] at areas[i] <= values[i, j]."""
+        self._add(name, areas, cells, values, self.tables.add_at_most())
+
+    def at_least(self, name: str, areas, cells, values) -> None:
+        """Bounds: sum of cells[j] at areas[i] >= values[i, j]."""
+        self._add(name, areas, cells, values, self.tables.add_at_least())
+
+    # ---- the frozen structure -----------------------------------------------------------------
+    @property
+    def sums(self) -> NestedSums:
+        """The terms as :class:`~dpinfer.lattice.nested.structure.NestedSums` (freezes them)."""
+        if self._sums is None:
+            if not self._terms:
+                raise ValueError("the release has no terms: add measurements first")
+            area, cells, value, table, name = (np.concatenate(p) for p in zip(*self._terms))
+            self._sums = NestedSums(self.parent, self.leaves, self.n_cells, area, cells, value, table,
+                                    self.tables, name)
+        return self._sums
+
+    @property
+    def values(self) -> np.ndarray:
+        """The terms' values y (in the order of :attr:`sums`)."""
+        return self.sums.term_value
+
+    def log_likelihood(self, counts) -> float:
+        """log p(y | x) = sum of the terms' log weights at counts x (n_leaves, n_cells)."""
+        return self.sums.log_weight(counts)
+
+    def __repr__(self) -> str:
+        s = self._sums
+        terms = s.term_value.size if s is not None else sum(t[2].size for t in self._terms)
+        return (f"NestedMeasurements({self.parent.size} areas, {self.leaves.size} leaves x "
+                f"{self.n_cells} cells, {terms} terms)")
+
+    # ---- PyMC ---------------------------------------------------------------------------------
+    def observe(self, name: str, counts, *, model=None):
+        """Add the release to the current PyMC model as an observed variable of the latent
+        counts ``counts`` (shape (n_leaves, n_cells)), and record it for ``dpinfer.sample``."""
+        import pymc as pm
+
+        from dpinfer._graphs import shape_of
+        from dpinfer.mechanisms.guard import install as install_guard
+        from dpinfer.mechanisms.records import check_latent_type, latent_candidates, record_release
+
+        model = pm.modelcontext(model)
+        check_latent_type(model, counts, self, name)
+        sums = self.sums
+        shape = tuple(shape_of(counts))
+        if shape != (sums.n_leaves, sums.n_cells):
+            raise ValueError(f"counts must have shape (n_leaves, n_cells) = {(sums.n_leaves, sums.n_cells)}, "
+                             f"got {shape}")
+        term_sums, logp = _symbolic_terms(sums)
+        rv = pm.CustomDist.dist(term_sums(counts), logp=logp, dtype="int64", class_name="NestedMeasurements")
+        rv = model.register_rv(rv, name, observed=sums.term_value)
+        if hasattr(counts, "owner"):
+            latents = latent_candidates(model, counts)
+            if len(latents) == 1:
+                latents[0].tag.dpinfer_release = name
+                install_guard()
+        record_release(model, name=name, release_rv=rv, latent=counts, mechanism=self)
+        return rv
+
+
+def _symbolic_terms(sums: NestedSums):
+    """(term_sums(x), logp(value, t)) as PyTensor graphs: the terms' sums t of the counts x
+    (the leaves reordered so that every area's leaves are contiguous, area sums as differences
+    of cumulative sums) and each term's log weight at e = value - t (elementwise)."""
+    import pytensor.tensor as pt
+
+    order, start, stop = _contiguous_leaves(sums)
+    meta, inv2v, values = sums.tables.arrays()
+    table = sums.term_table
+    lo, n, off = meta[table, 0], meta[table, 1], meta[table, 2]
+    left, right = meta[table, 3], meta[table, 4]
+    cells = sums.term_cells.astype(np.int64)
+
+    def term_sums(x):
+        cum = pt.concatenate([pt.zeros((1, sums.n_cells), dtype="int64"),
+                              pt.cumsum(pt.as_tensor(x)[order], axis=0)], axis=0)
+        S = cum[stop] - cum[start]  # (n_areas, n_cells)
+        return pt.sum(S[sums.term_area] * cells, axis=1)
+
+    def logp(value, t):
+        e = value - t
+        j = e - lo
+        inside = (j >= 0) & (j < n)
+        jc = pt.clip(j, 0, n - 1)
+        w = pt.as_tensor(values)[off + jc]
+        edge = lo + jc
+        gauss = w - (pt.cast(e, "float64") ** 2 - pt.cast(edge, "float64") ** 2) * inv2v[table]
+        mode = pt.switch(j < 0, left, right)
+        return pt.switch(inside, w, pt.switch(pt.eq(mode, 0), -np.inf, pt.switch(pt.eq(mode, 1), w, gauss)))
+
+    return term_sums, logp
+
+
+def _contiguous_leaves(sums: NestedSums):
+    """(order, start, stop): a depth-first order of the leaves, and each area's range in it."""
+    n = sums.n_areas
+    start = np.zeros(n, np.int64)
+    stop = np.zeros(n, np.int64)
+    order = []
+    root = int(sums.order[-1])
+    stack = [(root, False)]
+    while stack:
+        v, done = stack.pop()
+        if done:
+            stop[v] = len(order)
+            continue
+        start[v] = len(order)
+        stack.append((v, True))
+        if sums.area_leaf[v] >= 0:
+            order.append(int(sums.area_leaf[v]))
+        children = sums.child_area[sums.child_ptr[v]:sums.child_ptr[v + 1]]
+        stack.extend((int(c), False) for c in children[::-1])
+    return np.array(order, np.int64), start, stop
