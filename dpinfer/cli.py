@@ -11,6 +11,7 @@ COMMANDS = {
     "demo": "privatise census counts and recover them with a Bayesian model",
     "compare": "compare mechanisms at equal privacy: a preset or a config file in, a table and a PNG out",
     "fit": "fit a model to a release file: the posterior, a summary table and an HTML report out",
+    "nmf": "fit a state's 2020 Census noisy measurement files: posteriors per level, a report and a CSV out",
     "cache": "where the compiled models are kept and what they hold; --clear deletes them",
 }
 
@@ -34,10 +35,44 @@ def main(argv=None) -> None:
         compare_main(rest)
     elif command == "fit":
         fit_main(rest)
+    elif command == "nmf":
+        nmf_main(rest)
     elif command == "cache":
         cache_main(rest)
     else:
         raise SystemExit(f"dpinfer: unknown command {command!r}; choose from {sorted(COMMANDS)}")
+
+
+def nmf_main(argv) -> None:
+    """``dpinfer nmf ROOT --state FIPS [--leaves LEVEL] [--cells NAME] [--out DIR] ...``
+    (:mod:`dpinfer.io.nmf.fit`)."""
+    from dpinfer.io.nmf.layout import LEVELS
+    from dpinfer.io.nmf.table import COARSENINGS
+
+    parser = argparse.ArgumentParser(
+        prog="dpinfer nmf", description=COMMANDS["nmf"],
+        epilog="writes report.md (the convergence verdict first), summary.csv (per level, geocode "
+               "and cell: mean, sd, median, 5%% and 95%% quantiles, R-hat, bulk ESS), a figure per "
+               "level and posterior.nc")
+    parser.add_argument("root", help="the run root holding US_Person_PL_PROD/ (a local path or URL)")
+    parser.add_argument("--state", required=True, type=int, help="state FIPS code, e.g. 19")
+    parser.add_argument("--leaves", default="Tract", choices=LEVELS[1:],
+                        help="the level whose geographies carry the latent counts (default Tract)")
+    parser.add_argument("--cells", default="pl94-28", choices=sorted(COARSENINGS),
+                        help="the coarse cells (default pl94-28: votingage x hispanic x 7 race groups)")
+    parser.add_argument("--out", default=None, help="output directory (default nmf-STATE-LEAVES)")
+    parser.add_argument("--draws", type=int, default=1000)
+    parser.add_argument("--tune", type=int, default=1000)
+    parser.add_argument("--chains", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--truth", default=None, help="a synthetic file's truth.parquet: adds the truth to the outputs")
+    args = parser.parse_args(argv)
+    from dpinfer.io.nmf.fit import fit_nmf
+
+    out = fit_nmf(args.root, args.state, leaves=args.leaves, cells=args.cells, out=args.out,
+                  draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed, truth=args.truth)
+    print(f"dpinfer nmf: wrote {out}/report.md, summary.csv, posterior.nc and the figures")
+    print((out / "report.md").read_text().splitlines()[2])
 
 
 def cache_main(argv) -> None:

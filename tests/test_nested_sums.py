@@ -10,7 +10,8 @@ import pytest
 from scipy import stats
 
 from dpinfer._random_stream import new_stream
-from dpinfer.lattice.nested.kernel import DEFAULT_TRIM, draw_direction, sweep
+from dpinfer.lattice.nested.directions import sweep_products
+from dpinfer.lattice.nested.kernel import DEFAULT_TRIM, draw_direction
 from dpinfer.lattice.nested.sampler import NestedGibbs
 from dpinfer.lattice.nested.structure import NestedSums
 from dpinfer.lattice.nested.terms import TermTables
@@ -194,8 +195,10 @@ def test_one_move_draws_the_exact_conditional(posterior, direction):
     assert stat[1] == 0 and stat[2] == 0
 
 
-def test_a_sweep_keeps_the_posterior(posterior):
-    """Start 6,000 independent chains at exact posterior draws, make one sweep each: the result
+@pytest.mark.parametrize("cell_shape", [(4,), (2, 2)])
+def test_a_sweep_keeps_the_posterior(posterior, cell_shape):
+    """Start 6,000 independent chains at exact posterior draws, make one sweep each (cells and
+    pairs; or, as a 2 x 2 table, cells, pairs along each axis and squares): the result
     is again distributed as the posterior (chi-square on every count's marginal and on the
     joint of the leaf totals)."""
     sums, _ = small_table()
@@ -209,10 +212,10 @@ def test_a_sweep_keeps_the_posterior(posterior):
     stat = np.zeros(3, np.int64)
     for i, s in enumerate(starts):
         x = states[s].copy()
-        assert sweep(x, sums.area_sums(x), sums.term_sums(x), g.box_lo, g.box_hi, g.lo_open, g.hi_open,
-                     prior, sums.order, sums.child_ptr, sums.child_area, sums.area_leaf, sums.term_ptr,
-                     sums.term_cells, sums.term_value, sums.term_table, meta, inv2v, values, DEFAULT_TRIM,
-                     stream, stat) == 0
+        assert sweep_products(x, sums.area_sums(x), sums.term_sums(x), g.box_lo, g.box_hi, g.lo_open,
+                              g.hi_open, prior, sums.order, sums.child_ptr, sums.child_area, sums.area_leaf,
+                              sums.term_ptr, sums.term_cells, sums.term_value, sums.term_table, meta, inv2v,
+                              values, DEFAULT_TRIM, np.array(cell_shape), stream, stat) == 0
         out[i] = x
     pvalues = []
     for leaf in range(2):

@@ -46,17 +46,20 @@ class NestedMeasurements:
 
     ``parent[v]``: area v's parent (-1 for the root); ``leaves``: the areas of the counts'
     rows, in order; ``n_cells``: the counts' columns; ``area_names`` (optional): a label per
-    area for messages and tables. Add terms with :meth:`measure`, :meth:`equal`,
+    area for messages and tables; ``cell_shape`` (optional): the cells as a product of axes in
+    C order (e.g. (2, 2, 7)), whose interaction moves the sampler then makes
+    (:mod:`dpinfer.lattice.nested.directions`). Add terms with :meth:`measure`, :meth:`equal`,
     :meth:`at_most`, :meth:`at_least` and :meth:`zero`; they are frozen at the first call of
     :attr:`sums` (or ``observe``)."""
 
     discrete = True
     keeps_invariants = False
 
-    def __init__(self, parent, leaves, n_cells: int, *, area_names=None):
+    def __init__(self, parent, leaves, n_cells: int, *, area_names=None, cell_shape=None):
         self.parent = np.asarray(parent, dtype=np.int64).reshape(-1)
         self.leaves = np.asarray(leaves, dtype=np.int64).reshape(-1)
         self.n_cells = int(n_cells)
+        self.cell_shape = cell_shape
         if self.n_cells < 1:
             raise ValueError(f"n_cells must be >= 1, got {n_cells!r}")
         self.area_names = (np.asarray(area_names, dtype=object) if area_names is not None
@@ -70,10 +73,10 @@ class NestedMeasurements:
 
     # ---- adding terms -------------------------------------------------------------------------
     def _cells(self, cells) -> np.ndarray:
-        cells = np.asarray(cells)
-        if cells.dtype == bool:
-            mask = np.atleast_2d(cells)
-        else:  # a list of cell index lists, one per query cell
+        ragged = not isinstance(cells, np.ndarray) and len({np.size(g) for g in cells}) > 1
+        if not ragged and np.asarray(cells).dtype == bool:
+            mask = np.atleast_2d(np.asarray(cells))
+        else:  # a list of cell index lists, one per query cell (of any lengths)
             mask = np.zeros((len(cells), self.n_cells), bool)
             for j, group in enumerate(cells):
                 mask[j, np.asarray(group, dtype=np.int64).reshape(-1)] = True
@@ -152,13 +155,39 @@ class NestedMeasurements:
                 raise ValueError("the release has no terms: add measurements first")
             area, cells, value, table, name = (np.concatenate(p) for p in zip(*self._terms))
             self._sums = NestedSums(self.parent, self.leaves, self.n_cells, area, cells, value, table,
-                                    self.tables, name)
+                                    self.tables, name, self.cell_shape)
         return self._sums
 
     @property
     def values(self) -> np.ndarray:
         """The terms' values y (in the order of :attr:`sums`)."""
         return self.sums.term_value
+
+    def release(self, counts, rng: np.random.Generator) -> np.ndarray:
+        """A new release of the counts x (n_leaves, n_cells), in the order of :attr:`values`: each
+        measurement is its sum plus ``summed`` exact discrete Gaussian draws
+        (:func:`~dpinfer.mechanisms.exact_sampling.sample_discrete_gaussian`), each equality its
+        sum; bounds keep their published value (they are facts about the data, not noise), and a
+        count vector that breaks one is refused."""
+        from dpinfer.mechanisms.exact_sampling import sample_discrete_gaussian
+
+        sums = self.sums
+        t = sums.term_sums(counts)
+        meta, inv2v, _ = sums.tables.arrays()
+        left, right = meta[sums.term_table, 3], meta[sums.term_table, 4]
+        out = sums.term_value.copy()
+        measured = (left == 2) & (right == 2)
+        equal = (left == 0) & (right == 0)
+        out[equal] = t[equal]
+        broken = ~measured & ~equal & (((left == 0) & (t > out)) | ((right == 0) & (t < out)))
+        if np.any(broken):
+            raise ValueError(f"the counts break the bounds {sorted(set(sums.term_name[broken]))[:5]}")
+        for table in np.unique(sums.term_table[measured]):
+            rows = np.flatnonzero(measured & (sums.term_table == table))
+            _, sigma2, m = sums.tables.params(int(table))
+            noise = sample_discrete_gaussian(np.sqrt(sigma2), (rows.size, m), rng).sum(axis=1)
+            out[rows] = t[rows] + noise
+        return out
 
     def log_likelihood(self, counts) -> float:
         """log p(y | x) = sum of the terms' log weights at counts x (n_leaves, n_cells)."""
@@ -171,9 +200,12 @@ class NestedMeasurements:
                 f"{self.n_cells} cells, {terms} terms)")
 
     # ---- PyMC ---------------------------------------------------------------------------------
-    def observe(self, name: str, counts, *, model=None):
+    def observe(self, name: str, counts, values=None, *, model=None):
         """Add the release to the current PyMC model as an observed variable of the latent
-        counts ``counts`` (shape (n_leaves, n_cells)), and record it for ``dpinfer.sample``."""
+        counts ``counts`` (shape (n_leaves, n_cells)), and record it for ``dpinfer.sample``.
+        ``values``: the terms' values in the order of :attr:`values` (default: those given to
+        the builder), or a ``pm.Data`` of them, which ``pm.set_data`` can replace between fits
+        (a simulation study refits one model)."""
         import pymc as pm
 
         from dpinfer._graphs import shape_of
@@ -189,7 +221,13 @@ class NestedMeasurements:
                              f"got {shape}")
         term_sums, logp = _symbolic_terms(sums)
         rv = pm.CustomDist.dist(term_sums(counts), logp=logp, dtype="int64", class_name="NestedMeasurements")
-        rv = model.register_rv(rv, name, observed=sums.term_value)
+        if values is None:
+            values = sums.term_value
+        current = values.get_value() if hasattr(values, "get_value") else np.asarray(values)
+        if np.shape(current) != sums.term_value.shape:
+            raise ValueError(f"values must hold one value per term ({sums.term_value.size}), got shape "
+                             f"{np.shape(current)}")
+        rv = model.register_rv(rv, name, observed=values)
         if hasattr(counts, "owner"):
             latents = latent_candidates(model, counts)
             if len(latents) == 1:

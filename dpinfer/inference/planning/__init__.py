@@ -81,7 +81,7 @@ def plan_releases(model, records, *, method: str = "auto") -> list:
                     "NestedMeasurements release")
             from dpinfer.inference.planning.nested import nested_plan
 
-            plans.append(nested_plan(model, nested[0].record, latent))
+            plans.append(nested_plan(model, nested[0].record, latent, nested[0].value))
             continue
         special = [e for e in entries if e.record.mechanism.keeps_invariants or e.query is not None]
         if not special:

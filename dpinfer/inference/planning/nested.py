@@ -5,8 +5,9 @@ The counts x (n_leaves, n_cells) are drawn by exact sum-tree moves
 The boxes are centred on a pilot estimate x^ of the counts, the non-negative weighted least
 squares fit of the measurements (each weighted by 1/variance, equalities and bounds as
 constraints handled by the start below), with half-width k * s + 2, where
-s = min(m, sqrt(x^ + 2 m + 1)), m the sd of the most precise measurement of the count's cell at
-its leaf or an area above it: the posterior's spread is at most the data's (m) and about the
+s = min(m, sqrt(x^ + 2 m + 1)), m the smallest sd x (cells summed) of the measurements of the
+count's cell at its leaf or an area above it (a total of k cells with sd s bounds one cell's
+spread by about k s only): the posterior's spread is at most the data's (m) and about the
 square root of a Poisson-like mean, which the data allow up to x^ + 2 m (k sds of either
 cover the posterior when the model fits); k = ``FIRST_K`` at first. A draw that lands on a box edge the support does not impose is
 counted; a fit where that happens widens the boxes (k doubled) and runs again, as windows are
@@ -19,6 +20,7 @@ equalities and bounds is reported with the terms involved.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -59,9 +61,7 @@ class NestedPlan:
     start: np.ndarray | None = None
     exact_tails: bool = True
 
-    @property
-    def sums(self):
-        return self.record.mechanism.sums
+    sums: object = field(repr=False, default=None)  # the terms with the observed values
 
     def first_half_width(self, tol: float, compiled: bool) -> int:
         return FIRST_K
@@ -90,9 +90,10 @@ class NestedPlan:
         self.start = start.reshape(-1)
 
 
-def nested_plan(model, record: ReleaseRecord, latent) -> NestedPlan:
-    """The plan of ``latent`` (the counts) behind the nested release ``record``."""
-    sums = record.mechanism.sums
+def nested_plan(model, record: ReleaseRecord, latent, values) -> NestedPlan:
+    """The plan of ``latent`` (the counts) behind the nested release ``record``, whose observed
+    ``values`` are the current data (they may have been replaced with ``pm.set_data``)."""
+    sums = record.mechanism.sums.with_values(values)
     node = latent.owner
     if not isinstance(node.op, RandomVariable) or node.op.ndim_supp != 0 or not latent.type.dtype.startswith("int"):
         raise NotMarginalisableError(
@@ -107,7 +108,8 @@ def nested_plan(model, record: ReleaseRecord, latent) -> NestedPlan:
     pilot = pilot_estimate(sums, support)
     sd = measurement_sd(sums)
     scale = np.minimum(sd, np.sqrt(np.maximum(pilot, 0.0) + 2.0 * np.minimum(sd, 1e9) + 1.0))
-    return NestedPlan(record=record, latent_name=latent.name, support=support, pilot=pilot, scale=scale)
+    return NestedPlan(record=record, latent_name=latent.name, support=support, pilot=pilot, scale=scale,
+                      sums=sums)
 
 
 def leaf_matrix(sums, rows) -> scipy.sparse.csr_matrix:
@@ -171,20 +173,23 @@ def pilot_estimate(sums, support) -> np.ndarray:
 
 
 def measurement_sd(sums) -> np.ndarray:
-    """(n_leaves, n_cells): for each count, the sd of the most precise measurement whose sum
-    holds it (at its leaf or above); inf where none does."""
+    """(n_leaves, n_cells): for each count, the smallest sd * (cells summed) over the
+    measurements whose sum holds it (at its leaf or above; a measurement of k cells with sd s
+    says about one of them no more than a sd of k s would); inf where none does."""
     measured, _, variance = _term_kinds(sums)
     best_area = np.full((sums.n_areas, sums.n_cells), np.inf)
+    width = sums.term_cells.sum(1)
     for r in np.flatnonzero(measured):
         v = sums.term_area[r]
-        best_area[v] = np.where(sums.term_cells[r], np.minimum(best_area[v], variance[r]), best_area[v])
+        spread = math.sqrt(variance[r]) * width[r]
+        best_area[v] = np.where(sums.term_cells[r], np.minimum(best_area[v], spread), best_area[v])
     best = np.full((sums.n_leaves, sums.n_cells), np.inf)
     for leaf, area in enumerate(sums.leaf_area):
         v = area
         while v >= 0:
             best[leaf] = np.minimum(best[leaf], best_area[v])
             v = sums.parent[v]
-    return np.sqrt(best)
+    return best
 
 
 def structural_zeros(sums) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Gibbs sweeps of nested-sum counts given the cells' prior log pmfs on their boxes.
 
 :class:`NestedGibbs` holds the boxes (each count's range of values, lo .. hi) and runs the
-kernels' sweeps (:func:`dpinfer.lattice.nested.kernel.sweep`) from a start that meets every
+kernels' sweeps (:func:`dpinfer.lattice.nested.directions.sweep_products`) from a start that meets every
 term. The prior enters as a table ``prior[l * n_cells + c, j] = log p_{l,c}(lo[l, c] + j)``
 (``-inf`` where the count's support ends); the compiled engine refills it from the parameters
 before every sweep, a test gives it once.
@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from dpinfer._random_stream import new_stream
-from dpinfer.lattice.nested.kernel import DEFAULT_TRIM, sweep
+from dpinfer.lattice.nested.directions import sweep_products
+from dpinfer.lattice.nested.kernel import DEFAULT_TRIM
 from dpinfer.lattice.nested.structure import NestedSums
 from dpinfer.lattice.nested.terms import term_log
 
@@ -76,9 +77,10 @@ class NestedGibbs:
         draws = np.empty((n_sweeps, s.n_leaves, s.n_cells), dtype=np.int64)
         meta, inv2v, values = self._tables
         for i in range(n_sweeps):
-            failed += sweep(x, S, tsum, self.box_lo, self.box_hi, self.lo_open, self.hi_open, prior,
-                            s.order, s.child_ptr, s.child_area, s.area_leaf, s.term_ptr, s.term_cells,
-                            s.term_value, s.term_table, meta, inv2v, values, self.trim, stream, stats)
+            failed += sweep_products(x, S, tsum, self.box_lo, self.box_hi, self.lo_open, self.hi_open,
+                                     prior, s.order, s.child_ptr, s.child_area, s.area_leaf, s.term_ptr,
+                                     s.term_cells, s.term_value, s.term_table, meta, inv2v, values,
+                                     self.trim, np.array(s.cell_shape, np.int64), stream, stats)
             draws[i] = x
         return draws, {"moves": int(stats[0]), "trimmed_edges_hit": int(stats[1]),
                        "open_box_edges_hit": int(stats[2]), "moves_without_mass": int(failed)}

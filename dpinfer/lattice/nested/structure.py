@@ -23,7 +23,9 @@ class NestedSums:
     ``parent[v]`` is area v's parent (-1 for the one root), ``leaf_area[l]`` the area of the
     counts' row l; every area without children is a leaf. Terms: ``term_area`` (R,),
     ``term_cells`` (R, n_cells) bool, ``term_value`` (R,) int64, ``term_table`` (R,) indices
-    into ``tables``; ``term_name`` (R,) says where each term came from (for messages)."""
+    into ``tables``; ``term_name`` (R,) says where each term came from (for messages).
+    ``cell_shape``: the cells as a product of axes, which sets the sweep's directions
+    (:mod:`dpinfer.lattice.nested.directions`); default one axis of n_cells."""
 
     parent: np.ndarray
     leaf_area: np.ndarray
@@ -34,6 +36,7 @@ class NestedSums:
     term_table: np.ndarray
     tables: TermTables
     term_name: np.ndarray
+    cell_shape: tuple | None = None  # the cells as a product of axes (C order); None: one axis
     # derived (see __post_init__)
     order: np.ndarray = field(init=False, repr=False)  # areas, children before parents
     child_ptr: np.ndarray = field(init=False, repr=False)
@@ -80,6 +83,10 @@ class NestedSums:
         by_area = np.argsort(term_area, kind="stable")
         cells = np.asarray(self.term_cells, dtype=bool).reshape(term_area.size, int(self.n_cells))
         set_ = object.__setattr__
+        shape = (int(self.n_cells),) if self.cell_shape is None else tuple(int(k) for k in self.cell_shape)
+        if int(np.prod(shape)) != int(self.n_cells) or min(shape) < 1:
+            raise ValueError(f"cell_shape {self.cell_shape!r} must multiply to n_cells = {self.n_cells}")
+        set_(self, "cell_shape", shape)
         set_(self, "parent", parent)
         set_(self, "leaf_area", leaf_area)
         set_(self, "term_area", term_area[by_area])
@@ -101,6 +108,17 @@ class NestedSums:
     @property
     def n_leaves(self) -> int:
         return self.leaf_area.size
+
+    def with_values(self, values) -> "NestedSums":
+        """The same tree and terms with the terms' values replaced (``values`` in the order of
+        ``term_value``), e.g. a new release of the same design."""
+        values = np.asarray(values).reshape(-1)
+        if values.shape != self.term_value.shape or np.any(values != np.round(values)):
+            raise ValueError(f"values must be {self.term_value.size} whole numbers, one per term")
+        new = object.__new__(NestedSums)
+        new.__dict__.update(self.__dict__)
+        object.__setattr__(new, "term_value", values.astype(np.int64))
+        return new
 
     def area_sums(self, x: np.ndarray) -> np.ndarray:
         """S (n_areas, n_cells): every area's sums of the counts x (n_leaves, n_cells)."""

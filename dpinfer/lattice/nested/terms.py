@@ -54,6 +54,7 @@ class TermTables:
         self._values: list[np.ndarray] = []
         self._offset = 0
         self._keys: dict = {}
+        self._params: list[tuple] = []  # (kind, sigma2, m) per table; sigma2, m None but for "dg"
 
     def __len__(self) -> int:
         return len(self._meta)
@@ -67,7 +68,13 @@ class TermTables:
         self._values.append(log_w)
         self._offset += log_w.size
         self._keys[key] = len(self._meta) - 1
+        self._params.append((key[0], key[1], key[2]) if key[0] == "dg" else (key[0], None, None))
         return self._keys[key]
+
+    def params(self, k: int) -> tuple:
+        """(kind, sigma^2, m) of table k: kind "dg" (a summed discrete Gaussian), "eq", "le" or
+        "ge" (sigma^2 and m None)."""
+        return self._params[k]
 
     def add_discrete_gaussian(self, sigma2: float, m: int = 1) -> int:
         """The table of the sum of ``m`` iid N_Z(0, sigma2) noises (module docstring)."""

@@ -66,8 +66,8 @@ from dpinfer.inference.engines.compiled.nuts import (
     nuts_transition,
     reasonable_step_size,
 )
+from dpinfer.lattice.nested.directions import sweep_products
 from dpinfer.lattice.nested.kernel import current_sums
-from dpinfer.lattice.nested.kernel import sweep as nested_sweep
 
 MAX_TREE_DEPTH = 10
 NUTS_STATS = ("lp", "tree_depth", "n_steps", "acceptance_rate", "diverging", "energy",
@@ -146,7 +146,7 @@ def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row):
     for b in literal_unroll(nested):
         (full, hoisted, offset, grid, zero_release, table, x, S, tsum, box_lo, box_hi, lo_open, hi_open,
          order, child_ptr, child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
-         term_area, meta, inv2v, values, trim, stats, column) = b
+         term_area, meta, inv2v, values, trim, cell_shape, stats, column) = b
         if grid.shape[0] == 0:
             continue
         log_weight_tables(full, hoisted, q, env, grid, zero_release, table)
@@ -155,9 +155,9 @@ def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row):
             x[i // n_cells, i % n_cells] = counts[offset + i]
         current_sums(x, S, tsum, order, child_ptr, child_area, area_leaf, term_cells, term_area)
         stats[:] = 0
-        failed = nested_sweep(x, S, tsum, box_lo, box_hi, lo_open, hi_open, table, order, child_ptr,
-                              child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
-                              meta, inv2v, values, trim, rng, stats)
+        failed = sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, table, order, child_ptr,
+                                child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
+                                meta, inv2v, values, trim, cell_shape, rng, stats)
         for i in range(n_leaves * n_cells):
             counts[offset + i] = x[i // n_cells, i % n_cells]
         row[column] += stats[1]

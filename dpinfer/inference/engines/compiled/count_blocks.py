@@ -143,7 +143,7 @@ class GroupTotals:
 
 class NestedCounts:
     """Counts on the leaves of a tree of areas measured at every level (a nested release),
-    moved by exact sum-tree draws given the parameters: :func:`dpinfer.lattice.nested.kernel.sweep`
+    moved by exact sum-tree draws given the parameters: :func:`dpinfer.lattice.nested.directions.sweep_products`
     on the plan's boxes, with the prior's table refilled from the parameters first."""
 
     kind = "nested"
@@ -164,7 +164,7 @@ class NestedCounts:
                 np.empty((s.n_areas, s.n_cells), np.int64), np.empty(s.term_value.size, np.int64),
                 g.box_lo, g.box_hi, g.lo_open, g.hi_open, s.order, s.child_ptr, s.child_area, s.area_leaf,
                 s.term_ptr, s.term_cells, s.term_value, s.term_table, s.term_area, meta, inv2v, values,
-                g.trim, np.zeros(3, np.int64), column)
+                g.trim, np.array(s.cell_shape, np.int64), np.zeros(3, np.int64), column)
 
     @staticmethod
     def placeholder() -> tuple:
@@ -172,4 +172,5 @@ class NestedCounts:
         f, i = np.zeros((0, 0)), np.zeros((0, 0), np.int64)
         z, b = np.zeros(0, np.int64), np.zeros((0, 0), bool)
         return (0, np.zeros(1, np.int64), 0, i, f, f, i, i, z, i, i, b, b, z, z, z, z, z, b, z, z, z,
-                np.zeros((0, 5), np.int64), np.zeros(0), np.zeros(0), 1.0, np.zeros(3, np.int64), 0)
+                np.zeros((0, 5), np.int64), np.zeros(0), np.zeros(0), 1.0, np.ones(1, np.int64),
+                np.zeros(3, np.int64), 0)

@@ -1,0 +1,114 @@
+r"""Which directions a sweep of nested sums moves along, for cells that cross several axes.
+
+When the cells are a product of axes (votingage x hispanic x race group) and the measurements
+include precise margins over them (each area's total, its votingage x race table, ...), a
+move along one cell, or one pair of cells, changes some of those margins and is pinned by
+them: the chain would creep. The moves that keep margins are the **interaction directions** of
+the cross-classification (the basic moves of contingency tables; Diaconis & Sturmfels 1998):
+for a set S of axes, two levels a_k != b_k on each axis k in S and one level on every other
+axis, the 2^|S| cells get signs prod_{k in S} (+1 at a_k, -1 at b_k). Such a move keeps every
+margin that sums over at least one axis of S, so it is only as constrained as the margins that
+keep all of S, the least precise ones. |S| = 1 are the pairs along one axis, |S| = 2 the
+2 x 2 squares, |S| = 3 the cubes.
+
+A sweep (:func:`sweep_products`) moves along every cell alone (random order), then, for every
+non-empty set S of axes, along ceil(n_cells / 2^|S|) random interaction directions of S (levels
+drawn uniformly): each draw of the kernel is an exact Gibbs update given everything else
+(:func:`dpinfer.lattice.nested.kernel.move`), so a sweep of random directions drawn
+independently of the counts leaves the law invariant (a random-scan mixture of exact
+updates). With one axis (``cell_shape = (n_cells,)``) the sweep is the cells and random pairs.
+Together the directions of all S span every move of the cells, so with the single-cell moves
+they connect the counts under equalities of disjoint or nested cell sets.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from dpinfer._random_stream import below
+from dpinfer.lattice.nested.kernel import move, workspace
+
+
+@numba.njit(cache=True, nogil=True)
+def _shuffle(a, rng):
+    for i in range(a.size - 1, 0, -1):
+        j = below(rng, i + 1)
+        a[i], a[j] = a[j], a[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def _interaction(subset, cell_shape, rng, cells, signs):
+    """A random interaction direction of the axes in the bit mask ``subset`` into cells/signs;
+    returns its number of cells (2^|S|)."""
+    ndim = cell_shape.size
+    a = np.empty(ndim, np.int64)
+    b = np.empty(ndim, np.int64)
+    for k in range(ndim):
+        a[k] = below(rng, cell_shape[k])
+        if subset >> k & 1:
+            b[k] = below(rng, cell_shape[k] - 1)
+            if b[k] >= a[k]:
+                b[k] += 1
+    in_s = np.empty(ndim, np.int64)
+    m = 0
+    for k in range(ndim):
+        if subset >> k & 1:
+            in_s[m] = k
+            m += 1
+    n = 1 << m
+    for corner in range(n):
+        flat = 0
+        sign = 1
+        j = 0
+        for k in range(ndim):
+            level = a[k]
+            if j < m and in_s[j] == k:
+                if corner >> j & 1:
+                    level = b[k]
+                    sign = -sign
+                j += 1
+            flat = flat * cell_shape[k] + level
+        cells[corner] = flat
+        signs[corner] = sign
+    return n
+
+
+@numba.njit(cache=True, nogil=True)
+def sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
+                   child_area, area_leaf, term_ptr, term_cells, term_value, term_table, meta,
+                   inv2v, values, trim, cell_shape, rng, stats):
+    """One sweep (module docstring); returns the number of moves that found no mass."""
+    n_cells = x.shape[1]
+    ndim = cell_shape.size
+    work = workspace(order, child_area, term_ptr, term_cells, prior)
+    failed = 0
+    one = np.ones(1, np.int64)
+    single = np.zeros(1, np.int64)
+    perm = np.arange(n_cells)
+    _shuffle(perm, rng)
+    for c in perm:
+        single[0] = c
+        if not move(single, one, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
+                    child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim,
+                    rng, stats, work):
+            failed += 1
+    cells = np.empty(1 << ndim, np.int64)
+    signs = np.empty(1 << ndim, np.int64)
+    for subset in range(1, 1 << ndim):
+        size = 0
+        usable = True
+        for k in range(ndim):
+            if subset >> k & 1:
+                size += 1
+                if cell_shape[k] < 2:
+                    usable = False
+        if not usable:
+            continue
+        for _ in range((n_cells + (1 << size) - 1) >> size):
+            n = _interaction(subset, cell_shape, rng, cells, signs)
+            if not move(cells[:n], signs[:n], x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order,
+                        child_ptr, child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v,
+                        values, trim, rng, stats, work):
+                failed += 1
+    return failed
