@@ -5,12 +5,14 @@ CSV of posterior summaries per geography and cell).
 The model (:func:`census_model`) is a log-linear Poisson model for the coarse counts x[l, c]
 on the leaves:
 
-    x[l, c] ~ Poisson(exp(a_c + u_{k(l), c} + v_l)),
-    a_c ~ Normal(log(mean count), 2),  u_{k, c} ~ Normal(0, s_u),  v_l ~ Normal(0, s_v),
-    s_u, s_v ~ HalfNormal(1),
+    x[l, c] ~ Poisson(exp(a_c + u_{k(l), c} + w_{l, c} + v_l)),
+    a_c ~ Normal(log(mean count), 2),  u_{k, c} ~ StudentT(3, 0, s_u),  w_{l, c} ~ Normal(0, s_w),
+    v_l ~ Normal(0, s_v),  s_u, s_v ~ HalfNormal(1),  s_w ~ HalfNormal(0.5),
 
-with k(l) the county of leaf l (u left out when the leaves are counties or above): a cell
-profile, a county-by-cell interaction and a leaf size, each shrunk. The effects are centred
+with k(l) the parent geography of leaf l (its county for tract leaves): a cell profile, a
+parent-by-cell interaction with Student-t(3) tails (a county unlike the others, such as an AIAN
+area's race profile, is not pulled to the state's profile), a leaf-by-cell interaction and a
+leaf size (left out when every leaf is its own parent group), each shrunk. The effects are centred
 (the counts of a county's cell are in the hundreds or more, where the data, not the prior,
 pin the effect down). The release is every usable measurement and constraint of the files
 (:func:`~dpinfer.io.nmf.table.census_table`).
@@ -36,18 +38,17 @@ def census_model(table: CensusTable, *, name: str = "counts"):
     """The PyMC model of the module docstring, with ``table.release`` observed."""
     import pymc as pm
 
-    leaves = table.leaves
-    coords = table.coords
-    county_of, n_counties = _county_index(table)
+    group_of, groups = _parent_index(table)
     pilot_mean = max(float(np.mean(np.abs(table.release.values))) / 10.0, 1.0)
-    with pm.Model(coords=coords | ({"county": np.arange(n_counties)} if county_of is not None else {})) as model:
+    coords = table.coords | {"group": np.asarray(groups)}
+    with pm.Model(coords=coords) as model:
         a = pm.Normal("cell_effect", math.log(pilot_mean), 2.0, dims="cell")
-        log_rate = a[None, :]
-        if county_of is not None:
-            s_u = pm.HalfNormal("sd_county_cell", 1.0)
-            u = pm.Normal("county_cell", 0.0, s_u, dims=("county", "cell"))
-            log_rate = log_rate + u[county_of]
-        if len(leaves) > 1:
+        s_u = pm.HalfNormal("sd_group_cell", 1.0)
+        u = pm.StudentT("group_cell", nu=3.0, mu=0.0, sigma=s_u, dims=("group", "cell"))
+        s_w = pm.HalfNormal("sd_leaf_cell", 0.5)
+        w = pm.Normal("leaf_cell", 0.0, s_w, dims=("geocode", "cell"))
+        log_rate = a[None, :] + u[group_of] + w
+        if len(table.leaves) > len(groups):
             s_v = pm.HalfNormal("sd_leaf", 1.0)
             v = pm.Normal("leaf_effect", 0.0, s_v, dims="geocode")
             log_rate = log_rate + v[:, None]
@@ -56,15 +57,13 @@ def census_model(table: CensusTable, *, name: str = "counts"):
     return model
 
 
-def _county_index(table: CensusTable):
-    """(county of each leaf, number of counties), or (None, 0) if the leaves are not below
-    counties."""
-    if LEVELS.index(table.leaf_level) <= LEVELS.index("County"):
-        return None, 0
-    counties = table.areas[table.areas.level == "County"].geocode.to_numpy()
-    width = len(counties[0])
-    index = pd.Index(counties).get_indexer([g[:width] for g in table.leaves])
-    return index, len(counties)
+def _parent_index(table: CensusTable):
+    """(index of each leaf's parent geography, the parents' geocodes)."""
+    areas = table.areas
+    leaf_rows = table.release.sums.leaf_area
+    parents = areas.parent.to_numpy()[leaf_rows]
+    unique, index = np.unique(parents, return_inverse=True)
+    return index, areas.geocode.to_numpy()[unique]
 
 
 def area_draws(table: CensusTable, draws: np.ndarray, level: str) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ the fact sheet lists as *unverified* are marked so here.
 Histogram (§4)
 --------------
 The person histogram has the axes (hhgq, votingage, hispanic, cenrace) of sizes (8, 2, 2, 63),
-2016 cells in C order (cenrace fastest). cenrace lists the 6 single races, then the 2-race, ...,
+2,016 cells in C order (cenrace fastest). cenrace lists the 6 single races, then the 2-race, ...,
 6-race combinations, each group in lexicographic order over (white, black, aian, asian, nhopi,
 sor): the order of ``itertools.combinations``.
 
