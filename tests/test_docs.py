@@ -146,6 +146,8 @@ NUMBER_SOURCES = {
     # zCDP target (examples/curator_question.py) are stated in the examples' docstrings
     "continuous.md": DEFAULT_SOURCES + ["examples/*.py"],
     "compare.md": DEFAULT_SOURCES + ["examples/*.py"],
+    # the side by side of the census files is validation/results/census_nmf.md
+    "census-nmf.md": DEFAULT_SOURCES + ["validation/results/*.md"],
 }
 NUMBER_PAGES = [p for p in PAGES if page_id(p) != "references.md"]
 
