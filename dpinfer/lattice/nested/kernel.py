@@ -20,14 +20,34 @@ subtree sums s_v. It is drawn exactly by the upward/downward pass of a sum tree
 * **down**: s_root is drawn from the root's message; an area's s_v is split among its
   children from the last, s_{c_j} with weight m_{c_j}(s_{c_j}) P_{j-1}(s_v - s_{c_j}).
 
-Convolutions are direct, in linear space after scaling each message by its maximum (sums of
-non-negative terms: relative error ~ length x eps per entry, no cancellation). Every message
-and partial convolution is **trimmed** to the entries within ``trim`` nats of its maximum
-(default 60: e^-60 ~ 1e-26); a draw is from the law with those entries set to 0. A draw at
-the edge of a message that the trim cut (finite weight beyond) is counted (``stats[1]``): it
-means the rest of the tree pulled the sum far from its subtree's own evidence, and a chain
-that does so often is told to widen (lower ``trim``). Exact zeros (hard bounds, equalities,
-the support) are never trimmed "approximately": they are zeros of the law.
+Messages are **weights in linear space**, each scaled to a maximum of 1: a leaf's log factor
+(its prior rows plus its terms' log weights) is exponentiated once, an area's terms multiply
+the convolution of its children as exp(their log weights - their maximum). Convolutions are
+direct (sums of non-negative products: relative error ~ length x eps per entry, no
+cancellation; vectorised, about 0.25-0.3 ns per product on this 2-core VM). No FFT: at the
+size of a state (99 counties x ~9 tracts x ~3 block groups, 28 cells) the trimmed messages
+are 30-50 entries at the leaves and at most ~500 at the state, and the convolutions are under
+a fifth of a move (``benchmarks/bench_nested.py``); an FFT would also lose every entry below
+~1e-13 of the peak to round-off. Nor a balanced tree of convolutions in place of the partial
+convolutions P_j: trimmed messages widen as the square root of the number of children
+summed, so both orders cost about the same. Everything a move writes lives in one buffer
+reused by all the moves of a sweep (:func:`workspace`), compacted as it goes.
+
+Every message and partial convolution is **trimmed** to the entries from the first to the
+last within ``trim`` nats of its maximum (default 60: e^-60 ~ 1e-26). Zeroing the entries
+of m_v outside the kept range K_v is conditioning the law of z on s_v in K_v, so a move draws
+from p(z | s_v in K_v for every trimmed v), at total variation at most
+sum_v P(s_v not in K_v) from the exact law; each term is at most e^-trim times the number of
+entries cut, times e^D_v, D_v the log of the largest ratio of the outside message (the rest
+of the tree's evidence on s_v) to its value at the kept maximum. A move at the size of a
+state cuts fewer than 10^6 entries, so with every D_v <= 5 nats (a model that fits) the bound
+is below 1e-18 per move: 1e-10 over 10^8 moves, far below Monte Carlo error. A draw at the
+edge of a message that the trim cut (finite weight beyond) is counted (``stats[1]``): it
+means D_v is large (the rest of the tree pulled the sum far from its subtree's own
+evidence), and a chain that does so often is told to widen (lower ``trim``). (A smaller
+default buys little: 30 nats is ~25% faster at ten counties, as widths shrink as
+sqrt(trim), and halves the margin.) Exact zeros (hard bounds, equalities, the support) are
+never trimmed "approximately": they are zeros of the law.
 
 Direction moves used per sweep (:func:`sweep`): every cell alone (d = +1), in random order,
 then the cells paired at random (c, c') with signs (+1, -1). A pair move keeps every term that
@@ -44,82 +64,460 @@ import numba
 import numpy as np
 
 from dpinfer._random_stream import below, uniform
-from dpinfer.lattice.nested.terms import term_log
 
 DEFAULT_TRIM = 60.0
 
+# Statuses of an upward pass.
+_OK, _NO_MASS, _FULL = 0, 1, 2
+
 
 @numba.njit(cache=True, nogil=True)
-def _log_sample(w, rng):
-    """An index drawn with probability ∝ exp(w[i]); -1 if every weight is zero."""
+def area_cell_terms(term_ptr, term_cells):
+    """(ptr, terms): the terms of area v that sum cell c are terms[ptr[v n_cells + c] :
+    ptr[v n_cells + c + 1]] (the moves find the terms they move here, without scanning every
+    term of every area)."""
+    n_areas = term_ptr.size - 1
+    n_cells = term_cells.shape[1]
+    ptr = np.zeros(n_areas * n_cells + 1, np.int64)
+    for v in range(n_areas):
+        for r in range(term_ptr[v], term_ptr[v + 1]):
+            for c in range(n_cells):
+                if term_cells[r, c]:
+                    ptr[v * n_cells + c + 1] += 1
+    for i in range(ptr.size - 1):
+        ptr[i + 1] += ptr[i]
+    terms = np.empty(ptr[-1], np.int64)
+    fill = ptr[:-1].copy()
+    for v in range(n_areas):
+        for r in range(term_ptr[v], term_ptr[v + 1]):
+            for c in range(n_cells):
+                if term_cells[r, c]:
+                    terms[fill[v * n_cells + c]] = r
+                    fill[v * n_cells + c] += 1
+    return ptr, terms
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _coefficient(r, j, dcells, dsigns, term_cells):
+    """a_r = sum of the direction's signs over the cells term r sums, if the direction's cell
+    j is the first of them that r sums (so that a term found under several cells counts
+    once); else 0."""
+    if dcells.size == 1:
+        return dsigns[0]
+    for i in range(j):
+        if term_cells[r, dcells[i]]:
+            return 0
+    a = 0
+    for i in range(dcells.size):
+        if term_cells[r, dcells[i]]:
+            a += dsigns[i]
+    return a
+
+
+@numba.njit(cache=True, nogil=True)
+def _add_terms(v, buf, start, n, lo, dcells, dsigns, tsum, ac_ptr, ac_terms, term_cells, term_value,
+               term_table, meta, inv2v, values):
+    """buf[start + i] += log w_r(y_r - t_r - a_r (lo + i)) for every term r of area v that the
+    direction moves (a_r != 0). Returns whether there was one."""
+    n_cells = term_cells.shape[1]
+    moved = False
+    for j in range(dcells.size):
+        q = v * n_cells + dcells[j]
+        for p in range(ac_ptr[q], ac_ptr[q + 1]):
+            r = ac_terms[p]
+            a = _coefficient(r, j, dcells, dsigns, term_cells)
+            if a != 0:
+                moved = True
+                _add_table(term_table[r], term_value[r] - tsum[r] - a * lo, -a, buf, start, n, meta, inv2v,
+                           values)
+    return moved
+
+
+@numba.njit(cache=True, nogil=True)
+def _add_table(k, e0, step, buf, start, n, meta, inv2v, values):
+    """buf[start + i] += log w_k(e0 + step i), i < n (step != 0):
+    :func:`~dpinfer.lattice.nested.terms.term_log` with the table's description read once:
+    the i inside the table are one loop of reads (through a slice, which vectorises), the
+    others take its ends' rules."""
+    lo, size, offset = meta[k, 0], meta[k, 1], meta[k, 2]
+    d = e0 - lo  # table index at i = 0
+    if step > 0:  # the i with 0 <= d + step i <= size - 1
+        i0, i1 = -(d // step), (size - 1 - d) // step
+    else:
+        i0, i1 = -((size - 1 - d) // -step), d // -step
+    i0, i1 = max(i0, 0), min(i1, n - 1)
+    if i0 > i1:  # no i inside the table
+        i0, i1 = n, n - 1
+    seg = buf[start + i0:start + i1 + 1]
+    base = offset + d + step * i0
+    for t in range(seg.size):
+        seg[t] += values[base + step * t]
+    for i in range(i0):
+        _add_beyond(k, e0 + step * i, buf, start + i, meta, inv2v, values)
+    for i in range(i1 + 1, n):
+        _add_beyond(k, e0 + step * i, buf, start + i, meta, inv2v, values)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _add_beyond(k, e, buf, at, meta, inv2v, values):
+    """buf[at] += log w_k(e) for an e beyond table k (its HARD, FLAT or GAUSS end)."""
+    lo, size, offset = meta[k, 0], meta[k, 1], meta[k, 2]
+    left = e < lo
+    mode = meta[k, 3] if left else meta[k, 4]
+    if mode == 0:
+        buf[at] = -np.inf
+        return
+    edge = lo if left else lo + size - 1
+    w = values[offset + edge - lo]
+    if mode == 1:
+        buf[at] += w
+    else:
+        buf[at] += w - (float(e) * float(e) - float(edge) * float(edge)) * inv2v[k]
+
+
+@numba.njit(cache=True, nogil=True)
+def _cut(buf, start, n, a, b, none, out):
+    """out = (a, b - a, whether an entry before a is not ``none``, whether one from b on is)."""
+    out[0] = a
+    out[1] = b - a
+    out[2] = False
+    out[3] = False
+    for i in range(start, a):
+        if buf[i] != none:
+            out[2] = True
+    for i in range(b, start + n):
+        if buf[i] != none:
+            out[3] = True
+
+
+@numba.njit(cache=True, nogil=True)
+def _finish_log(buf, start, n, trim, out):
+    """buf[start : start + n] holds log weights: keep the entries from the first to the last
+    within ``trim`` of the maximum, as exp(log weight - maximum); the ends cut are left as
+    they are (never read). out: (first kept, number kept, finite weights cut on the left, on
+    the right); 0 kept if every weight is zero."""
     m = -np.inf
-    for v in w:
-        if v > m:
-            m = v
+    for i in range(start, start + n):
+        m = max(m, buf[i])
     if m == -np.inf:
-        return -1
+        out[1] = 0
+        return
+    floor = m - trim
+    a = start
+    while buf[a] < floor:
+        a += 1
+    b = start + n
+    while buf[b - 1] < floor:
+        b -= 1
+    _cut(buf, start, n, a, b, -np.inf, out)
+    for i in range(a, b):
+        buf[i] = np.exp(buf[i] - m)
+
+
+@numba.njit(cache=True, nogil=True)
+def _finish_linear(buf, start, n, trim, out):
+    """buf[start : start + n] holds weights >= 0: divide them by their maximum and keep the
+    entries from the first to the last >= exp(-trim). out: as :func:`_finish_log`'s."""
+    m = 0.0
+    for i in range(start, start + n):
+        m = max(m, buf[i])
+    if m == 0.0:
+        out[1] = 0
+        return
+    inv = 1.0 / m
+    for i in range(start, start + n):
+        buf[i] *= inv
+    floor = np.exp(-trim)
+    a = start
+    while buf[a] < floor:
+        a += 1
+    b = start + n
+    while buf[b - 1] < floor:
+        b -= 1
+    _cut(buf, start, n, a, b, 0.0, out)
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def _convolve(buf, a, na, b, nb, out):
+    """buf[out : out + na + nb - 1] = the convolution of buf[a : a + na] and buf[b : b + nb]
+    (direct: sums of non-negative products). The products are added through slices, which
+    LLVM vectorises (indexing one array on both sides of ``+=`` stays scalar: 3x slower)."""
+    o = buf[out:out + na + nb - 1]
+    o[:] = 0.0
+    y = buf[b:b + nb]
+    for i in range(na):
+        ai = buf[a + i]
+        if ai == 0.0:
+            continue
+        row = o[i:i + nb]
+        for j in range(nb):
+            row[j] += ai * y[j]
+
+
+@numba.njit(cache=True, nogil=True)
+def _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, ac_ptr, ac_terms, term_cells,
+                  term_value, term_table, meta, inv2v, values, trim, buf, used, kept):
+    """Leaf ``leaf`` (area v): its log factor on the z its boxes allow, written at buf[used:]
+    and finished (:func:`_finish_log`). Returns (the z of its first entry, entries used), or
+    (zlo, -1) if ``buf`` is short."""
+    n_cells = x.shape[1]
+    zlo = -(2**62)
+    zhi = 2**62
+    for j in range(dcells.size):
+        c = dcells[j]
+        xv = x[leaf, c]
+        if dsigns[j] > 0:
+            zlo = max(zlo, box_lo[leaf, c] - xv)
+            zhi = min(zhi, box_hi[leaf, c] - xv)
+        else:
+            zlo = max(zlo, xv - box_hi[leaf, c])
+            zhi = min(zhi, xv - box_lo[leaf, c])
+    n = zhi - zlo + 1
+    if used + n > buf.size:
+        return zlo, -1
+    seg = buf[used:used + n]  # (through a slice: the loops vectorise)
+    seg[:] = 0.0
+    for j in range(dcells.size):
+        c = dcells[j]
+        row = prior[leaf * n_cells + c]
+        col = x[leaf, c] + dsigns[j] * zlo - box_lo[leaf, c]
+        step = dsigns[j]
+        for i in range(n):
+            seg[i] += row[col + step * i]
+    _add_terms(v, buf, used, n, zlo, dcells, dsigns, tsum, ac_ptr, ac_terms, term_cells, term_value,
+               term_table, meta, inv2v, values)
+    _finish_log(buf, used, n, trim, kept)
+    return zlo, n
+
+
+@numba.njit(cache=True, nogil=True)
+def _area_terms(v, dcells, dsigns, tsum, ac_ptr, ac_terms, term_cells, term_value, term_table, meta,
+                inv2v, values, trim, buf, cs, cn, lo, used, kept):
+    """An inner area's message if the direction moves its terms: the convolution of its
+    children buf[cs : cs + cn] (first sum lo) times the terms' weights, written at
+    buf[used : used + cn] and finished (:func:`_finish_linear`); buf[used + cn : used + 2 cn]
+    is scratch (the terms' log weights, scaled by their maximum before exp). Returns False
+    (nothing written) if it moves none."""
+    lt = used + cn
+    for i in range(cn):
+        buf[lt + i] = 0.0
+    if not _add_terms(v, buf, lt, cn, lo, dcells, dsigns, tsum, ac_ptr, ac_terms, term_cells, term_value,
+                      term_table, meta, inv2v, values):
+        return False
+    m = -np.inf
+    for i in range(cn):
+        if buf[cs + i] > 0.0:
+            m = max(m, buf[lt + i])
+    if m == -np.inf:
+        kept[1] = 0
+        return True
+    for i in range(cn):
+        w = buf[cs + i]
+        buf[used + i] = w * np.exp(buf[lt + i] - m) if w > 0.0 else 0.0
+    _finish_linear(buf, used, cn, trim, kept)
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def _compact(buf, to, kept):
+    """Move the kept entries buf[kept[0] : kept[0] + kept[1]] down to buf[to:] (to <=
+    kept[0]), so that the buffer holds only what later steps read (it stays in cache);
+    kept[0] = to. Returns how many entries the first kept one lay beyond ``to``."""
+    shift = kept[0] - to
+    for i in range(kept[1]):
+        buf[to + i] = buf[kept[0] + i]
+    kept[0] = to
+    return shift
+
+
+@numba.njit(cache=True, nogil=True)
+def _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, order, child_ptr, child_area, area_leaf,
+        ac_ptr, ac_terms, term_cells, term_value, term_table, meta, inv2v, values, trim, buf, mstart,
+        mlen, mlo, cut, pstart, plen, plo):
+    """The upward pass: every area's message (mstart, mlen, mlo: where it lies in ``buf`` and
+    the sum its first entry stands for) and the partial convolutions of every area's first
+    children (pstart, plen, plo, by child position), all as weights scaled to a maximum of 1,
+    each moved down to the buffer's end of use once trimmed (:func:`_compact`). An area whose
+    terms the direction does not move shares its last partial convolution (or its one
+    child's message). Returns _OK, _NO_MASS, or _FULL if ``buf`` is too small."""
+    kept = np.zeros(4, np.int64)
+    used = 0
+    for v in order:
+        leaf = area_leaf[v]
+        if leaf >= 0:
+            lo, n = _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, ac_ptr,
+                                  ac_terms, term_cells, term_value, term_table, meta, inv2v, values, trim, buf,
+                                  used, kept)
+            if n < 0:
+                return _FULL
+            if kept[1] == 0:
+                return _NO_MASS
+            lo += _compact(buf, used, kept)
+            used += kept[1]
+        else:
+            first = child_ptr[v]
+            ch = child_area[first]
+            cs, cn, lo = mstart[ch], mlen[ch], mlo[ch]
+            kept[0], kept[1], kept[2], kept[3] = cs, cn, cut[ch, 0], cut[ch, 1]
+            for p in range(first + 1, child_ptr[v + 1]):
+                ch = child_area[p]
+                n = cn + mlen[ch] - 1
+                if used + n > buf.size:
+                    return _FULL
+                _convolve(buf, cs, cn, mstart[ch], mlen[ch], used)
+                _finish_linear(buf, used, n, trim, kept)
+                if kept[1] == 0:
+                    return _NO_MASS
+                lo += mlo[ch] + _compact(buf, used, kept)
+                cs, cn = kept[0], kept[1]
+                pstart[p], plen[p], plo[p] = cs, cn, lo
+                used += cn
+            if used + 2 * cn > buf.size:
+                return _FULL
+            # the area's own message if it moves terms (else its last partial convolution)
+            if _area_terms(v, dcells, dsigns, tsum, ac_ptr, ac_terms, term_cells, term_value, term_table,
+                           meta, inv2v, values, trim, buf, cs, cn, lo, used, kept):
+                if kept[1] == 0:
+                    return _NO_MASS
+                lo += _compact(buf, used, kept)
+                used += kept[1]
+        mstart[v], mlen[v], mlo[v] = kept[0], kept[1], lo
+        cut[v, 0], cut[v, 1] = kept[2], kept[3]
+    return _OK
+
+
+@numba.njit(cache=True, nogil=True)
+def _sample(buf, start, n, rng):
+    """An index i in 0 .. n-1 drawn with probability ∝ buf[start + i] (weights >= 0, not all 0)."""
     total = 0.0
-    for v in w:
-        total += np.exp(v - m)
+    for i in range(start, start + n):
+        total += buf[i]
     u = uniform(rng) * total
     acc = 0.0
-    last = -1
-    for i in range(w.size):
-        p = np.exp(w[i] - m)
-        if p > 0.0:
+    last = 0
+    for i in range(n):
+        w = buf[start + i]
+        if w > 0.0:
             last = i
-            acc += p
+            acc += w
             if u < acc:
                 return i
     return last
 
 
 @numba.njit(cache=True, nogil=True)
-def _convolve_log(a, b):
-    """log of the convolution of exp(a) and exp(b), direct, scaled by the maxima."""
-    ma = np.max(a)
-    mb = np.max(b)
-    ea = np.exp(a - ma)
-    eb = np.exp(b - mb)
-    la, lb = a.size, b.size
-    out = np.zeros(la + lb - 1)
-    for i in range(la):
-        ai = ea[i]
-        if ai == 0.0:
+def _down(buf, order, child_ptr, child_area, area_leaf, mstart, mlen, mlo, pstart, plen, plo,
+          s_area, rng):
+    """The downward pass: s_area[v] for every area, the root's from its message, each area's
+    split among its children from the last. Returns False if a split has no mass."""
+    n_areas = order.size
+    root = order[n_areas - 1]
+    s_area[root] = mlo[root] + _sample(buf, mstart[root], mlen[root], rng)
+    for idx in range(n_areas - 1, -1, -1):
+        v = order[idx]
+        if area_leaf[v] >= 0:
             continue
-        for j in range(lb):
-            out[i + j] += ai * eb[j]
-    res = np.empty(out.size)
-    for i in range(out.size):
-        res[i] = np.log(out[i]) + ma + mb if out[i] > 0.0 else -np.inf
-    return res
+        s = s_area[v]
+        first = child_ptr[v]
+        for p in range(child_ptr[v + 1] - 1, first, -1):
+            ch = child_area[p]
+            cs, cn, clo = mstart[ch], mlen[ch], mlo[ch]
+            if p - 1 > first:
+                ps, pn, plo_ = pstart[p - 1], plen[p - 1], plo[p - 1]
+            else:
+                f = child_area[first]
+                ps, pn, plo_ = mstart[f], mlen[f], mlo[f]
+            lo = max(clo, s - (plo_ + pn - 1))
+            hi = min(clo + cn - 1, s - plo_)
+            # w(s_c) = m_c(s_c) P(s - s_c), summed on the fly: no scratch array
+            total = 0.0
+            for t in range(lo, hi + 1):
+                total += buf[cs + t - clo] * buf[ps + s - t - plo_]
+            if not total > 0.0:
+                return False
+            u = uniform(rng) * total
+            acc = 0.0
+            pick = lo
+            for t in range(lo, hi + 1):
+                w = buf[cs + t - clo] * buf[ps + s - t - plo_]
+                if w > 0.0:
+                    pick = t
+                    acc += w
+                    if u < acc:
+                        break
+            s_area[ch] = pick
+            s -= pick
+        s_area[child_area[first]] = s
+    return True
 
 
 @numba.njit(cache=True, nogil=True)
-def _kept(a, trim):
-    """(start, stop, cut_left, cut_right): the entries within ``trim`` of the maximum, and
-    whether finite entries were cut on either side."""
-    m = np.max(a)
-    if m == -np.inf:
-        return 0, 0, False, False
-    floor = m - trim
-    start = 0
-    while a[start] < floor:
-        start += 1
-    stop = a.size
-    while a[stop - 1] < floor:
-        stop -= 1
-    cut_left = False
-    for i in range(start):
-        if a[i] > -np.inf:
-            cut_left = True
+def _update(dcells, dsigns, x, S, tsum, lo_open, hi_open, box_lo, box_hi, area_leaf, ac_ptr, ac_terms,
+            term_cells, mlo, mlen, cut, s_area, stats):
+    """Apply the drawn sums s_area to x, S and tsum; the statistics (:func:`draw_direction`)."""
+    n_cells = x.shape[1]
+    k = dcells.size
+    stats[0] += 1
+    for v in range(s_area.size):
+        sv = s_area[v]
+        if (cut[v, 0] and sv == mlo[v]) or (cut[v, 1] and sv == mlo[v] + mlen[v] - 1):
+            stats[1] += 1
+        if sv == 0:
+            continue
+        for j in range(k):
+            S[v, dcells[j]] += dsigns[j] * sv
+            q = v * n_cells + dcells[j]
+            for p in range(ac_ptr[q], ac_ptr[q + 1]):
+                r = ac_terms[p]
+                tsum[r] += _coefficient(r, j, dcells, dsigns, term_cells) * sv
+        leaf = area_leaf[v]
+        if leaf < 0:
+            continue
+        for j in range(k):
+            c = dcells[j]
+            x[leaf, c] += dsigns[j] * sv
+            xv = x[leaf, c]
+            if (lo_open[leaf, c] and xv == box_lo[leaf, c]) or (hi_open[leaf, c] and xv == box_hi[leaf, c]):
+                stats[2] += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def workspace(order, child_area, term_ptr, term_cells, prior):
+    """What the moves of a sweep share (:func:`move`): the terms by area and cell
+    (:func:`area_cell_terms`), the message buffer (in a one-element list: :func:`move`
+    replaces it by one twice as long when it is short; first 4 entries per area and box
+    width), per area a message's start, length, first sum and cut flags, per child position
+    a partial convolution's start, length and first sum, and the drawn sums."""
+    n_areas, n_children = order.size, child_area.size
+    ac_ptr, ac_terms = area_cell_terms(term_ptr, term_cells)
+    buf = [np.empty(max(4 * n_areas * prior.shape[1], 1024))]
+    return (ac_ptr, ac_terms, buf, np.zeros(n_areas, np.int64), np.zeros(n_areas, np.int64),
+            np.zeros(n_areas, np.int64), np.zeros((n_areas, 2), np.bool_), np.zeros(n_children, np.int64),
+            np.zeros(n_children, np.int64), np.zeros(n_children, np.int64), np.zeros(n_areas, np.int64))
+
+
+@numba.njit(cache=True, nogil=True)
+def move(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
+         child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, rng,
+         stats, work):
+    """:func:`draw_direction` with ``work`` from :func:`workspace` (a sweep makes it once and
+    passes it to every move; it holds the terms by area, hence no ``term_ptr`` here)."""
+    ac_ptr, ac_terms, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area = work
+    while True:
+        status = _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, order, child_ptr, child_area,
+                     area_leaf, ac_ptr, ac_terms, term_cells, term_value, term_table, meta, inv2v, values,
+                     trim, buf[0], mstart, mlen, mlo, cut, pstart, plen, plo)
+        if status != _FULL:
             break
-    cut_right = False
-    for i in range(stop, a.size):
-        if a[i] > -np.inf:
-            cut_right = True
-            break
-    return start, stop, cut_left, cut_right
+        buf[0] = np.empty(2 * buf[0].size)
+    if status == _NO_MASS:
+        return False
+    if not _down(buf[0], order, child_ptr, child_area, area_leaf, mstart, mlen, mlo, pstart, plen, plo,
+                 s_area, rng):
+        return False
+    _update(dcells, dsigns, x, S, tsum, lo_open, hi_open, box_lo, box_hi, area_leaf, ac_ptr, ac_terms,
+            term_cells, mlo, mlen, cut, s_area, stats)
+    return True
 
 
 @numba.njit(cache=True, nogil=True)
@@ -130,138 +528,10 @@ def draw_direction(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open,
     (module docstring); x, S and tsum updated in place. ``prior[l * n_cells + c, j]`` is
     log p_{l,c}(box_lo[l, c] + j). stats: [0] draws, [1] trimmed edges hit, [2] counts at an
     open box edge after the draw. Returns False if the law has no mass (no move made)."""
-    n_areas = order.size
-    n_cells = x.shape[1]
-    k = dcells.size
-    n_terms = term_value.size
-    coef = np.zeros(n_terms, np.int64)
-    for r in range(n_terms):
-        a = 0
-        for j in range(k):
-            if term_cells[r, dcells[j]]:
-                a += dsigns[j]
-        coef[r] = a
-    msgs = [np.empty(0) for _ in range(n_areas)]
-    mlo = np.zeros(n_areas, np.int64)
-    cut = np.zeros((n_areas, 2), np.bool_)
-    pref = [np.empty(0) for _ in range(child_area.size)]
-    plo = np.zeros(child_area.size, np.int64)
-    for v in order:
-        leaf = area_leaf[v]
-        if leaf >= 0:
-            zlo = -(2**62)
-            zhi = 2**62
-            for j in range(k):
-                c = dcells[j]
-                xv = x[leaf, c]
-                if dsigns[j] > 0:
-                    lo = box_lo[leaf, c] - xv
-                    hi = box_hi[leaf, c] - xv
-                else:
-                    lo = xv - box_hi[leaf, c]
-                    hi = xv - box_lo[leaf, c]
-                zlo = max(zlo, lo)
-                zhi = min(zhi, hi)
-            n = zhi - zlo + 1
-            m = np.zeros(n)
-            for i in range(n):
-                z = zlo + i
-                acc = 0.0
-                for j in range(k):
-                    c = dcells[j]
-                    acc += prior[leaf * n_cells + c, x[leaf, c] + dsigns[j] * z - box_lo[leaf, c]]
-                m[i] = acc
-            lo_v = zlo
-        else:
-            first = child_ptr[v]
-            cur = msgs[child_area[first]]
-            cur_lo = mlo[child_area[first]]
-            for p in range(first + 1, child_ptr[v + 1]):
-                ch = child_area[p]
-                cur = _convolve_log(cur, msgs[ch])
-                cur_lo += mlo[ch]
-                a, b, _, _ = _kept(cur, trim)
-                if b <= a:
-                    return False
-                cur = cur[a:b].copy()
-                cur_lo += a
-                pref[p] = cur
-                plo[p] = cur_lo
-            m = cur.copy()
-            lo_v = cur_lo
-            n = m.size
-        for r in range(term_ptr[v], term_ptr[v + 1]):
-            a = coef[r]
-            if a == 0:
-                continue
-            base = term_value[r] - tsum[r]
-            t = term_table[r]
-            for i in range(n):
-                m[i] += term_log(t, base - a * (lo_v + i), meta, inv2v, values)
-        a, b, cl, cr = _kept(m, trim)
-        if b <= a:
-            return False
-        msgs[v] = m[a:b].copy()
-        mlo[v] = lo_v + a
-        cut[v, 0] = cl
-        cut[v, 1] = cr
-    # down
-    s_area = np.zeros(n_areas, np.int64)
-    root = order[n_areas - 1]
-    i = _log_sample(msgs[root], rng)
-    if i < 0:
-        return False
-    s_area[root] = mlo[root] + i
-    for idx in range(n_areas - 1, -1, -1):
-        v = order[idx]
-        if area_leaf[v] >= 0:
-            continue
-        s = s_area[v]
-        first = child_ptr[v]
-        for p in range(child_ptr[v + 1] - 1, first, -1):
-            ch = child_area[p]
-            mc = msgs[ch]
-            clo = mlo[ch]
-            if p - 1 > first:
-                P = pref[p - 1]
-                Plo = plo[p - 1]
-            else:
-                P = msgs[child_area[first]]
-                Plo = mlo[child_area[first]]
-            lo = max(clo, s - (Plo + P.size - 1))
-            hi = min(clo + mc.size - 1, s - Plo)
-            w = np.empty(max(hi - lo + 1, 0))
-            for t in range(w.size):
-                w[t] = mc[lo + t - clo] + P[s - (lo + t) - Plo]
-            j = _log_sample(w, rng)
-            if j < 0:
-                return False
-            s_area[ch] = lo + j
-            s -= lo + j
-        s_area[child_area[first]] = s
-    # statistics, then the update
-    stats[0] += 1
-    for v in range(n_areas):
-        sv = s_area[v]
-        if (cut[v, 0] and sv == mlo[v]) or (cut[v, 1] and sv == mlo[v] + msgs[v].size - 1):
-            stats[1] += 1
-        if sv != 0:
-            for j in range(k):
-                S[v, dcells[j]] += dsigns[j] * sv
-            for r in range(term_ptr[v], term_ptr[v + 1]):
-                tsum[r] += coef[r] * sv
-    for v in range(n_areas):
-        leaf = area_leaf[v]
-        if leaf < 0:
-            continue
-        z = s_area[v]
-        for j in range(k):
-            c = dcells[j]
-            x[leaf, c] += dsigns[j] * z
-            xv = x[leaf, c]
-            if (lo_open[leaf, c] and xv == box_lo[leaf, c]) or (hi_open[leaf, c] and xv == box_hi[leaf, c]):
-                stats[2] += 1
-    return True
+    work = workspace(order, child_area, term_ptr, term_cells, prior)
+    return move(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
+                child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, rng,
+                stats, work)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -278,6 +548,7 @@ def sweep(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
     """Every cell's move in random order, then random pairs (module docstring). Returns the
     number of moves that found no mass (0 normally)."""
     n_cells = x.shape[1]
+    work = workspace(order, child_area, term_ptr, term_cells, prior)
     perm = np.arange(n_cells)
     _shuffle(perm, rng)
     failed = 0
@@ -285,9 +556,9 @@ def sweep(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
     cells = np.zeros(1, np.int64)
     for c in perm:
         cells[0] = c
-        if not draw_direction(cells, one, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order,
-                              child_ptr, child_area, area_leaf, term_ptr, term_cells, term_value,
-                              term_table, meta, inv2v, values, trim, rng, stats):
+        if not move(cells, one, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
+                    child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim,
+                    rng, stats, work):
             failed += 1
     _shuffle(perm, rng)
     pair = np.zeros(2, np.int64)
@@ -295,9 +566,9 @@ def sweep(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
     for i in range(0, n_cells - 1, 2):
         pair[0] = perm[i]
         pair[1] = perm[i + 1]
-        if not draw_direction(pair, signs, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order,
-                              child_ptr, child_area, area_leaf, term_ptr, term_cells, term_value,
-                              term_table, meta, inv2v, values, trim, rng, stats):
+        if not move(pair, signs, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
+                    child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim,
+                    rng, stats, work):
             failed += 1
     return failed
 
