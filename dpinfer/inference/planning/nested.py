@@ -204,8 +204,9 @@ def structural_zeros(sums) -> np.ndarray:
 
 
 def feasible_start(sums, pilot, lo, hi, name: str) -> np.ndarray:
-    """The integer counts in the boxes nearest ``pilot`` in l1 that meet every equality and
-    bound (HiGHS MILP); the rounded pilot if there are none."""
+    """Integer counts in the boxes that meet every equality and bound, near ``pilot``: the
+    rounded pilot repaired term by term (:func:`_repaired`), or, if that fails, the counts
+    nearest the pilot in l1 (HiGHS MILP)."""
     _, hard, _ = _term_kinds(sums)
     x0 = np.clip(np.rint(pilot), lo, hi).astype(np.int64)
     rows = np.flatnonzero(hard)
@@ -218,6 +219,9 @@ def feasible_start(sums, pilot, lo, hi, name: str) -> np.ndarray:
     # e = y - t: HARD on the left (e < 0 forbidden) means t <= y; HARD on the right means t >= y
     upper_b = np.where(meta[t, 3] == 0, y, np.inf)
     lower_b = np.where(meta[t, 4] == 0, y, -np.inf)
+    repaired = _repaired(A, lower_b, upper_b, x0.reshape(-1), lo.reshape(-1), hi.reshape(-1))
+    if repaired is not None:
+        return repaired.reshape(pilot.shape)
     n = A.shape[1]
     # variables: x (n, integer) and d (n) >= |x - pilot|; minimise sum d
     p = pilot.reshape(-1)
@@ -241,3 +245,34 @@ def feasible_start(sums, pilot, lo, hi, name: str) -> np.ndarray:
             "children's equalities that do not add up to their parent's)")
     x = np.rint(res.x[:n]).astype(np.int64).reshape(pilot.shape)
     return x
+
+
+def _repaired(A, lower, upper, x, lo, hi, passes: int = 20):
+    """x moved into lower <= A x <= upper (A 0/1 csr) inside lo <= x <= hi, or None: each
+    violated row in turn spreads its shortfall (or excess) over its counts in proportion to
+    their room in the boxes (largest remainders), ``passes`` times over the rows; enough for
+    the census files' equalities (nested totals, zeros) and bounds, which rarely conflict."""
+    x = x.copy()
+    for _ in range(passes):
+        t = A @ x
+        bad = np.flatnonzero((t < lower) | (t > upper))
+        if bad.size == 0:
+            return x
+        for r in bad:
+            cols = A.indices[A.indptr[r]:A.indptr[r + 1]]
+            total = int(x[cols].sum())
+            need = (lower[r] - total) if total < lower[r] else (upper[r] - total)
+            if not np.isfinite(need) or need == 0:
+                continue
+            need = int(need)
+            room = (hi[cols] - x[cols]) if need > 0 else (x[cols] - lo[cols])
+            if room.sum() < abs(need):
+                return None
+            share = abs(need) * room / room.sum()
+            step = np.floor(share).astype(np.int64)
+            short = abs(need) - int(step.sum())
+            if short:
+                step[np.argsort(-(share - step), kind="stable")[:short]] += 1
+            x[cols] += np.sign(need) * step
+    t = A @ x
+    return x if np.all((t >= lower) & (t <= upper)) else None

@@ -49,13 +49,8 @@ default buys little: 30 nats is ~25% faster at ten counties, as widths shrink as
 sqrt(trim), and halves the margin.) Exact zeros (hard bounds, equalities, the support) are
 never trimmed "approximately": they are zeros of the law.
 
-Direction moves used per sweep (:func:`sweep`): every cell alone (d = +1), in random order,
-then the cells paired at random (c, c') with signs (+1, -1). A pair move keeps every term that
-sums both cells or neither, so it moves counts between cells under exact totals (where a
-single cell's move is frozen); with the single moves it connects the counts under equalities
-whose cell sets at each area are disjoint or nested (the laminar case checked by
-:class:`~dpinfer.lattice.nested.structure.NestedSums`), as pair moves connect the lattice
-points of a product of simplices.
+Which directions a sweep moves along (every cell alone, then interaction directions: pairs,
+squares, cubes of the cross-classified cells) is :mod:`dpinfer.lattice.nested.directions`.
 """
 
 from __future__ import annotations
@@ -63,7 +58,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from dpinfer._random_stream import below, uniform
+from dpinfer._random_stream import uniform
 
 DEFAULT_TRIM = 60.0
 
@@ -532,45 +527,6 @@ def draw_direction(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open,
     return move(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
                 child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, rng,
                 stats, work)
-
-
-@numba.njit(cache=True, nogil=True)
-def _shuffle(a, rng):
-    for i in range(a.size - 1, 0, -1):
-        j = below(rng, i + 1)
-        a[i], a[j] = a[j], a[i]
-
-
-@numba.njit(cache=True, nogil=True)
-def sweep(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr, child_area,
-          area_leaf, term_ptr, term_cells, term_value, term_table, meta, inv2v, values, trim,
-          rng, stats):
-    """Every cell's move in random order, then random pairs (module docstring). Returns the
-    number of moves that found no mass (0 normally)."""
-    n_cells = x.shape[1]
-    work = workspace(order, child_area, term_ptr, term_cells, prior)
-    perm = np.arange(n_cells)
-    _shuffle(perm, rng)
-    failed = 0
-    one = np.ones(1, np.int64)
-    cells = np.zeros(1, np.int64)
-    for c in perm:
-        cells[0] = c
-        if not move(cells, one, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
-                    child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim,
-                    rng, stats, work):
-            failed += 1
-    _shuffle(perm, rng)
-    pair = np.zeros(2, np.int64)
-    signs = np.array([1, -1], np.int64)
-    for i in range(0, n_cells - 1, 2):
-        pair[0] = perm[i]
-        pair[1] = perm[i + 1]
-        if not move(pair, signs, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
-                    child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim,
-                    rng, stats, work):
-            failed += 1
-    return failed
 
 
 @numba.njit(cache=True, nogil=True)

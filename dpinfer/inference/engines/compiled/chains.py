@@ -52,7 +52,7 @@ import numpy as np
 from numba import literal_unroll
 
 from dpinfer._random_stream import new_stream
-from dpinfer.inference.engines.compiled.count_blocks import GroupTotals, IndependentCells, NestedCounts
+from dpinfer.inference.engines.compiled.count_blocks import GroupTotals, IndependentCells
 from dpinfer.inference.engines.compiled.exact_counts import (
     HOLD_RATIO,
     HOLD_RATIO_TUNING,
@@ -143,26 +143,27 @@ def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row):
         row[column] += stats[0]
         row[column + 1] += stats[2]
         row[column + 2] += stats[3]
-    for b in literal_unroll(nested):
-        (full, hoisted, offset, grid, zero_release, table, x, S, tsum, box_lo, box_hi, lo_open, hi_open,
-         order, child_ptr, child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
-         term_area, meta, inv2v, values, trim, cell_shape, stats, column) = b
-        if grid.shape[0] == 0:
-            continue
-        log_weight_tables(full, hoisted, q, env, grid, zero_release, table)
-        n_leaves, n_cells = x.shape
-        for i in range(n_leaves * n_cells):
-            x[i // n_cells, i % n_cells] = counts[offset + i]
-        current_sums(x, S, tsum, order, child_ptr, child_area, area_leaf, term_cells, term_area)
-        stats[:] = 0
-        failed = sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, table, order, child_ptr,
-                                child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
-                                meta, inv2v, values, trim, cell_shape, rng, stats)
-        for i in range(n_leaves * n_cells):
-            counts[offset + i] = x[i // n_cells, i % n_cells]
-        row[column] += stats[1]
-        row[column + 1] += stats[2]
-        row[column + 2] += failed
+    if nested is not None:  # None: pruned at compile time, the nested kernels are not compiled
+        for b in literal_unroll(nested):
+            (full, hoisted, offset, grid, zero_release, table, x, S, tsum, box_lo, box_hi, lo_open, hi_open,
+             order, child_ptr, child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
+             term_area, meta, inv2v, values, trim, cell_shape, stats, column) = b
+            if grid.shape[0] == 0:
+                continue
+            log_weight_tables(full, hoisted, q, env, grid, zero_release, table)
+            n_leaves, n_cells = x.shape
+            for i in range(n_leaves * n_cells):
+                x[i // n_cells, i % n_cells] = counts[offset + i]
+            current_sums(x, S, tsum, order, child_ptr, child_area, area_leaf, term_cells, term_area)
+            stats[:] = 0
+            failed = sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, table, order, child_ptr,
+                                    child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
+                                    meta, inv2v, values, trim, cell_shape, rng, stats)
+            for i in range(n_leaves * n_cells):
+                counts[offset + i] = x[i // n_cells, i % n_cells]
+            row[column] += stats[1]
+            row[column + 1] += stats[2]
+            row[column + 2] += failed
     return True
 
 
@@ -289,7 +290,7 @@ def run_chain(model, blocks, *, tune: int, draws: int, rng: np.random.Generator,
     nested = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "nested")
     cells = cells or (IndependentCells.placeholder(),)
     totals = totals or (GroupTotals.placeholder(),)
-    nested = nested or (NestedCounts.placeholder(),)
+    nested = nested or None  # no nested block: the kernels' nested branch is pruned
     out_q = np.empty((draws, n))
     out_counts = np.empty((draws, counts.size), dtype=np.int64)
     out_stats = np.zeros((draws, len(names)))

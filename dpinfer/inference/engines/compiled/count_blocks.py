@@ -165,12 +165,3 @@ class NestedCounts:
                 g.box_lo, g.box_hi, g.lo_open, g.hi_open, s.order, s.child_ptr, s.child_area, s.area_leaf,
                 s.term_ptr, s.term_cells, s.term_value, s.term_table, s.term_area, meta, inv2v, values,
                 g.trim, np.array(s.cell_shape, np.int64), np.zeros(3, np.int64), column)
-
-    @staticmethod
-    def placeholder() -> tuple:
-        """A block of no counts with the kernel's types (the compiled loop needs one)."""
-        f, i = np.zeros((0, 0)), np.zeros((0, 0), np.int64)
-        z, b = np.zeros(0, np.int64), np.zeros((0, 0), bool)
-        return (0, np.zeros(1, np.int64), 0, i, f, f, i, i, z, i, i, b, b, z, z, z, z, z, b, z, z, z,
-                np.zeros((0, 5), np.int64), np.zeros(0), np.zeros(0), 1.0, np.ones(1, np.int64),
-                np.zeros(3, np.int64), 0)
