@@ -171,3 +171,22 @@ def test_a_new_release_through_pm_data_refits_the_same_model():
         pm.set_data({"nmf_values": new})
     second = dp.sample(model=model, draws=200, tune=100, chains=1, random_seed=1, progressbar=False)
     assert np.all(second.posterior["x"].values.sum((2, 3)) == 9)
+
+
+def test_boxes_that_the_posterior_keeps_reaching_are_named(monkeypatch):
+    """Boxes of 0 pilot sds (half-width 2) and no widening: dp.sample stops with an error that
+    names the release, the counts whose draws reached a box edge and what to check."""
+    import sys
+
+    import dpinfer.inference.planning.nested as planning_nested
+
+    sample_module = sys.modules["dpinfer.inference.sample"]
+
+    monkeypatch.setattr(planning_nested, "FIRST_K", 0)
+    monkeypatch.setattr(sample_module, "MAX_WIDENINGS", 0)
+    nm = small_release()
+    with pm.Model() as model:
+        x = pm.Poisson("x", LAM, shape=(2, C))
+        nm.observe("nmf", x)
+    with pytest.raises(RuntimeError, match=r"nested release 'nmf' still reached the edges.*leaf\d, cell \d"):
+        dp.sample(model=model, draws=300, tune=100, chains=1, random_seed=1, progressbar=False)

@@ -222,6 +222,15 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
         if not failed:
             return idata, report, attempt, fit
         if attempt == MAX_WIDENINGS:
+            nested = [p for p in plans if p.kind == "nested" and p.latent_name in failed]
+            if nested:
+                entry = report[nested[0].latent_name]
+                raise RuntimeError(
+                    f"the counts {nested[0].latent_name!r} of the nested release {entry['release']!r} still "
+                    f"reached the edges of their boxes (±{entry['box_half_width_sds']} pilot sds) after "
+                    f"{MAX_WIDENINGS} widenings: {entry.get('cells_at_box_edges', [])}. The posterior puts "
+                    "these counts far from every measurement of them: check the model's prior for them "
+                    "(rates far from the data, a support that excludes them) and the release's values")
             held = sorted(name for name, bound in failed.items() if bound == np.inf)
             if held:
                 raise RuntimeError(

@@ -122,7 +122,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
         raise RuntimeError(f"dpinfer.sample: {err}") from err
     report, failed = {}, {}
     for plan, block in zip(plans, blocks):
-        report[plan.latent_name], bound = _report(plan, idata.sample_stats, block, tol)
+        report[plan.latent_name], bound = _report(plan, idata, block, tol)
         if bound is not None:
             failed[plan.latent_name] = bound
     return idata, report, failed
@@ -142,12 +142,13 @@ def _block(plan, compiled):
     return IndependentCells(plan.latent_name, offset, tables, prior)
 
 
-def _report(plan, stats, block, tol: float) -> tuple[dict, float | None]:
+def _report(plan, idata, block, tol: float) -> tuple[dict, float | None]:
     """(the plan's report entry, the largest neglected-mass bound if it exceeds tol, else None;
     infinite when cells were held too often: :func:`held_too_often`, or, for a nested plan,
     when a draw after tuning reached an edge of its box: :func:`_nested_report`)."""
     if plan.kind == "nested":
-        return _nested_report(plan, stats, block)
+        return _nested_report(plan, idata, block)
+    stats = idata.sample_stats
     held = stats[block.stat_names[1]].values
     entry = window_entry(plan, METHODS[plan.kind], 0.0, tol)
     entry.update(exact_tails=plan.exact_tails, held_cells_after_tuning=int(held.sum()),
@@ -164,14 +165,22 @@ def _report(plan, stats, block, tol: float) -> tuple[dict, float | None]:
     return entry, (None if bound <= tol else bound)
 
 
-def _nested_report(plan, stats, block) -> tuple[dict, float | None]:
+def _nested_report(plan, idata, block) -> tuple[dict, float | None]:
     """A nested plan's entry. Its boxes are a truncation: a draw after tuning on a box edge
     the support does not make means the posterior reaches the box, so the fit is redone with
-    wider boxes (bound inf); trimmed message edges reached are reported (and warned of)."""
-    trimmed, edges, empty = (int(stats[name].values.sum()) for name in block.stat_names)
+    wider boxes (bound inf); the entry names the counts whose stored draws reached an edge
+    (``cells_at_box_edges``: area name and cell, at most 10). Trimmed message edges reached
+    are reported (and warned of)."""
+    trimmed, edges, empty = (int(idata.sample_stats[name].values.sum()) for name in block.stat_names)
     entry = window_entry(plan, METHODS["nested"], 0.0, math.inf)
     entry.update(box_half_width_sds=plan.window.half_width, box_edges_hit_after_tuning=edges,
                  trimmed_edges_hit_after_tuning=trimmed, moves_without_mass_after_tuning=empty)
+    if edges:
+        g = plan.window.gibbs
+        draws = idata.posterior[plan.latent_name].values.reshape(-1, *g.box_lo.shape)
+        at_edge = np.any(((draws == g.box_lo) & g.lo_open) | ((draws == g.box_hi) & g.hi_open), axis=0)
+        names = plan.record.mechanism.area_names[plan.sums.leaf_area]
+        entry["cells_at_box_edges"] = [f"{names[leaf]}, cell {cell}" for leaf, cell in np.argwhere(at_edge)[:10]]
     if trimmed:
         import warnings
 
