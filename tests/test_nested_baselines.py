@@ -108,8 +108,8 @@ def random_release(seed, redundant=False, bounds=False, small=False, zero=False)
 def dense_problem(rel):
     """x-space matrices: M (measurements), variances, E (equalities), and the targets' rows."""
     s = rel.sums
-    measured, equal, at_most, at_least, var = nb._kinds(s)
-    under = nb._leaves_under(s)
+    measured, equal, at_most, at_least, var = s.term_kinds()
+    under = s.leaves_under()
     n = s.n_leaves * s.n_cells
 
     def row(r):

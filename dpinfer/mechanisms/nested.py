@@ -173,13 +173,10 @@ class NestedMeasurements:
 
         sums = self.sums
         t = sums.term_sums(counts)
-        meta, inv2v, _ = sums.tables.arrays()
-        left, right = meta[sums.term_table, 3], meta[sums.term_table, 4]
+        measured, equal, at_most, at_least, _ = sums.term_kinds()
         out = sums.term_value.copy()
-        measured = (left == 2) & (right == 2)
-        equal = (left == 0) & (right == 0)
         out[equal] = t[equal]
-        broken = ~measured & ~equal & (((left == 0) & (t > out)) | ((right == 0) & (t < out)))
+        broken = (at_most & (t > out)) | (at_least & (t < out))
         if np.any(broken):
             raise ValueError(f"the counts break the bounds {sorted(set(sums.term_name[broken]))[:5]}")
         for table in np.unique(sums.term_table[measured]):

@@ -59,7 +59,6 @@ class NestedPlan:
     scale: np.ndarray = field(repr=False)  # s (n_leaves, n_cells)
     window: NestedBoxes | None = None
     start: np.ndarray | None = None
-    exact_tails: bool = True
 
     sums: object = field(repr=False, default=None)  # the terms with the observed values
 
@@ -115,7 +114,7 @@ def nested_plan(model, record: ReleaseRecord, latent, values) -> NestedPlan:
 def leaf_matrix(sums, rows) -> scipy.sparse.csr_matrix:
     """The 0/1 matrix (len(rows), n_leaves * n_cells) of the terms ``rows``' sums of counts."""
     n_leaves, n_cells = sums.n_leaves, sums.n_cells
-    under = leaves_under(sums)
+    under = sums.leaves_under()
     data_r, data_c = [], []
     for i, r in enumerate(rows):
         leaves = under[sums.term_area[r]]
@@ -128,34 +127,10 @@ def leaf_matrix(sums, rows) -> scipy.sparse.csr_matrix:
     return scipy.sparse.csr_matrix((np.ones(r.size), (r, c)), shape=(len(rows), n_leaves * n_cells))
 
 
-def leaves_under(sums) -> list:
-    """For each area, the leaf rows under it."""
-    under = [[] for _ in range(sums.n_areas)]
-    for leaf, area in enumerate(sums.leaf_area):
-        v = area
-        while v >= 0:
-            under[v].append(leaf)
-            v = sums.parent[v]
-    return [np.array(u, dtype=np.int64) for u in under]
-
-
-def _term_kinds(sums):
-    """(measured, hard, variance): which terms are noisy measurements, which exact, and each
-    measurement's noise variance (summed * sigma^2 from its table)."""
-    meta, inv2v, _ = sums.tables.arrays()
-    left, right = meta[sums.term_table, 3], meta[sums.term_table, 4]
-    measured = (left == 2) & (right == 2)
-    with np.errstate(divide="ignore"):
-        variance = np.where(measured, 1.0 / (2.0 * inv2v[sums.term_table]), np.inf)
-    return measured, ~measured, variance
-
-
 def pilot_estimate(sums, support) -> np.ndarray:
     """x^: the non-negative (support-bounded) least squares fit of the measurements weighted by
     1/variance, equalities added as rows of weight 1e3 times the heaviest (module docstring)."""
-    measured, hard, variance = _term_kinds(sums)
-    meta, _, _ = sums.tables.arrays()
-    equal = hard & (meta[sums.term_table, 3] == 0) & (meta[sums.term_table, 4] == 0)
+    measured, equal, _, _, variance = sums.term_kinds()
     rows = np.flatnonzero(measured | equal)
     A = leaf_matrix(sums, rows)
     w = np.where(measured[rows], 1.0 / np.sqrt(variance[rows]), 0.0)
@@ -176,7 +151,7 @@ def measurement_sd(sums) -> np.ndarray:
     """(n_leaves, n_cells): for each count, the smallest sd * (cells summed) over the
     measurements whose sum holds it (at its leaf or above; a measurement of k cells with sd s
     says about one of them no more than a sd of k s would); inf where none does."""
-    measured, _, variance = _term_kinds(sums)
+    measured, _, _, _, variance = sums.term_kinds()
     best_area = np.full((sums.n_areas, sums.n_cells), np.inf)
     width = sums.term_cells.sum(1)
     for r in np.flatnonzero(measured):
@@ -194,10 +169,9 @@ def measurement_sd(sums) -> np.ndarray:
 
 def structural_zeros(sums) -> np.ndarray:
     """(n_leaves, n_cells) bool: counts an equality to 0 over cells at an area forces to 0."""
-    meta, _, _ = sums.tables.arrays()
-    eq = (meta[sums.term_table, 3] == 0) & (meta[sums.term_table, 4] == 0) & (sums.term_value == 0)
+    eq = sums.term_kinds()[1] & (sums.term_value == 0)
     zero = np.zeros((sums.n_leaves, sums.n_cells), bool)
-    under = leaves_under(sums)
+    under = sums.leaves_under()
     for r in np.flatnonzero(eq):
         zero[np.ix_(under[sums.term_area[r]], np.flatnonzero(sums.term_cells[r]))] = True
     return zero
@@ -207,18 +181,15 @@ def feasible_start(sums, pilot, lo, hi, name: str) -> np.ndarray:
     """Integer counts in the boxes that meet every equality and bound, near ``pilot``: the
     rounded pilot repaired term by term (:func:`_repaired`), or, if that fails, the counts
     nearest the pilot in l1 (HiGHS MILP)."""
-    _, hard, _ = _term_kinds(sums)
+    measured, equal, at_most, at_least, _ = sums.term_kinds()
     x0 = np.clip(np.rint(pilot), lo, hi).astype(np.int64)
-    rows = np.flatnonzero(hard)
+    rows = np.flatnonzero(~measured)
     if rows.size == 0:
         return x0
-    meta, _, _ = sums.tables.arrays()
     A = leaf_matrix(sums, rows)
-    t = sums.term_table[rows]
     y = sums.term_value[rows].astype(float)
-    # e = y - t: HARD on the left (e < 0 forbidden) means t <= y; HARD on the right means t >= y
-    upper_b = np.where(meta[t, 3] == 0, y, np.inf)
-    lower_b = np.where(meta[t, 4] == 0, y, -np.inf)
+    upper_b = np.where((equal | at_most)[rows], y, np.inf)
+    lower_b = np.where((equal | at_least)[rows], y, -np.inf)
     repaired = _repaired(A, lower_b, upper_b, x0.reshape(-1), lo.reshape(-1), hi.reshape(-1))
     if repaired is not None:
         return repaired.reshape(pilot.shape)

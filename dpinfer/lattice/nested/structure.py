@@ -109,6 +109,28 @@ class NestedSums:
     def n_leaves(self) -> int:
         return self.leaf_area.size
 
+    def term_kinds(self) -> tuple:
+        """(measured, equal, at_most, at_least, variance) per term: a noisy measurement (GAUSS
+        ends), an equality, t <= y, t >= y, and each measurement's noise variance
+        1/(2 inv2v) = summed * sigma^2 (inf for the exact terms)."""
+        meta, inv2v, _ = self.tables.arrays()
+        left, right = meta[self.term_table, 3], meta[self.term_table, 4]
+        measured = (left == 2) & (right == 2)
+        with np.errstate(divide="ignore"):
+            variance = np.where(measured, 1.0 / (2.0 * inv2v[self.term_table]), np.inf)
+        return (measured, (left == 0) & (right == 0), (left == 0) & (right == 1),
+                (left == 1) & (right == 0), variance)
+
+    def leaves_under(self) -> list:
+        """For each area, the leaf rows under it (int64 arrays)."""
+        under = [[] for _ in range(self.n_areas)]
+        for leaf, area in enumerate(self.leaf_area):
+            v = int(area)
+            while v >= 0:
+                under[v].append(leaf)
+                v = int(self.parent[v])
+        return [np.array(u, dtype=np.int64) for u in under]
+
     def with_values(self, values) -> "NestedSums":
         """The same tree and terms with the terms' values replaced (``values`` in the order of
         ``term_value``), e.g. a new release of the same design."""
@@ -144,10 +166,9 @@ class NestedSums:
     def _check_equalities(self) -> None:
         """The pair moves connect the counts under equalities whose cell sets, per area, are
         pairwise disjoint or nested (:mod:`dpinfer.lattice.nested`); refuse any other."""
-        meta, _, _ = self.tables.arrays()
-        if len(meta) == 0:
+        if self.term_value.size == 0:
             return
-        hard = (meta[self.term_table, 3] == 0) & (meta[self.term_table, 4] == 0)
+        hard = self.term_kinds()[1]
         for v in np.unique(self.term_area[hard]):
             rows = np.flatnonzero(hard & (self.term_area == v))
             sets = [frozenset(np.flatnonzero(self.term_cells[r])) for r in rows]

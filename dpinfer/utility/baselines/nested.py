@@ -112,30 +112,6 @@ def _area_names(release, sums: NestedSums) -> np.ndarray:
     return np.arange(sums.n_areas).astype(str).astype(object)
 
 
-def _kinds(sums: NestedSums):
-    """Per term: measured (GAUSS both ends), equality, at most (t <= y), at least (t >= y), and
-    each measurement's variance 1/(2 inv2v) = summed * sigma^2."""
-    meta, inv2v, _ = sums.tables.arrays()
-    left, right = meta[sums.term_table, 3], meta[sums.term_table, 4]
-    measured = (left == 2) & (right == 2)
-    equal = (left == 0) & (right == 0)
-    at_most = (left == 0) & (right == 1)  # e = y - t >= 0
-    at_least = (left == 1) & (right == 0)
-    with np.errstate(divide="ignore"):
-        variance = np.where(measured, 1.0 / (2.0 * inv2v[sums.term_table]), np.inf)
-    return measured, equal, at_most, at_least, variance
-
-
-def _leaves_under(sums: NestedSums) -> list:
-    under = [[] for _ in range(sums.n_areas)]
-    for leaf, area in enumerate(sums.leaf_area):
-        v = int(area)
-        while v >= 0:
-            under[v].append(leaf)
-            v = int(sums.parent[v])
-    return [np.array(u, dtype=np.int64) for u in under]
-
-
 def _cell_mask(cells, n_cells: int) -> np.ndarray:
     cells = np.asarray(cells)
     if cells.dtype == bool:
@@ -211,7 +187,7 @@ def _weights(sums, under, areas, masks) -> scipy.sparse.csr_matrix:
 
 def _make_targets(release, labels, group, areas, masks, den_areas=None, den_masks=None) -> NestedTargets:
     sums = _as_sums(release)
-    under = _leaves_under(sums)
+    under = sums.leaves_under()
     k = len(areas)
     areas = np.asarray(areas, dtype=np.int64).reshape(-1)
     if np.any((areas < 0) | (areas >= sums.n_areas)):
@@ -318,7 +294,7 @@ def _term_rows(sums, rows) -> scipy.sparse.csr_matrix:
 def _system(sums: NestedSums) -> _System:
     C = sums.n_cells
     N = sums.n_areas * C
-    measured, equal, at_most, at_least, variance = _kinds(sums)
+    measured, equal, at_most, at_least, variance = sums.term_kinds()
     rows = np.flatnonzero(measured)
     A = _term_rows(sums, rows)
     w = 1.0 / variance[rows]
@@ -426,7 +402,7 @@ def _tree_pass(sums: NestedSums):
     mu_u = mu_u^up + G (mu_v - m_v), Cov_u = Cov_u^up - G Cov_u^up + G Cov_v G', G = Cov_u^up P_v^+.
     None when a leaf's own measurements do not determine its cells (then the KKT solves serve)."""
     C = sums.n_cells
-    measured, equal, _, _, variance = _kinds(sums)
+    measured, equal, _, _, variance = sums.term_kinds()
     n = sums.n_areas
     mu = np.zeros((n, C))
     cov = np.zeros((n, C, C))
@@ -580,7 +556,7 @@ def nested_gls(release, *, tree: bool = True) -> GLSFit:
 def _well_determined(sums) -> bool:
     """A sufficient check that every count is determined: every leaf's own measurements
     determine its cells (then M has full column rank)."""
-    measured, *_ = _kinds(sums)
+    measured, *_ = sums.term_kinds()
     cells = sums.term_cells.astype(float)
     for v in sums.leaf_area:
         rows = np.arange(sums.term_ptr[v], sums.term_ptr[v + 1])
@@ -621,7 +597,7 @@ def nested_nnls(release, *, bounds: bool = True, max_iter: int = 100) -> np.ndar
     for i, r in enumerate(system.eq_rows):
         if sums.term_value[r] == 0:
             if under is None:
-                under = _leaves_under(sums)
+                under = sums.leaves_under()
             leaves = under[sums.term_area[r]]
             cells = np.flatnonzero(sums.term_cells[r])
             fixed0[(sums.leaf_area[leaves][:, None] * sums.n_cells + cells).reshape(-1)] = True
@@ -706,7 +682,7 @@ class _PerCell:
 
     def __init__(self, sums: NestedSums):
         self.sums = sums
-        self.measured, self.equal, self.at_most, self.at_least, self.variance = _kinds(sums)
+        self.measured, self.equal, self.at_most, self.at_least, self.variance = sums.term_kinds()
         self.meta, self.inv2v, self.values = sums.tables.arrays()
         self.index: dict = {}
         for r in range(sums.term_area.size):
