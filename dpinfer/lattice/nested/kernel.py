@@ -171,8 +171,15 @@ def _add_beyond(k, e, buf, at, meta, inv2v, values):
 
 
 @numba.njit(cache=True, nogil=True)
-def _cut(buf, start, n, a, b, none, out):
-    """out = (a, b - a, whether an entry before a is not ``none``, whether one from b on is)."""
+def _cut(buf, start, n, floor, none, out):
+    """out = (a, b - a, whether an entry before a is not ``none``, whether one from b on is),
+    a .. b - 1 the entries of buf[start : start + n] from the first to the last >= ``floor``."""
+    a = start
+    while buf[a] < floor:
+        a += 1
+    b = start + n
+    while buf[b - 1] < floor:
+        b -= 1
     out[0] = a
     out[1] = b - a
     out[2] = False
@@ -197,15 +204,8 @@ def _finish_log(buf, start, n, trim, out):
     if m == -np.inf:
         out[1] = 0
         return
-    floor = m - trim
-    a = start
-    while buf[a] < floor:
-        a += 1
-    b = start + n
-    while buf[b - 1] < floor:
-        b -= 1
-    _cut(buf, start, n, a, b, -np.inf, out)
-    for i in range(a, b):
+    _cut(buf, start, n, m - trim, -np.inf, out)
+    for i in range(out[0], out[0] + out[1]):
         buf[i] = np.exp(buf[i] - m)
 
 
@@ -222,14 +222,7 @@ def _finish_linear(buf, start, n, trim, out):
     inv = 1.0 / m
     for i in range(start, start + n):
         buf[i] *= inv
-    floor = np.exp(-trim)
-    a = start
-    while buf[a] < floor:
-        a += 1
-    b = start + n
-    while buf[b - 1] < floor:
-        b -= 1
-    _cut(buf, start, n, a, b, 0.0, out)
+    _cut(buf, start, n, np.exp(-trim), 0.0, out)
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
