@@ -14,11 +14,11 @@ from dpinfer._graphs import evaluate
 _SUPPORT_LOWER = {
     "poisson": 0,
     "binomial": 0,
-    "nbinom": 0,
+    "negative_binomial": 0,
     "beta_binomial": 0,
-    "betabinom": 0,
     "hypergeometric": 0,
     "geometric": 1,
+    "bernoulli": 0,
 }
 
 
@@ -32,7 +32,9 @@ def prior_support(node) -> tuple:
     distribution, the upper end from a Binomial's or BetaBinomial's constant n."""
     lower = _SUPPORT_LOWER.get(node.op.name)
     upper = None
-    if node.op.name in ("binomial", "beta_binomial", "betabinom"):
+    if node.op.name == "bernoulli":
+        upper = 1
+    if node.op.name in ("binomial", "beta_binomial"):
         n = node.op.dist_params(node)[0]
         if all(isinstance(v, Constant) for v in graph_inputs([n])):  # n is fixed: evaluate it
             upper = int(np.max(evaluate(n)))
