@@ -321,4 +321,22 @@ def test_comparison_table_on_a_known_case():
             assert r["mean_width"] < 1e-3 and r["targets"] == (8 if group == "leaf" else 4)
     assert row.loc[("per-cell", "county"), "targets"] == 0  # counties are not published cells
     assert np.isnan(row.loc[("NNLS", "leaf"), "coverage"]) and row.loc[("NNLS", "leaf"), "mae"] < 1e-9
-    assert set(out.columns) == {"method", "group", "targets", "coverage", "coverage_se", "mean_width", "mae", "rmse"}
+    assert set(out.columns) == {"method", "group", "targets", "coverage", "coverage_se", "expected_coverage",
+                                "mean_width", "mae", "rmse"}
+    # every draw of every leaf cell lies within its 5%-95% quantiles (at most 3 values): mass 1
+    assert row.loc[("dpinfer", "leaf"), "expected_coverage"] == 1.0
+    assert np.isnan(row.loc[("GLS", "leaf"), "expected_coverage"])
+
+
+def test_interval_mass_is_the_share_of_draws_inside():
+    """A target uniform on 0..99 over the draws: the 5% and 95% quantiles are 4.95 and 94.05,
+    which hold the 90 values 5..94 (mass 0.90); one on {0, 1} (half each): [0, 1], mass 1."""
+    parent, leaves = [-1, 0], [1]
+    rel = NestedMeasurements(parent, leaves, 2)
+    rel.measure("leaf", leaves, [[0], [1]], [[50, 1]], 4.0)
+    draws = np.stack([np.arange(100), np.arange(100) % 2], axis=1)[:, None, :]
+    table = nb.nested_target_table(rel, np.array([[50, 1]]), draws, nb.area_cell_targets(rel, leaves, "leaf"),
+                                   methods=("dpinfer",))
+    np.testing.assert_allclose(table["lower"], [4.95, 0.0])
+    np.testing.assert_allclose(table["upper"], [94.05, 1.0])
+    np.testing.assert_allclose(table["mass"], [0.90, 1.0])

@@ -921,11 +921,14 @@ METHODS = ("dpinfer", "GLS", "per-cell", "per-cell aggregated", "NNLS")
 
 
 def _draw_summary(targets: NestedTargets, draws: np.ndarray, a: float, b: float):
-    """(median, a-quantile, b-quantile) of each target over the draws, in blocks of targets (one
-    transposed copy of the draws; at most ~2e7 target values at a time)."""
+    """(median, a-quantile, b-quantile, share of the draws in [a-quantile, b-quantile]) of each
+    target over the draws, in blocks of targets (one transposed copy of the draws; at most ~2e7
+    target values at a time). The share is the interval's posterior mass: above b - a for
+    integer targets with few values (a count of 0-3), so it, not b - a, is the coverage a
+    calibrated posterior's intervals have on average."""
     XT = np.ascontiguousarray(draws.reshape(draws.shape[0], -1).T)  # (n, D)
     k = len(targets)
-    out = np.full((3, k), np.nan)
+    out = np.full((4, k), np.nan)
     step = max(1, 20_000_000 // max(draws.shape[0], 1))
     ratio = targets.is_ratio
     for i0 in range(0, k, step):
@@ -935,16 +938,18 @@ def _draw_summary(targets: NestedTargets, draws: np.ndarray, a: float, b: float)
             den = np.asarray(targets.denominator[sl] @ XT, dtype=float)
             with np.errstate(divide="ignore", invalid="ignore"):
                 num = np.where(ratio[sl, None], num / np.where(den == 0, np.nan, den), num)
-        out[:, sl] = np.nanquantile(num, [0.5, a, b], axis=1)
-    return out[0], out[1], out[2]
+        out[:3, sl] = np.nanquantile(num, [0.5, a, b], axis=1)
+        out[3, sl] = np.mean((num >= out[1, sl, None]) & (num <= out[2, sl, None]), axis=1)
+    return out[0], out[1], out[2], out[3]
 
 
 def nested_target_table(release, truth, draws, targets: NestedTargets, *, prob: float = 0.9,
                         methods=METHODS, gls: GLSFit | None = None, nnls: np.ndarray | None = None,
                         n_draws: int = 4000, seed: int = 0) -> pd.DataFrame:
     """One row per (method, target): truth, estimate, lower, upper (NaN where the method has no
-    interval or cannot give the target). dpinfer: the posterior median of the target's draws and
-    the equal-tailed interval of the draws (``numpy.quantile``, as dpinfer.utility.compare);
+    interval or cannot give the target) and mass. dpinfer: the posterior median of the target's
+    draws, the equal-tailed interval of the draws (``numpy.quantile``, as
+    dpinfer.utility.compare) and its posterior mass (:func:`_draw_summary`; NaN for the others);
     GLS: :func:`nested_gls` (pass ``gls`` to reuse a fit); per-cell and per-cell aggregated:
     :func:`per_cell_posteriors`; NNLS: :func:`nested_nnls` (pass ``nnls`` to reuse it), ratios
     as ratios of the fitted sums."""
@@ -954,13 +959,14 @@ def nested_target_table(release, truth, draws, targets: NestedTargets, *, prob: 
     a, b = 0.5 * (1.0 - prob), 0.5 * (1.0 + prob)
     frames = []
 
-    def add(method, est, lo=None, hi=None):
+    def add(method, est, lo=None, hi=None, mass=None):
         k = len(targets)
         frames.append(pd.DataFrame({
             "method": method, "group": targets.group, "label": targets.label, "truth": true,
             "estimate": np.asarray(est, float),
             "lower": np.full(k, np.nan) if lo is None else np.asarray(lo, float),
-            "upper": np.full(k, np.nan) if hi is None else np.asarray(hi, float)}))
+            "upper": np.full(k, np.nan) if hi is None else np.asarray(hi, float),
+            "mass": np.full(k, np.nan) if mass is None else np.asarray(mass, float)}))
 
     unknown = set(methods) - set(METHODS)
     if unknown:
@@ -991,7 +997,9 @@ def compare_nested(release, truth, draws, targets: NestedTargets, *, prob: float
     r"""Score every method on the targets against the truth, per (method, group): a tidy frame
     with ``targets`` (how many the method gave), ``coverage`` of the ``prob`` intervals and its
     Monte Carlo standard error sqrt(p (1 - p) / n) (NaN for a method without intervals),
-    ``mean_width`` of the intervals, ``mae`` and ``rmse`` of the point estimates (dpinfer: the
+    ``expected_coverage``, the mean posterior mass of dpinfer's intervals (the coverage a
+    calibrated posterior gives: above ``prob`` where targets are small integers; NaN for the
+    other methods), ``mean_width`` of the intervals, ``mae`` and ``rmse`` of the point estimates (dpinfer: the
     posterior median). ``table``: a :func:`nested_target_table` already computed."""
     if table is None:
         table = nested_target_table(release, truth, draws, targets, prob=prob, methods=methods, gls=gls,
@@ -1010,6 +1018,7 @@ def compare_nested(release, truth, draws, targets: NestedTargets, *, prob: float
         else:
             p = se = width = np.nan
         rows.append({"method": method, "group": group, "targets": n, "coverage": p, "coverage_se": se,
+                     "expected_coverage": float(t["mass"].mean()) if n and t["mass"].notna().all() else np.nan,
                      "mean_width": width, "mae": float(np.abs(err).mean()) if n else np.nan,
                      "rmse": float(np.sqrt(np.mean(err ** 2))) if n else np.nan})
     return pd.DataFrame.from_records(rows)
