@@ -83,6 +83,8 @@ class TermTables:
             raise ValueError(f"sigma2 must be a finite positive variance, got {sigma2!r}")
         if m < 1:
             raise ValueError(f"m (the number of summed noises) must be >= 1, got {m!r}")
+        if ("dg", sigma2, m) in self._keys:  # every term of one query and level shares its table
+            return self._keys[("dg", sigma2, m)]
         log_w = summed_discrete_gaussian_log_pmf(sigma2, m)
         half = (log_w.size - 1) // 2
         return self._add(("dg", sigma2, m), -half, log_w, GAUSS, GAUSS, 1.0 / (2.0 * m * sigma2))
