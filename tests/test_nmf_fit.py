@@ -119,3 +119,19 @@ def test_the_pilot_is_the_bounded_least_squares_solution(table, truth_long):
     assert cost(pilot) <= cost(reference) * (1 + 1e-6)
     truth = table.aggregate(truth_long["geocode"], truth_long["cell"], truth_long["count"])
     assert np.max(np.abs(pilot - truth) / measurement_sd(sums)) < 4
+
+
+def test_the_leaf_effects_are_an_isometric_image_of_their_free_coordinates():
+    """_zero_sum maps R^(n-1) onto the vectors summing to 0 with orthonormal columns, so
+    iid N(0, s^2) coordinates give v the ZeroSumNormal law N(0, s^2 (I - 11'/n))."""
+    import pytensor.tensor as pt
+
+    from dpinfer.io.nmf.fit import _zero_sum
+
+    n = 7
+    z = pt.dvector("z")
+    f = _zero_sum(z)
+    J = np.stack([f.eval({z: e}) for e in np.eye(n - 1)], axis=1)  # linear: columns are images
+    np.testing.assert_allclose(J.T @ J, np.eye(n - 1), atol=1e-12)
+    np.testing.assert_allclose(J.sum(0), 0.0, atol=1e-12)
+    np.testing.assert_allclose(J @ J.T, np.eye(n) - 1.0 / n, atol=1e-12)
