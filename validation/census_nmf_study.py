@@ -51,7 +51,7 @@ SEED = 20261127
 LEVELS = ("County", "Tract", "Block_Group")
 
 
-def run(draws: int = 2000, seed: int = SEED):
+def run(draws: int = 3000, seed: int = SEED):
     start = time.perf_counter()
     nmf = dp.read_nmf(STATE, 19, levels=("US", "State", *LEVELS))
     table = census_table(nmf, "Block_Group", "pl94-28")
@@ -135,5 +135,5 @@ def _figure(scores: pd.DataFrame) -> None:
 
 
 if __name__ == "__main__":
-    draws = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
+    draws = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
     print(write_report(*run(draws)))
