@@ -1,0 +1,128 @@
+"""``dpinfer nmf``'s fit at state size: time, memory and convergence against the number of
+counties, on synthetic noisy measurement files in the published layout.
+
+Each size is a synthetic state written by :func:`dpinfer.write_synthetic_nmf` with the "iowa"
+preset's shape (4-14 tracts per county, 3 block groups per tract, 1-3 blocks per block group,
+~760 persons a block) and ``n_counties`` counties: one county, ten counties and Iowa's 99. In
+a fresh process (cold: a new model object, numba's kernel cache and the model cache as they
+are) the files are read down to block groups (``dp.read_nmf``), turned into one release of 28
+coarse cells with every level's usable measurements and constraints
+(``census_table(..., "Block_Group", "pl94-28")``), fitted with ``dpinfer nmf``'s model
+(:func:`dpinfer.io.nmf.fit.census_model`) by ``dp.sample`` (2 chains in parallel x (tune +
+draws)) and summarised at every level (:func:`dpinfer.io.nmf.fit.summaries`).
+
+Reported per size: latent counts, terms of the release, seconds to read and build the table,
+seconds of ``dp.sample`` (planning, compilation and sampling), seconds in all, peak resident
+memory, min bulk ESS over the counts, over the hyperparameters (the cell profile, the scales
+and the negative binomial's shape) and over every parameter, max R-hat, and the 90% coverage
+of the block-group cells against the truth.
+
+Run:  .venv/bin/python benchmarks/bench_nmf_state.py [--counties 1 10 99] [--draws 300] [--tune 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HYPER = ("cell_effect", "sd_group_cell", "sd_leaf", "log_shape")
+
+
+def one_size(n_counties: int, draws: int, tune: int, seed: int) -> dict:
+    import pandas as pd
+
+    import dpinfer as dp
+    from dpinfer.inference.convergence import diagnostics
+    from dpinfer.io.nmf.fit import census_model, summaries
+    from dpinfer.io.nmf.synthetic import PRESETS
+    from dpinfer.io.nmf.table import census_table
+
+    with tempfile.TemporaryDirectory() as root:
+        preset = PRESETS["iowa"] | {"n_counties": n_counties}
+        start = time.perf_counter()
+        dp.write_synthetic_nmf(root, **preset)
+        written = time.perf_counter() - start
+        start = time.perf_counter()
+        nmf = dp.read_nmf(root, int(preset["state_fips"]),
+                          levels=("US", "State", "County", "Tract", "Block_Group"))
+        table = census_table(nmf, "Block_Group", "pl94-28")
+        truth_long = pd.read_parquet(f"{root}/truth.parquet")
+    truth = table.aggregate(truth_long["geocode"], truth_long["cell"], truth_long["count"])
+    read = time.perf_counter() - start
+    start = time.perf_counter()
+    model = census_model(table)
+    idata = dp.sample(model=model, draws=draws, tune=tune, chains=2, random_seed=seed, progressbar=True)
+    sampled = time.perf_counter() - start
+    start = time.perf_counter()
+    summary = summaries(table, idata, truth=truth)
+    summarised = time.perf_counter() - start
+    post = idata.posterior
+    ess = {}
+    for name in post.data_vars:
+        values = post[name].values
+        _, e = diagnostics(values.reshape(values.shape[0], values.shape[1], -1))
+        ess[name] = float(np.min(e))
+    verdict = json.loads(post.attrs["dpinfer_convergence"])
+    leaves = summary[(summary.level == "Block_Group") & (summary.cell != "total")]
+    return {
+        "counties": n_counties, "leaves": len(table.leaves), "counts": int(truth.size),
+        "terms": int(table.release.sums.term_value.size), "write_s": written, "read_s": read,
+        "sample_s": sampled, "summaries_s": summarised,
+        "min_ess_counts": ess["counts"], "min_ess_hyper": min(ess[n] for n in HYPER if n in ess),
+        "min_ess_params": min(v for k, v in ess.items() if k != "counts"),
+        "max_rhat": verdict["max_rhat"], "converged": verdict["converged"],
+        "coverage_bg_cells": float(((leaves.q05 <= leaves.truth) & (leaves.truth <= leaves.q95)).mean()),
+        "widenings": json.loads(post.attrs["dpinfer"])["counts"]["widenings"],
+    }
+
+
+def child(argv) -> None:
+    n_counties, draws, tune, seed = map(int, argv)
+    start = time.perf_counter()
+    row = one_size(n_counties, draws, tune, seed)
+    row["total_s"] = time.perf_counter() - start
+    row["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print("RESULT " + json.dumps(row), flush=True)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--counties", type=int, nargs="+", default=[1, 10, 99])
+    parser.add_argument("--draws", type=int, default=300)
+    parser.add_argument("--tune", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--_child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args._child:
+        return child(args._child)
+    rows = []
+    for k in args.counties:
+        print(f"--- {k} counties, 2 chains x ({args.tune} + {args.draws}), fresh process", flush=True)
+        done = subprocess.run([sys.executable, __file__, "--_child", str(k), str(args.draws), str(args.tune),
+                               str(args.seed)], capture_output=True, text=True)
+        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+        if done.returncode or not lines:
+            print(done.stderr[-3000:])
+            raise SystemExit(f"the {k}-county run failed (exit {done.returncode})")
+        rows.append(json.loads(lines[-1][7:]))
+        print(json.dumps(rows[-1]), flush=True)
+    head = ("| counties | leaves | counts | terms | read + table | dp.sample | in all | peak RSS | "
+            "min ESS counts | min ESS hyper | min ESS params | max R-hat | BG cells 90% cover |")
+    print("\n" + head)
+    print("|" + "---:|" * (head.count("|") - 1))
+    for r in rows:
+        print(f"| {r['counties']} | {r['leaves']} | {r['counts']:,} | {r['terms']:,} | {r['read_s']:.0f} s | "
+              f"{r['sample_s']:.0f} s | {r['total_s']:.0f} s | {r['peak_rss_gb']:.2f} GB | "
+              f"{r['min_ess_counts']:.0f} | {r['min_ess_hyper']:.0f} | {r['min_ess_params']:.0f} | "
+              f"{r['max_rhat']:.3f} | {r['coverage_bg_cells']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
