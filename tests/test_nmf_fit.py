@@ -65,10 +65,12 @@ def test_the_model_sums_the_leaf_by_cell_heterogeneity_out(table):
     assert (len(table.leaves), len(table.cells)) not in shapes.values(), shapes
 
 
+@pytest.mark.validation
 def test_dpinfer_nmf_writes_the_report_the_csv_and_the_figures(tmp_path):
-    """The command on the shipped state with county leaves and short chains: every output
-    file, the verdict line first, the summaries at every level down to the leaves with the
-    truth, and the coverage table the report prints from them."""
+    """Validation tier (a new model to compile, ~20 s): the command on the shipped state with
+    county leaves and short chains: every output file, the verdict line first, the summaries
+    at every level down to the leaves with the truth, and the coverage table the report prints
+    from them. (The report's verdict lines are also tested without a fit, in the fast tier.)"""
     from dpinfer.cli import main
 
     out = tmp_path / "fit"
@@ -92,16 +94,17 @@ def test_dpinfer_nmf_writes_the_report_the_csv_and_the_figures(tmp_path):
         assert f"| {level} | {int((summary.level == level).sum())} | {value:.3f} |" in report
 
 
-def test_the_pilot_is_the_bounded_least_squares_solution(table, truth_long):
-    """The boxes' centre on the shipped state's block groups (616 counts, every level's
-    measurements, equalities and bounds): the same weighted objective as scipy's dense
-    bounded solver (BVLS) reaches, within the support; and every count within a few
-    measurement sds of the truth (the first solver, lsq_linear with lsmr_tol="auto", stopped
-    33 sds away and the boxes had to be widened twice)."""
+def test_the_pilot_is_the_bounded_least_squares_solution(truth_long):
+    """The boxes' centre on the shipped state's tracts (280 counts, every level's measurements,
+    equalities and bounds): the same weighted objective as scipy's dense bounded solver (BVLS)
+    reaches, within the support; and every count within a few measurement sds of the truth
+    (the first solver, lsq_linear with lsmr_tol="auto", stopped 33 sds away at block-group
+    leaves and the boxes had to be widened twice)."""
     import scipy.optimize
 
     from dpinfer.inference.planning.nested import leaf_matrix, measurement_sd, pilot_estimate
 
+    table = census_table(dp.read_nmf(SHIPPED, 19, levels=LEVELS[:4]), "Tract", "pl94-28")
     sums = table.release.sums
     pilot = pilot_estimate(sums, (0, None))
     measured, equal, _, _, variance = sums.term_kinds()
@@ -135,3 +138,29 @@ def test_the_leaf_effects_are_an_isometric_image_of_their_free_coordinates():
     np.testing.assert_allclose(J.T @ J, np.eye(n - 1), atol=1e-12)
     np.testing.assert_allclose(J.sum(0), 0.0, atol=1e-12)
     np.testing.assert_allclose(J @ J.T, np.eye(n) - 1.0 / n, atol=1e-12)
+
+
+def test_the_report_states_the_verdict_first(table, truth_long):
+    """report.md without a fit: its third line is the verdict ("NOT CONVERGED: not a result
+    yet" with the advice to sample longer, or "Converged"), and the coverage table is
+    computed from the summaries it is given."""
+    from dpinfer.io.nmf.fit import _report
+
+    nmf = dp.read_nmf(SHIPPED, 19, levels=LEVELS)
+    truth = table.aggregate(truth_long["geocode"], truth_long["cell"], truth_long["count"])
+    draws = truth[None, None] + np.random.default_rng(5).integers(-1, 2, size=(2, 30, *truth.shape))
+    summary = summaries(table, SimpleNamespace(posterior=xr.Dataset(
+        {"counts": (("chain", "draw", "geocode", "cell"), draws)})), truth=truth)
+    verdict = {"converged": False, "max_rhat": 1.2, "worst_rhat": "counts[0, 1]", "min_ess_bulk": 12.0,
+               "worst_ess": "counts[2, 3]", "quantities": 700, "divergences": 0,
+               "targets": {"rhat": 1.01, "ess_bulk": 400}}
+    text = _report(SHIPPED, 19, nmf, table, summary, verdict, ["x.png"], 1.0, 2.0)
+    line = text.splitlines()[2]
+    assert line.startswith("**NOT CONVERGED: not a result yet**") and "counts[2, 3]" in line
+    assert "--draws" in line
+    for level, rows in summary.groupby("level"):
+        covered = ((rows.q05 <= rows.truth) & (rows.truth <= rows.q95)).mean()
+        assert f"| {level} | {len(rows)} | {covered:.3f} |" in text
+    verdict.update(converged=True, max_rhat=1.004, min_ess_bulk=812.0)
+    line = _report(SHIPPED, 19, nmf, table, summary, verdict, [], 1.0, 2.0).splitlines()[2]
+    assert line.startswith("**Converged**") and "1.0040" in line and "NOT" not in line
