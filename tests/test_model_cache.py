@@ -340,3 +340,34 @@ def test_the_cache_is_bounded_and_the_least_recently_used_go_first(tmp_path, mon
     assert model_cache.contents()[1] == 1 and not middle.exists()
     assert_theta_exact(idata, 1, 1, *args[2:])  # Uniform(0, 1) is Beta(1, 1)
     forget()
+
+
+def test_a_zero_sum_normal_compiles_with_its_own_log_density():
+    """pm.ZeroSumNormal (a symbolic distribution whose float32 literal reaches its graph Op
+    through an ExpandDims: widening it to float64 broke the rebuild with a TypeError): the
+    compiled log density and gradient at random points equal PyMC's own, the release's term
+    left out (the count blocks draw it)."""
+    from dpinfer.inference.engines.compiled.engine import compiled_model_for
+    from dpinfer.inference.engines.compiled.nuts import log_density_at
+
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 2.0, 1.0)
+        effect = pm.ZeroSumNormal("effect", sigma=0.5, shape=3)
+        x = pm.Poisson("x", pm.math.exp(mu + effect))
+        DoubleGeometric(epsilon=1.0).observe("release", x, observed=np.array([5, 9, 3]))
+    compiled = compiled_model_for(model, [model["x"]], [model["release"]])
+    terms = [model["mu"], model["effect"], model["x"]]
+    logp = model.compile_logp(vars=terms)
+    values = {v.name: v for v in model.value_vars}
+    dlogp = model.compile_dlogp(vars=[model.values_to_rvs[values[name]] for name in compiled.names])
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        counts = rng.integers(0, 15, size=3).astype(np.int64)
+        q = rng.normal(size=compiled.n)
+        point = {"x": counts}
+        for name, sl, shape in zip(compiled.names, compiled.slices, compiled.shapes):
+            point[name] = q[sl].reshape(shape)
+        grad = np.empty(compiled.n)
+        lp = log_density_at(compiled.logp_grad_address, q, grad, compiled.environment(counts))
+        assert lp == pytest.approx(logp(point), rel=1e-10)
+        np.testing.assert_allclose(grad, dlogp(point), rtol=1e-8, atol=1e-10)

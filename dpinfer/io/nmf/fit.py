@@ -79,7 +79,8 @@ def _zero_sum(z):
     are z (n - 1): v = (z, f) - c with t = sum(z), c = t / (n + sqrt(n)), f = c - t / sqrt(n)
     (the map of PyMC's ZeroSumTransform, an isometry), so z ~ N(0, s^2 I) gives
     v ~ N(0, s^2 (I - 11'/n)), PyMC's ZeroSumNormal. Written out because the compiled engine
-    does not take pm.ZeroSumNormal yet."""
+    does not take a pm.ZeroSumNormal with dims yet (its value variable's shape is left without
+    an input when the dims are frozen); with ``shape=`` it does."""
     import pytensor.tensor as pt
 
     n = z.shape[0] + 1

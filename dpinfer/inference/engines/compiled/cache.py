@@ -506,7 +506,6 @@ def thaw_literals(model):
     import pytensor
     import pytensor.tensor as pt
     from pymc.model.fgraph import ModelFreeRV, ModelObservedRV, fgraph_from_model, model_from_fgraph
-    from pytensor.compile.builders import OpFromGraph
     from pytensor.graph import FunctionGraph
     from pytensor.graph.replace import clone_replace
     from pytensor.tensor.random.op import RandomVariable
@@ -543,10 +542,10 @@ def thaw_literals(model):
                 continue
             # a continuous law's parameters are real whatever the literal (Beta(10, 10) and
             # Beta(4.5, 10) are one structure); a count law's keep their kind (Binomial's n);
-            # an input of a graph Op (PyMC's symbolic distributions) keeps its exact type
+            # an input of a graph Op (PyMC's symbolic distributions), directly or through
+            # ExpandDims (ZeroSumNormal's float32 sigma), keeps its exact type
             real = value.dtype.kind == "f" or continuous
-            wide = ("float64" if real else "int64") if not any(
-                isinstance(client.op, OpFromGraph) for client, _ in fg.clients[v]) else value.dtype
+            wide = value.dtype if _feeds_graph_op(fg, v) else ("float64" if real else "int64")
             wide = np.array(value, dtype=wide, order="C")
             shared = pytensor.shared(wide, shape=wide.shape)
             replacements[v] = shared
@@ -568,6 +567,19 @@ def thaw_literals(model):
         fg.replace_all(tuple(values.items()), import_missing=True)
     thawed = model_from_fgraph(fg, mutate_fgraph=True)
     return thawed, sources
+
+
+def _feeds_graph_op(fg, v) -> bool:
+    """True if ``v`` is an input of an OpFromGraph, directly or through dimension shuffles."""
+    from pytensor.compile.builders import OpFromGraph
+    from pytensor.tensor.elemwise import DimShuffle
+
+    for client, _ in fg.clients[v]:
+        if isinstance(client.op, OpFromGraph):
+            return True
+        if isinstance(client.op, DimShuffle) and _feeds_graph_op(fg, client.outputs[0]):
+            return True
+    return False
 
 
 def lift_data(outputs: list, sources: dict) -> tuple:
