@@ -21,8 +21,8 @@ jobs on the VM disturb them far less than wall time) per sweep and per count of
 ``NestedGibbs.run`` (the engine's sweep), min over interleaved runs, the first sweep (which
 may compile) apart; and the phases of one cell move and one pair move: the leaves' messages,
 the whole upward pass (leaves, convolutions, the areas' terms), the downward split, the whole
-move. With ``--baseline`` the kernel of commit a57c0c5 (``benchmarks/nested_kernel_a57c0c5.py``,
-kept frozen for this comparison) runs the same sweeps, side by side, with the ratio.
+move. With ``--baseline`` the kernel of commit a57c0c5 (read from the repository's history
+by ``git show``) runs the same sweeps, side by side, with the ratio.
 
 (b) **dp.sample**: hierarchical Poisson model, cell ~ N(3, 1.5) (C), county ~ N(0, 0.5) (the
 first county the baseline), counts ~ Poisson(exp(cell + county)), observed through the
@@ -49,6 +49,8 @@ import sys
 import time
 
 import numpy as np
+
+BASELINE = "a57c0c5"  # the commit whose nested kernel --baseline times beside today's
 
 QUERIES = [[0, 1], [2, 3, 4], [5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15, 16]]  # multi-cell query cells
 SIGMA2_CELL, SIGMA2_QUERY = 20.0, 5.0
@@ -130,6 +132,26 @@ def hierarchical_model(nm, county, n_counties: int):
 
 # --- (a) standalone sweeps ------------------------------------------------------------------------
 
+def baseline_kernel():
+    """dpinfer/lattice/nested/kernel.py as of commit ``BASELINE``, from ``git show`` into a
+    module of its own (a temporary file: numba caches its kernels beside it)."""
+    import importlib.util
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    shown = subprocess.run(["git", "show", f"{BASELINE}:dpinfer/lattice/nested/kernel.py"], cwd=root,
+                           capture_output=True, text=True)
+    if shown.returncode:
+        raise SystemExit(f"--baseline needs the repository's history (commit {BASELINE}): {shown.stderr.strip()}")
+    path = Path(tempfile.mkdtemp()) / f"nested_kernel_{BASELINE}.py"
+    path.write_text(shown.stdout)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def planned_boxes(nm, centre):
     """Boxes as dpinfer.sample plans them (dpinfer.inference.planning.nested), around ``centre``."""
     from dpinfer.inference.planning.nested import FIRST_K, measurement_sd
@@ -142,7 +164,7 @@ def planned_boxes(nm, centre):
 
 def standalone(size: dict, sweeps: int, baseline: bool, seed: int = 2026) -> dict:
     """(a): seconds per sweep (min over 3 runs of ``sweeps`` sweeps, after one untimed sweep),
-    the same with the frozen kernel of a57c0c5 if ``baseline``, and the phases of a move."""
+    the same with the kernel of a57c0c5 (:func:`baseline_kernel`) if ``baseline``, and the phases of a move."""
     from scipy import stats as st
 
     from dpinfer._random_stream import new_stream
@@ -175,9 +197,7 @@ def standalone(size: dict, sweeps: int, baseline: bool, seed: int = 2026) -> dic
 
     sweepers = {"now": now}
     if baseline:
-        import nested_kernel_a57c0c5
-
-        sweepers["a57c0c5"] = nested_kernel_a57c0c5.sweep
+        sweepers[BASELINE] = baseline_kernel().sweep
     row = {"leaves": s.n_leaves, "areas": s.n_areas, "counts": truth.size, "terms": s.term_value.size,
            "box width": g.width}
     for name, sweep in sweepers.items():
