@@ -76,17 +76,13 @@ def census_model(table: CensusTable, *, name: str = "counts"):
 
 def _zero_sum(z):
     """The n-vector v summing to 0 whose coordinates in an orthonormal basis of that subspace
-    are z (n - 1): v = (z, f) - c with t = sum(z), c = t / (n + sqrt(n)), f = c - t / sqrt(n)
-    (the map of PyMC's ZeroSumTransform, an isometry), so z ~ N(0, s^2 I) gives
-    v ~ N(0, s^2 (I - 11'/n)), PyMC's ZeroSumNormal. Written out because the compiled engine
-    does not take a pm.ZeroSumNormal with dims yet (its value variable's shape is left without
-    an input when the dims are frozen); with ``shape=`` it does."""
-    import pytensor.tensor as pt
+    are z (n - 1): PyMC's ZeroSumTransform taken backwards (an isometry), so z ~ N(0, s^2 I)
+    gives v ~ N(0, s^2 (I - 11'/n)), PyMC's ZeroSumNormal. Not pm.ZeroSumNormal itself because
+    the compiled engine does not take one with dims yet (its value variable's shape is left
+    without an input when the dims are frozen); with ``shape=`` it does."""
+    from pymc.distributions.transforms import ZeroSumTransform
 
-    n = z.shape[0] + 1
-    total = z.sum()
-    centre = total / (n + pt.sqrt(n))
-    return pt.concatenate([z, (centre - total / pt.sqrt(n))[None]]) - centre
+    return ZeroSumTransform([-1]).backward(z)
 
 
 def _parent_index(table: CensusTable):
