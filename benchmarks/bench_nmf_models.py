@@ -1,0 +1,187 @@
+"""Parameterisations of ``dpinfer nmf``'s count model, side by side with the library's
+:func:`dpinfer.io.nmf.fit.census_model` (the baseline): which one lets the counts of weakly
+measured cells mix.
+
+The trouble being studied (issue 23, Must show 5 and 6): a cell such as "17 and under x two or
+more races" is a sum of 57 published race codes, measured with noise sd ~30-90, so its counts
+are pinned by their rate and the rate by the counts (data augmentation); a Gibbs sweep moves the
+pair slowly. The variants change how each parent geography's cell profile is modelled:
+
+* ``census_model``: the library's (Student-t(3) parent-by-cell effects, one scale);
+* ``normal``: the same with Normal effects;
+* ``anova``: the parent-by-cell effect split into its ANOVA terms over the cell axes
+  (votingage, hispanic, race: parent x each axis, parent x each pair, parent x all three),
+  each term summing to zero over its axes (PyMC's ZeroSumTransform) with its own HalfNormal(1)
+  scale, centred; a weakly measured cell then borrows its rate from the margins it shares
+  with well-measured cells (every "two or more races" cell, every Hispanic cell);
+* ``anova-nc``: the same, non-centred (effect = scale x standard normal);
+* ``anova-fixed``: ``anova`` with the interaction terms' scales fixed at 0.5 (no hyperparameter,
+  no funnel), the axis terms' scales hierarchical.
+
+Every variant keeps the library's cell profile, zero-sum leaf sizes and negative binomial
+counts, and observes the same release. Cases: ``tract`` (the shipped synthetic state at tract
+leaves: the command-line example; 10 tracts in 4 parent counties), ``bgN`` (an Iowa-shaped
+synthetic state of N counties at block-group leaves). Each (case, variant) runs in a fresh
+process; reported: seconds of ``dp.sample``, leapfrog steps per draw, max R-hat (and where),
+divergences, min bulk ESS over the counts and over the parameters, 90% coverage of the cells
+against the truth per level.
+
+Run:  .venv/bin/python benchmarks/bench_nmf_models.py --case tract --variants census_model anova \\
+          [--draws 3000 --tune 1000 --sweep 1 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+VARIANTS = ("census_model", "normal", "anova", "anova-nc", "anova-fixed")
+SHIPPED = "models/synthetic_state_nmf"
+
+
+def _table(case: str):
+    import pandas as pd
+
+    import dpinfer as dp
+    from dpinfer.io.nmf.synthetic import PRESETS
+    from dpinfer.io.nmf.table import census_table
+
+    if case == "tract":
+        nmf = dp.read_nmf(SHIPPED, 19, levels=("US", "State", "County", "Tract"))
+        table = census_table(nmf, "Tract", "pl94-28")
+        truth = pd.read_parquet(f"{SHIPPED}/truth.parquet")
+    elif case.startswith("bg") and case[2:].isdigit():
+        with tempfile.TemporaryDirectory() as root:
+            dp.write_synthetic_nmf(root, **(PRESETS["iowa"] | {"n_counties": int(case[2:])}))
+            nmf = dp.read_nmf(root, 19, levels=("US", "State", "County", "Tract", "Block_Group"))
+            table = census_table(nmf, "Block_Group", "pl94-28")
+            truth = pd.read_parquet(f"{root}/truth.parquet")
+    else:
+        raise SystemExit(f"--case must be 'tract' or 'bgN' (N counties), got {case!r}")
+    return table, table.aggregate(truth["geocode"], truth["cell"], truth["count"])
+
+
+def _model(table, variant: str):
+    import pymc as pm
+    from pymc.distributions.transforms import ZeroSumTransform
+
+    from dpinfer.io.nmf.fit import _parent_index, _zero_sum, census_model
+
+    if variant == "census_model":
+        return census_model(table)
+    group_of, groups = _parent_index(table)
+    pilot_mean = max(float(np.mean(np.abs(table.release.values))) / 10.0, 1.0)
+    with pm.Model(coords=table.coords | {"group": np.asarray(groups)}) as model:
+        a = pm.Normal("cell_effect", math.log(pilot_mean), 2.0, dims="cell")
+        if variant == "normal":
+            s_u = pm.HalfNormal("sd_group_cell", 1.0)
+            u = pm.Normal("group_cell", 0.0, s_u, dims=("group", "cell"))
+        else:
+            u = _anova_effects(table, len(groups), variant, pm, ZeroSumTransform)
+        log_rate = a[None, :] + u[group_of]
+        s_v = pm.HalfNormal("sd_leaf", 1.0)
+        z = pm.Normal("leaf_effect_z", 0.0, s_v, shape=len(table.leaves) - 1)
+        v = pm.Deterministic("leaf_effect", _zero_sum(z), dims="geocode")
+        log_shape = pm.Normal("log_shape", 2.0, 1.5)
+        counts = pm.NegativeBinomial("counts", mu=pm.math.exp(log_rate + v[:, None]),
+                                     alpha=pm.math.exp(log_shape), dims=("geocode", "cell"))
+        table.release.observe("nmf", counts)
+    return model
+
+
+def _anova_effects(table, n_groups, variant, pm, ZeroSumTransform):
+    """(n_groups, n_cells): the sum over every non-empty set S of cell axes of a term
+    u_S[group, levels of S] summing to zero over each axis in S."""
+    shape = table.coarse.shape
+    names = [a for a, s in zip(("hhgq", "votingage", "hispanic", "cenrace"), table.coarse.axes) if s != "*"]
+    levels = np.array(np.unravel_index(np.arange(int(np.prod(shape))), shape)).T
+    total = 0.0
+    for r in range(1, len(shape) + 1):
+        for S in itertools.combinations(range(len(shape)), r):
+            name = "group_" + "_".join(names[i] for i in S)
+            scale = 0.5 if (variant == "anova-fixed" and r >= 2) else pm.HalfNormal("sd_" + name, 1.0)
+            coords_shape = (n_groups, *[shape[i] - 1 for i in S])
+            if variant == "anova-nc":
+                z = pm.Normal(name + "_z", 0.0, 1.0, shape=coords_shape)
+                term = scale * ZeroSumTransform(list(range(-r, 0))).backward(z)
+            else:
+                z = pm.Normal(name + "_z", 0.0, scale, shape=coords_shape)
+                term = ZeroSumTransform(list(range(-r, 0))).backward(z)
+            total = total + term[(slice(None), *(levels[:, i] for i in S))]
+    return total
+
+
+def child(case: str, variant: str, draws: int, tune: int, sweep: tuple, seed: int) -> None:
+    import dpinfer as dp
+    from dpinfer.inference.convergence import diagnostics
+    from dpinfer.io.nmf.fit import summaries
+
+    table, truth = _table(case)
+    model = _model(table, variant)
+    start = time.perf_counter()
+    idata = dp.sample(model=model, draws=draws, tune=tune, chains=2, random_seed=seed, progressbar=False,
+                      nuts_per_sweep=sweep[0], counts_per_sweep=sweep[1])
+    seconds = time.perf_counter() - start
+    post, stats = idata.posterior, idata.sample_stats
+    ess = {}
+    for name in post.data_vars:
+        values = post[name].values
+        ess[name] = float(np.nanmin(diagnostics(values.reshape(values.shape[0], values.shape[1], -1))[1]))
+    verdict = json.loads(post.attrs["dpinfer_convergence"])
+    summary = summaries(table, idata, truth=truth)
+    cells = summary[summary.cell != "total"]
+    coverage = {level: round(float(((r.q05 <= r.truth) & (r.truth <= r.q95)).mean()), 3)
+                for level, r in cells.groupby("level", sort=False)}
+    print("RESULT " + json.dumps({
+        "case": case, "variant": variant, "counts": int(truth.size), "seconds": round(seconds, 1),
+        "steps_per_draw": round(float(stats["n_steps"].values.mean()), 1),
+        "max_rhat": round(verdict["max_rhat"], 3), "worst": verdict["worst_rhat"],
+        "divergences": int(stats["diverging"].values.sum()), "min_ess_counts": round(ess["counts"]),
+        "min_ess_params": round(min(v for k, v in ess.items() if k != "counts")), "coverage": coverage}),
+        flush=True)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--case", default="tract", help="'tract' or 'bgN' (N Iowa-shaped counties)")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--draws", type=int, default=3000)
+    parser.add_argument("--tune", type=int, default=1000)
+    parser.add_argument("--sweep", type=int, nargs=2, default=(1, 1), metavar=("NUTS", "COUNTS"),
+                        help="NUTS transitions and count draws per stored draw (dp.sample's defaults: 3 2)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--_child", nargs=7, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args._child:
+        case, variant, draws, tune, nuts, counts, seed = args._child
+        return child(case, variant, int(draws), int(tune), (int(nuts), int(counts)), int(seed))
+    rows = []
+    for variant in args.variants:
+        print(f"--- {args.case}, {variant}, 2 chains x ({args.tune} + {args.draws}), sweep {args.sweep}", flush=True)
+        done = subprocess.run([sys.executable, __file__, "--_child", args.case, variant, str(args.draws),
+                               str(args.tune), *map(str, args.sweep), str(args.seed)], capture_output=True, text=True)
+        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+        if done.returncode or not lines:
+            print(done.stderr[-3000:])
+            raise SystemExit(f"{variant} failed (exit {done.returncode})")
+        rows.append(json.loads(lines[-1][7:]))
+        print(json.dumps(rows[-1]), flush=True)
+    print("\n| variant | dp.sample | steps/draw | max R-hat (where) | divergences | min ESS counts | "
+          "min ESS params | 90% coverage of cells by level |")
+    print("|---|---:|---:|---|---:|---:|---:|---|")
+    for r in rows:
+        cover = ", ".join(f"{k} {v}" for k, v in r["coverage"].items())
+        print(f"| {r['variant']} | {r['seconds']:.0f} s | {r['steps_per_draw']:.0f} | {r['max_rhat']:.3f} "
+              f"({r['worst']}) | {r['divergences']} | {r['min_ess_counts']} | {r['min_ess_params']} | {cover} |")
+
+
+if __name__ == "__main__":
+    main()
