@@ -311,6 +311,8 @@ def test_comparison_table_on_a_known_case():
     out = nb.compare_nested(rel, x, draws, targets, table=table)
     row = out.set_index(["method", "group"])
     assert row.loc[("dpinfer", "leaf"), "coverage"] == 0.75
+    # leaf 3's two cells lie below dpinfer's intervals (the draws are shifted up): 2/8 below
+    assert row.loc[("dpinfer", "leaf"), "below"] == 0.25 and row.loc[("dpinfer", "leaf"), "above"] == 0.0
     np.testing.assert_allclose(row.loc[("dpinfer", "leaf"), "coverage_se"], np.sqrt(0.75 * 0.25 / 8))
     np.testing.assert_allclose(row.loc[("dpinfer", "leaf"), "mae"], 2 * 2 / 8)
     np.testing.assert_allclose(row.loc[("dpinfer", "leaf"), "rmse"], np.sqrt(2 * 4 / 8))
@@ -321,8 +323,9 @@ def test_comparison_table_on_a_known_case():
             assert r["mean_width"] < 1e-3 and r["targets"] == (8 if group == "leaf" else 4)
     assert row.loc[("per-cell", "county"), "targets"] == 0  # counties are not published cells
     assert np.isnan(row.loc[("NNLS", "leaf"), "coverage"]) and row.loc[("NNLS", "leaf"), "mae"] < 1e-9
-    assert set(out.columns) == {"method", "group", "targets", "coverage", "coverage_se", "expected_coverage",
-                                "mean_width", "mae", "rmse"}
+    assert set(out.columns) == {"method", "group", "targets", "coverage", "coverage_se", "below", "above",
+                                "expected_coverage", "mean_width", "mae", "rmse"}
+    assert np.isnan(row.loc[("NNLS", "leaf"), "below"])
     # every draw of every leaf cell lies within its 5%-95% quantiles (at most 3 values): mass 1
     assert row.loc[("dpinfer", "leaf"), "expected_coverage"] == 1.0
     assert np.isnan(row.loc[("GLS", "leaf"), "expected_coverage"])

@@ -94,14 +94,17 @@ def write_report(scores: pd.DataFrame, verdict: str, seconds: float, leaves: int
              f"in all; dpinfer {head}.", "",
              "Expected coverage: the mean posterior mass of dpinfer's 90% intervals, the coverage a "
              "calibrated posterior gives; above 0.9 where the targets are small integers (a count "
-             "that is 0, 1 or 2 in most draws).", "",
-             "| group | method | targets | 90% coverage (MC se) | expected coverage | mean width | MAE | RMSE |",
-             "|---|---|---:|---|---:|---:|---:|---:|"]
+             "that is 0, 1 or 2 in most draws). Truth below / above: the shares of targets whose "
+             "truth lies below / above the interval (misses on one side: the estimates lean the other way).", "",
+             "| group | method | targets | 90% coverage (MC se) | truth below / above | expected coverage | "
+             "mean width | MAE | RMSE |",
+             "|---|---|---:|---|---|---:|---:|---:|---:|"]
     for _, r in scores.sort_values(["group", "method"]).iterrows():
         cov = "" if np.isnan(r.coverage) else f"{r.coverage:.3f} ({r.coverage_se:.3f})"
+        sides = "" if np.isnan(r.coverage) else f"{r.below:.3f} / {r.above:.3f}"
         expected = "" if np.isnan(r.expected_coverage) else f"{r.expected_coverage:.3f}"
         width = "" if np.isnan(r.mean_width) else f"{r.mean_width:.3g}"
-        lines.append(f"| {r.group} | {r.method} | {r.targets} | {cov} | {expected} | {width} | {r.mae:.3g} | "
+        lines.append(f"| {r.group} | {r.method} | {r.targets} | {cov} | {sides} | {expected} | {width} | {r.mae:.3g} | "
                      f"{r.rmse:.3g} |")
     text = "\n".join(lines) + "\n"
     RESULTS.parent.mkdir(exist_ok=True)

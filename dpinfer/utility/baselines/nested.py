@@ -999,7 +999,9 @@ def compare_nested(release, truth, draws, targets: NestedTargets, *, prob: float
     Monte Carlo standard error sqrt(p (1 - p) / n) (NaN for a method without intervals),
     ``expected_coverage``, the mean posterior mass of dpinfer's intervals (the coverage a
     calibrated posterior gives: above ``prob`` where targets are small integers; NaN for the
-    other methods), ``mean_width`` of the intervals, ``mae`` and ``rmse`` of the point estimates (dpinfer: the
+    other methods), ``below`` and ``above``: the shares of targets whose truth lies below the
+    interval's lower end and above its upper end (coverage + below + above = 1; misses all on
+    one side mean the estimates lean the other way), ``mean_width`` of the intervals, ``mae`` and ``rmse`` of the point estimates (dpinfer: the
     posterior median). ``table``: a :func:`nested_target_table` already computed."""
     if table is None:
         table = nested_target_table(release, truth, draws, targets, prob=prob, methods=methods, gls=gls,
@@ -1011,13 +1013,15 @@ def compare_nested(release, truth, draws, targets: NestedTargets, *, prob: float
         err = t["estimate"].to_numpy() - t["truth"].to_numpy()
         has = np.isfinite(t["lower"]).all() and np.isfinite(t["upper"]).all() and n > 0
         if has:
-            cover = ((t["lower"] <= t["truth"]) & (t["truth"] <= t["upper"])).to_numpy()
-            p = float(cover.mean())
+            below = float((t["truth"] < t["lower"]).mean())
+            above = float((t["truth"] > t["upper"]).mean())
+            p = 1.0 - below - above
             se = math.sqrt(p * (1 - p) / n)
             width = float((t["upper"] - t["lower"]).mean())
         else:
-            p = se = width = np.nan
+            p = se = width = below = above = np.nan
         rows.append({"method": method, "group": group, "targets": n, "coverage": p, "coverage_se": se,
+                     "below": below, "above": above,
                      "expected_coverage": float(t["mass"].mean()) if n and t["mass"].notna().all() else np.nan,
                      "mean_width": width, "mae": float(np.abs(err).mean()) if n else np.nan,
                      "rmse": float(np.sqrt(np.mean(err ** 2))) if n else np.nan})
