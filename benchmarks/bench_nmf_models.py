@@ -9,6 +9,9 @@ pair slowly. The variants change how each parent geography's cell profile is mod
 
 * ``census_model``: the library's (Student-t(3) parent-by-cell effects, one scale);
 * ``normal``: the same with Normal effects;
+* ``cell-scales``: the library's with one scale per cell (HalfNormal(1) each) instead of one
+  for all cells, so that a cell whose mix varies much between geographies (e.g. the Hispanic
+  cells) is not shrunk with the scale of those that vary little;
 * ``anova``: the parent-by-cell effect split into its ANOVA terms over the cell axes
   (votingage, hispanic, race: parent x each axis, parent x each pair, parent x all three),
   each term summing to zero over its axes (PyMC's ZeroSumTransform) with its own HalfNormal(1)
@@ -43,7 +46,7 @@ import time
 
 import numpy as np
 
-VARIANTS = ("census_model", "normal", "anova", "anova-nc", "anova-fixed")
+VARIANTS = ("census_model", "normal", "cell-scales", "anova", "anova-nc", "anova-fixed")
 SHIPPED = "models/synthetic_state_nmf"
 
 
@@ -84,6 +87,9 @@ def _model(table, variant: str):
         if variant == "normal":
             s_u = pm.HalfNormal("sd_group_cell", 1.0)
             u = pm.Normal("group_cell", 0.0, s_u, dims=("group", "cell"))
+        elif variant == "cell-scales":
+            s_u = pm.HalfNormal("sd_group_cell", 1.0, dims="cell")
+            u = pm.StudentT("group_cell", nu=3.0, mu=0.0, sigma=s_u, dims=("group", "cell"))
         else:
             u = _anova_effects(table, len(groups), variant, pm, ZeroSumTransform)
         log_rate = a[None, :] + u[group_of]
