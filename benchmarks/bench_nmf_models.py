@@ -12,6 +12,9 @@ pair slowly. The variants change how each parent geography's cell profile is mod
 * ``cell-scales``: the library's with one scale per cell (HalfNormal(1) each) instead of one
   for all cells, so that a cell whose mix varies much between geographies (e.g. the Hispanic
   cells) is not shrunk with the scale of those that vary little;
+* ``cell-scales-nc``: ``cell-scales`` with a cell's parent effects non-centred (effect = scale x
+  Student-t(3)) where the least-squares pilot of the counts gives the cell fewer than
+  ``RARE`` persons per parent (its effects are then set by the prior more than by the data);
 * ``anova``: the parent-by-cell effect split into its ANOVA terms over the cell axes
   (votingage, hispanic, race: parent x each axis, parent x each pair, parent x all three),
   each term summing to zero over its axes (PyMC's ZeroSumTransform) with its own HalfNormal(1)
@@ -46,7 +49,8 @@ import time
 
 import numpy as np
 
-VARIANTS = ("census_model", "normal", "cell-scales", "anova", "anova-nc", "anova-fixed")
+VARIANTS = ("census_model", "normal", "cell-scales", "cell-scales-nc", "anova", "anova-nc", "anova-fixed")
+RARE = 30.0
 SHIPPED = "models/synthetic_state_nmf"
 
 
@@ -90,6 +94,12 @@ def _model(table, variant: str):
         elif variant == "cell-scales":
             s_u = pm.HalfNormal("sd_group_cell", 1.0, dims="cell")
             u = pm.StudentT("group_cell", nu=3.0, mu=0.0, sigma=s_u, dims=("group", "cell"))
+        elif variant == "cell-scales-nc":
+            rare = _per_parent_pilot(table, group_of, len(groups)) < RARE
+            s_u = pm.HalfNormal("sd_group_cell", 1.0, dims="cell")
+            raw = pm.StudentT("group_cell_raw", nu=3.0, mu=0.0, sigma=pm.math.where(rare, 1.0, s_u),
+                              dims=("group", "cell"))
+            u = pm.Deterministic("group_cell", pm.math.where(rare, s_u * raw, raw), dims=("group", "cell"))
         else:
             u = _anova_effects(table, len(groups), variant, pm, ZeroSumTransform)
         log_rate = a[None, :] + u[group_of]
@@ -101,6 +111,16 @@ def _model(table, variant: str):
                                      alpha=pm.math.exp(log_shape), dims=("geocode", "cell"))
         table.release.observe("nmf", counts)
     return model
+
+
+def _per_parent_pilot(table, group_of, n_groups) -> np.ndarray:
+    """Per cell, the mean over parents of the least-squares pilot's count of the parent and cell."""
+    from dpinfer.inference.planning.nested import pilot_estimate
+
+    pilot = pilot_estimate(table.release.sums, (0, None)).reshape(len(table.leaves), len(table.cells))
+    per_parent = np.zeros((n_groups, pilot.shape[1]))
+    np.add.at(per_parent, group_of, pilot)
+    return per_parent.mean(axis=0)
 
 
 def _anova_effects(table, n_groups, variant, pm, ZeroSumTransform):
