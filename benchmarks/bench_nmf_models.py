@@ -42,12 +42,11 @@ import argparse
 import itertools
 import json
 import math
-import subprocess
-import sys
 import tempfile
 import time
 
 import numpy as np
+from fresh_process import child_result, report
 
 VARIANTS = ("census_model", "normal", "cell-scales", "cell-scales-nc", "anova", "anova-nc", "anova-fixed")
 RARE = 30.0
@@ -78,7 +77,6 @@ def _table(case: str):
 
 def _model(table, variant: str):
     import pymc as pm
-    from pymc.distributions.transforms import ZeroSumTransform
 
     from dpinfer.io.nmf.fit import _parent_index, _zero_sum, census_model
 
@@ -101,7 +99,7 @@ def _model(table, variant: str):
                               dims=("group", "cell"))
             u = pm.Deterministic("group_cell", pm.math.where(rare, s_u * raw, raw), dims=("group", "cell"))
         else:
-            u = _anova_effects(table, len(groups), variant, pm, ZeroSumTransform)
+            u = _anova_effects(table, len(groups), variant)
         log_rate = a[None, :] + u[group_of]
         s_v = pm.HalfNormal("sd_leaf", 1.0)
         z = pm.Normal("leaf_effect_z", 0.0, s_v, shape=len(table.leaves) - 1)
@@ -123,11 +121,16 @@ def _per_parent_pilot(table, group_of, n_groups) -> np.ndarray:
     return per_parent.mean(axis=0)
 
 
-def _anova_effects(table, n_groups, variant, pm, ZeroSumTransform):
+def _anova_effects(table, n_groups, variant):
     """(n_groups, n_cells): the sum over every non-empty set S of cell axes of a term
     u_S[group, levels of S] summing to zero over each axis in S."""
+    import pymc as pm
+    from pymc.distributions.transforms import ZeroSumTransform
+
+    from dpinfer.io.nmf.layout import AXES
+
     shape = table.coarse.shape
-    names = [a for a, s in zip(("hhgq", "votingage", "hispanic", "cenrace"), table.coarse.axes) if s != "*"]
+    names = [a for a, s in zip(AXES, table.coarse.axes) if s != "*"]
     levels = np.array(np.unravel_index(np.arange(int(np.prod(shape))), shape)).T
     total = 0.0
     for r in range(1, len(shape) + 1):
@@ -166,13 +169,12 @@ def child(case: str, variant: str, draws: int, tune: int, sweep: tuple, seed: in
     cells = summary[summary.cell != "total"]
     coverage = {level: round(float(((r.q05 <= r.truth) & (r.truth <= r.q95)).mean()), 3)
                 for level, r in cells.groupby("level", sort=False)}
-    print("RESULT " + json.dumps({
+    report({
         "case": case, "variant": variant, "counts": int(truth.size), "seconds": round(seconds, 1),
         "steps_per_draw": round(float(stats["n_steps"].values.mean()), 1),
         "max_rhat": round(verdict["max_rhat"], 3), "worst": verdict["worst_rhat"],
         "divergences": int(stats["diverging"].values.sum()), "min_ess_counts": round(ess["counts"]),
-        "min_ess_params": round(min(v for k, v in ess.items() if k != "counts")), "coverage": coverage}),
-        flush=True)
+        "min_ess_params": round(min(v for k, v in ess.items() if k != "counts")), "coverage": coverage})
 
 
 def main(argv=None) -> None:
@@ -192,14 +194,8 @@ def main(argv=None) -> None:
     rows = []
     for variant in args.variants:
         print(f"--- {args.case}, {variant}, 2 chains x ({args.tune} + {args.draws}), sweep {args.sweep}", flush=True)
-        done = subprocess.run([sys.executable, __file__, "--_child", args.case, variant, str(args.draws),
-                               str(args.tune), *map(str, args.sweep), str(args.seed)], capture_output=True, text=True)
-        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-        if done.returncode or not lines:
-            print(done.stderr[-3000:])
-            raise SystemExit(f"{variant} failed (exit {done.returncode})")
-        rows.append(json.loads(lines[-1][7:]))
-        print(json.dumps(rows[-1]), flush=True)
+        rows.append(child_result(__file__, [args.case, variant, args.draws, args.tune, *args.sweep, args.seed],
+                                 variant))
     print("\n| variant | dp.sample | steps/draw | max R-hat (where) | divergences | min ESS counts | "
           "min ESS params | 90% coverage of cells by level |")
     print("|---|---:|---:|---|---:|---:|---:|---|")

@@ -25,12 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
-import sys
 import tempfile
 import time
 
 import numpy as np
+from fresh_process import child_result, report
 
 HYPER = ("cell_effect", "sd_group_cell", "sd_leaf", "log_shape")
 
@@ -89,7 +88,7 @@ def child(argv) -> None:
     row = one_size(n_counties, draws, tune, seed)
     row["total_s"] = time.perf_counter() - start
     row["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print("RESULT " + json.dumps(row), flush=True)
+    report(row)
 
 
 def main(argv=None) -> None:
@@ -105,14 +104,7 @@ def main(argv=None) -> None:
     rows = []
     for k in args.counties:
         print(f"--- {k} counties, 2 chains x ({args.tune} + {args.draws}), fresh process", flush=True)
-        done = subprocess.run([sys.executable, __file__, "--_child", str(k), str(args.draws), str(args.tune),
-                               str(args.seed)], capture_output=True, text=True)
-        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-        if done.returncode or not lines:
-            print(done.stderr[-3000:])
-            raise SystemExit(f"the {k}-county run failed (exit {done.returncode})")
-        rows.append(json.loads(lines[-1][7:]))
-        print(json.dumps(rows[-1]), flush=True)
+        rows.append(child_result(__file__, [k, args.draws, args.tune, args.seed], f"the {k}-county run"))
     head = ("| counties | leaves | counts | terms | read + table | dp.sample | in all | peak RSS | "
             "min ESS counts | min ESS hyper | min ESS params | max R-hat | BG cells 90% cover |")
     print("\n" + head)

@@ -1001,8 +1001,8 @@ def compare_nested(release, truth, draws, targets: NestedTargets, *, prob: float
     calibrated posterior gives: above ``prob`` where targets are small integers; NaN for the
     other methods), ``below`` and ``above``: the shares of targets whose truth lies below the
     interval's lower end and above its upper end (coverage + below + above = 1; misses all on
-    one side mean the estimates lean the other way), ``mean_width`` of the intervals, ``mae`` and ``rmse`` of the point estimates (dpinfer: the
-    posterior median). ``table``: a :func:`nested_target_table` already computed."""
+    one side mean the estimates lean the other way), ``mean_width`` of the intervals, ``mae``
+    and ``rmse`` of the point estimates (dpinfer: the posterior median). ``table``: a :func:`nested_target_table` already computed."""
     if table is None:
         table = nested_target_table(release, truth, draws, targets, prob=prob, methods=methods, gls=gls,
                                     nnls=nnls, n_draws=n_draws, seed=seed)
