@@ -22,9 +22,13 @@ pair slowly. The variants change how each parent geography's cell profile is mod
   with well-measured cells (every "two or more races" cell, every Hispanic cell);
 * ``anova-nc``: the same, non-centred (effect = scale x standard normal);
 * ``anova-fixed``: ``anova`` with the interaction terms' scales fixed at 0.5 (no hyperparameter,
-  no funnel), the axis terms' scales hierarchical.
+  no funnel), the axis terms' scales hierarchical;
+* ``grouped``, ``grouped-cells``, ``grouped-county``: the parent-by-cell rates gamma-distributed
+  and summed out by the engine (:func:`dpinfer.GroupedNegativeBinomial`: no parent-by-cell
+  parameter for the counts to wait on), the leaves' split of a parent's count Dirichlet
+  (:func:`_grouped`).
 
-Every variant keeps the library's cell profile, zero-sum leaf sizes and negative binomial
+Every variant but the grouped ones keeps the library's cell profile, zero-sum leaf sizes and negative binomial
 counts, and observes the same release. Cases: ``tract`` (the shipped synthetic state at tract
 leaves: the command-line example; 10 tracts in 4 parent counties), ``bgN`` (an Iowa-shaped
 synthetic state of N counties at block-group leaves). Each (case, variant) runs in a fresh
@@ -48,7 +52,8 @@ import time
 import numpy as np
 from fresh_process import child_result, report
 
-VARIANTS = ("census_model", "normal", "cell-scales", "cell-scales-nc", "anova", "anova-nc", "anova-fixed")
+VARIANTS = ("census_model", "normal", "cell-scales", "cell-scales-nc", "anova", "anova-nc", "anova-fixed",
+            "grouped", "grouped-cells", "grouped-county")
 RARE = 30.0
 SHIPPED = "models/synthetic_state_nmf"
 
@@ -83,6 +88,8 @@ def _model(table, variant: str):
     if variant == "census_model":
         return census_model(table)
     group_of, groups = _parent_index(table)
+    if variant.startswith("grouped"):
+        return _grouped(table, group_of, groups, variant)
     pilot_mean = max(float(np.mean(np.abs(table.release.values))) / 10.0, 1.0)
     with pm.Model(coords=table.coords | {"group": np.asarray(groups)}) as model:
         a = pm.Normal("cell_effect", math.log(pilot_mean), 2.0, dims="cell")
@@ -107,6 +114,43 @@ def _model(table, variant: str):
         log_shape = pm.Normal("log_shape", 2.0, 1.5)
         counts = pm.NegativeBinomial("counts", mu=pm.math.exp(log_rate + v[:, None]),
                                      alpha=pm.math.exp(log_shape), dims=("geocode", "cell"))
+        table.release.observe("nmf", counts)
+    return model
+
+
+def _grouped(table, group_of, groups, variant):
+    """Parent-by-cell rates gamma-distributed and summed out (dp.GroupedNegativeBinomial):
+    mu[l, c] = exp(a_c + v_l), the parent's rate of cell c Gamma(shape alpha_g, mean sum of mu
+    over its leaves), its split Dirichlet(A pi); alpha_g one for all cells (``grouped``,
+    ``grouped-county``) or one per cell (``grouped-cells``), log alpha_g ~ Normal(1, 1.5),
+    log A ~ Normal(2, 1.5). ``grouped-county`` adds, where the parents have more than one
+    parent themselves (block-group leaves: tracts in counties), a Student-t(3) county-by-cell
+    effect on log mu (one HalfNormal(1) scale) for areas unlike the others."""
+    import pymc as pm
+
+    import dpinfer as dp
+    from dpinfer.io.nmf.fit import _zero_sum
+
+    pilot_mean = max(float(np.mean(np.abs(table.release.values))) / 10.0, 1.0)
+    with pm.Model(coords=table.coords) as model:
+        a = pm.Normal("cell_effect", math.log(pilot_mean), 2.0, dims="cell")
+        log_rate = a[None, :]
+        if len(table.leaves) > len(groups):
+            s_v = pm.HalfNormal("sd_leaf", 1.0)
+            z = pm.Normal("leaf_effect_z", 0.0, s_v, shape=len(table.leaves) - 1)
+            log_rate = log_rate + pm.Deterministic("leaf_effect", _zero_sum(z), dims="geocode")[:, None]
+        if variant == "grouped-county":
+            rows = {g: i for i, g in enumerate(table.areas.geocode)}
+            county, county_of = np.unique(table.areas.parent.to_numpy()[[rows[g] for g in groups]],
+                                          return_inverse=True)
+            if county.size > 1:
+                s_u = pm.HalfNormal("sd_county_cell", 1.0)
+                u = pm.StudentT("county_cell", nu=3.0, mu=0.0, sigma=s_u, shape=(county.size, len(table.cells)))
+                log_rate = log_rate + u[county_of[group_of]]
+        log_a = pm.Normal("log_group_shape", 1.0, 1.5, **({"dims": "cell"} if variant == "grouped-cells" else {}))
+        log_leaf = pm.Normal("log_leaf_shape", 2.0, 1.5)
+        counts = dp.GroupedNegativeBinomial("counts", pm.math.exp(log_rate), pm.math.exp(log_leaf),
+                                            pm.math.exp(log_a), group_of, dims=("geocode", "cell"))
         table.release.observe("nmf", counts)
     return model
 

@@ -25,6 +25,9 @@ _EXPORTS = {
     "dpinfer.batch": (
         "FitJob", "fit_many"
     ),
+    "dpinfer.distributions.grouped_negative_binomial": (
+        "GroupedNegativeBinomial",
+    ),
     "dpinfer.inference": (
         "marginal_model", "sample"
     ),

@@ -14,7 +14,7 @@ from dpinfer.lattice.nested.directions import sweep_products
 from dpinfer.lattice.nested.kernel import DEFAULT_TRIM, draw_direction
 from dpinfer.lattice.nested.sampler import NestedGibbs
 from dpinfer.lattice.nested.structure import NestedSums
-from dpinfer.lattice.nested.terms import TermTables
+from dpinfer.lattice.nested.terms import TermTables, term_log
 
 
 def dg_log_pmf(e, sigma2):
@@ -95,16 +95,21 @@ def small_table():
     return NestedSums([-1, 0, 1, 1], [2, 3], C, area, np.array(cells), value, table, tables, name), terms
 
 
-def enumerate_posterior():
+def poisson_prior(states):
+    return stats.poisson.logpmf(states, LAM).sum((1, 2))
+
+
+def enumerate_posterior(prior=poisson_prior):
     """Every x >= 0 with total TOTAL (the equality) and its posterior log probability
-    (normalised), computed with the independent pmfs above (no dpinfer table)."""
+    (normalised), computed with the independent pmfs above (no dpinfer table); ``prior``:
+    states (K, 2, C) -> their prior log pmf (K,)."""
     _, terms = small_table()
     n = 2 * C
     comps = np.array(list(itertools.combinations(range(TOTAL + n - 1), n - 1)))  # stars and bars
     bars = np.concatenate([np.full((len(comps), 1), -1), comps, np.full((len(comps), 1), TOTAL + n - 1)], 1)
     states = (np.diff(bars, axis=1) - 1).reshape(-1, 2, C)
     S = {2: states[:, 0], 3: states[:, 1], 1: states.sum(1), 0: states.sum(1)}
-    logp = stats.poisson.logpmf(states, LAM).sum((1, 2))
+    logp = prior(states)
     summed = summed_dg_log_pmf(np.arange(-30, 31), 1.5, 2)
     for area, mask, value, _, name in terms:
         e = value - S[area][:, mask].sum(1)
@@ -264,3 +269,108 @@ def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="disjoint or nested"):
         NestedSums([-1, 0], [1], 3, [0, 0], np.array([[1, 1, 0], [0, 1, 1]], bool), [1, 1], [eq, eq],
                    tables, ["a", "b"])
+
+
+# ---- a gamma-mixed group rate (GroupedNegativeBinomial's factor) ------------------------------
+MU = np.array([[1.5, 2.0, 0.8, 1.2], [1.0, 2.5, 1.1, 0.6]])  # leaf means
+ALPHA, LEAF_ALPHA = 0.7, 3.0  # the group total's shape, the split's concentration
+
+
+def grouped_prior(states):
+    """The generative law, independently of dpinfer's factorisation: per cell, the group's sum
+    S ~ NB(M, ALPHA), M = MU[0] + MU[1], and its split x[0] | S ~ BetaBinomial(S, A pi_0,
+    A pi_1) (a Dirichlet-multinomial of two leaves), pi_l = MU[l] / M."""
+    M = MU.sum(0)
+    S = states.sum(1)
+    total = stats.nbinom.logpmf(S, ALPHA, ALPHA / (ALPHA + M))
+    split = stats.betabinom.logpmf(states[:, 0], S, LEAF_ALPHA * MU[0] / M, LEAF_ALPHA * MU[1] / M)
+    return (total + split).sum(1)
+
+
+def grouped_table():
+    """small_table() with the mixing factor on every cell at the mid area (both leaves), its
+    Gibbs sampler, the leaves' prior table (independent NB(MU, A pi)) and the tables' values."""
+    sums, _ = small_table()
+    mixed, _ = sums.with_group_mixing([1], ALPHA, LEAF_ALPHA, MU.sum(0)[None, :])
+    g = NestedGibbs(mixed, 0, TOTAL + 1)
+    shape = LEAF_ALPHA * MU / MU.sum(0)
+    prior = stats.nbinom.logpmf(g.grid(), shape.reshape(-1, 1), (shape / (shape + MU)).reshape(-1, 1))
+    return mixed, g, np.ascontiguousarray(prior), mixed.tables.arrays()[2]
+
+
+@pytest.fixture(scope="module")
+def grouped_posterior():
+    states, logp = enumerate_posterior(grouped_prior)
+    return states, np.exp(logp), logp
+
+
+def test_the_group_mixing_factor_gives_the_generative_law(grouped_posterior):
+    """Independent NB(mu_l, A pi_l) leaves times the factor NB(S; M, alpha) / NB(S; M, A)
+    is, up to a constant, the law S ~ NB(M, alpha) with a Dirichlet-multinomial split (the
+    enumeration's), on every state; and the factor's table reads the formula."""
+    mixed, g, prior, values = grouped_table()
+    states, p, logp = grouped_posterior
+    meta, inv2v, _ = mixed.tables.arrays()
+    shape = LEAF_ALPHA * MU / MU.sum(0)
+
+    def structure_logp(x):
+        return mixed.log_weight(x) + float(stats.nbinom.logpmf(x, shape, shape / (shape + MU)).sum())
+
+    ref = int(np.argmax(p))
+    for i in np.random.default_rng(0).choice(len(states), 40):
+        assert structure_logp(states[i]) - structure_logp(states[ref]) == pytest.approx(
+            logp[i] - logp[ref], abs=1e-9)
+    # the formula: lgamma(S + a) - lgamma(S + A) + kappa S + c0 = log NB(S; M, a) - log NB(S; M, A)
+    M = MU.sum(0)[2]
+    k = mixed.term_table[np.flatnonzero(mixed.term_name == "group mixing: area 1, cell 2")[0]]
+    for S in [0, 1, 7, 40]:
+        want = (stats.nbinom.logpmf(S, ALPHA, ALPHA / (ALPHA + M))
+                - stats.nbinom.logpmf(S, LEAF_ALPHA, LEAF_ALPHA / (LEAF_ALPHA + M)))
+        assert term_log(k, -S, meta, inv2v, values) == pytest.approx(want, abs=1e-12)
+    assert term_log(k, 1, meta, inv2v, values) == -np.inf  # a negative sum
+
+
+@pytest.mark.parametrize("direction", [([0], [1]), ([1, 3], [1, -1])])
+def test_a_move_with_group_mixing_draws_the_exact_conditional(grouped_posterior, direction):
+    """As test_one_move_draws_the_exact_conditional, with the mixing factor at the mid area."""
+    mixed, g, prior, values = grouped_table()
+    states, p, logp = grouped_posterior
+    x0 = states[np.argmax(p)]
+    dcells, dsigns = (np.array(v, np.int64) for v in direction)
+    d = np.zeros(C, np.int64)
+    d[dcells] = dsigns
+    reach = np.array([np.all((s - x0) * (d == 0) == 0) and
+                      all(len(set(((s - x0)[leaf][dcells] * dsigns).tolist())) == 1 for leaf in range(2))
+                      for s in states])
+    target = p * reach
+    target /= target.sum()
+    index = {s.tobytes(): i for i, s in enumerate(states)}
+    counts = np.zeros(len(states))
+    meta, inv2v, _ = mixed.tables.arrays()
+    rng = new_stream(np.random.default_rng(4))
+    stat = np.zeros(3, np.int64)
+    S0, t0 = mixed.area_sums(x0), mixed.term_sums(x0)
+    for _ in range(20_000):
+        x, S, t = x0.copy(), S0.copy(), t0.copy()
+        assert draw_direction(dcells, dsigns, x, S, t, g.box_lo, g.box_hi, g.lo_open, g.hi_open, prior,
+                              mixed.order, mixed.child_ptr, mixed.child_area, mixed.area_leaf, mixed.term_ptr,
+                              mixed.term_cells, mixed.term_value, mixed.term_table, meta, inv2v, values,
+                              DEFAULT_TRIM, rng, stat)
+        counts[index[x.tobytes()]] += 1
+    assert counts[~reach].sum() == 0
+    assert _chi2_pvalue(counts, target) > 1e-3
+
+
+def test_a_long_chain_with_group_mixing_reaches_the_posterior(grouped_posterior):
+    """20,000 sweeps with the mixing factor: every count's posterior mean within 5 batch-means
+    standard errors of the enumeration."""
+    mixed, g, prior, values = grouped_table()
+    states, p, _ = grouped_posterior
+    draws, info = g.run(states[np.argmax(p)], prior, 20_000, np.random.default_rng(5))
+    assert info["moves_without_mass"] == 0 and info["trimmed_edges_hit"] == 0
+    exact = np.tensordot(p, states, axes=1)
+    kept = draws[1000:].reshape(-1, 2 * C).astype(float)
+    batches = kept.reshape(50, -1, 2 * C).mean(1)
+    se = batches.std(0, ddof=1) / math.sqrt(50)
+    z = (kept.mean(0) - exact.reshape(-1)) / se
+    assert np.all(np.abs(z) < 5), z

@@ -32,6 +32,7 @@ import scipy.sparse.linalg
 
 from pytensor.tensor.random.op import RandomVariable
 
+from dpinfer.distributions.grouped_negative_binomial import group_mixing_of
 from dpinfer.inference.latents import NotMarginalisableError, prior_support
 from dpinfer.inference.planning.children import terms_depending_on
 from dpinfer.lattice.nested.sampler import NestedGibbs
@@ -63,6 +64,9 @@ class NestedPlan:
     start: np.ndarray | None = None
 
     sums: object = field(repr=False, default=None)  # the terms with the observed values
+    mixing_areas: np.ndarray | None = field(repr=False, default=None)  # a GroupedNegativeBinomial's groups
+    mixing_groups: np.ndarray | None = field(repr=False, default=None)  # each leaf's group
+    mixing_tables: np.ndarray | None = field(repr=False, default=None)  # their factors' tables (G, n_cells)
 
     def first_half_width(self, tol: float, compiled: bool) -> int:
         return FIRST_K
@@ -87,7 +91,10 @@ class NestedPlan:
         hi = np.where(zeros, np.maximum(lo, 0), hi)
         lo = np.where(zeros, np.minimum(lo, 0) if lower is None else max(lower, 0), lo)
         start = feasible_start(self.sums, self.pilot, lo, hi, self.record.name)
-        self.window = NestedBoxes(k, NestedGibbs(self.sums, lo, hi, support=self.support))
+        sums = self.sums
+        if self.mixing_areas is not None:  # the group factors, at placeholder parameters
+            sums, self.mixing_tables = sums.with_group_mixing(self.mixing_areas)
+        self.window = NestedBoxes(k, NestedGibbs(sums, lo, hi, support=self.support))
         self.start = start.reshape(-1)
 
 
@@ -101,16 +108,44 @@ def nested_plan(model, record: ReleaseRecord, latent, values) -> NestedPlan:
             f"latent {latent.name!r} must be integer counts with an elementwise distribution (Poisson, "
             f"NegativeBinomial, ...); got {node.op}")
     children, named = terms_depending_on(model, latent, exclude=(record.release_rv,))
-    if children or named:
+    mixings = group_mixing_of(model)
+    mixing = [mixings[v.name] for v in named if v.name in mixings and mixings[v.name].counts == latent.name]
+    others = [v.name for v in named if v.name not in {m.potential for m in mixing}]
+    if children or others or len(mixing) > 1:
         raise NotMarginalisableError(
             f"the counts {latent.name!r} have children besides their nested release "
-            f"{record.name!r}; the nested sampler needs the release to be their only child")
+            f"{record.name!r} ({[v.name for v in children] + others}); the nested sampler needs the "
+            "release to be their only child (and at most one GroupedNegativeBinomial factor)")
     support = prior_support(node)
     pilot = pilot_estimate(sums, support)
     sd = measurement_sd(sums)
     scale = np.minimum(sd, np.sqrt(np.maximum(pilot, 0.0) + 2.0 * np.minimum(sd, 1e9) + 1.0))
+    mixing_areas = group_areas(sums, mixing[0].group, record.mechanism.area_names) if mixing else None
     return NestedPlan(record=record, latent_name=latent.name, support=support, pilot=pilot, scale=scale,
-                      sums=sums)
+                      sums=sums, mixing_areas=mixing_areas, mixing_groups=mixing[0].group if mixing else None)
+
+
+def group_areas(sums, group: np.ndarray, area_names) -> np.ndarray:
+    """The area of the tree that each group of leaves is (G,): a group's leaves must be
+    exactly the leaves under one area (its sum is then a sum the sum-tree draws carry)."""
+    if group.size != sums.n_leaves:
+        raise NotMarginalisableError(f"GroupedNegativeBinomial's group has {group.size} entries for the "
+                                     f"release's {sums.n_leaves} leaves")
+    area_of = {}
+    under = sums.leaves_under()
+    for v in sums.order:  # children first: the lowest area over a set of leaves
+        area_of.setdefault(tuple(under[v].tolist()), int(v))
+    areas = np.empty(int(group.max()) + 1, dtype=np.int64)
+    for g in range(areas.size):
+        leaves = tuple(np.flatnonzero(group == g).tolist())
+        if leaves not in area_of:
+            names = [str(area_names[sums.leaf_area[l]]) for l in leaves[:4]]
+            raise NotMarginalisableError(
+                f"GroupedNegativeBinomial's group {g} (leaves {names}{' ...' if len(leaves) > 4 else ''}) is "
+                "not the set of leaves under one area of the release's tree; groups must be areas "
+                "(e.g. each leaf's parent)")
+        areas[g] = area_of[leaves]
+    return areas
 
 
 def leaf_matrix(sums, rows) -> scipy.sparse.csr_matrix:

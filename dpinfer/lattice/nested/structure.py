@@ -142,6 +142,33 @@ class NestedSums:
         object.__setattr__(new, "term_value", values.astype(np.int64))
         return new
 
+    def with_group_mixing(self, areas, alpha=1.0, leaf_alpha=1.0, mean=1.0) -> tuple["NestedSums", np.ndarray]:
+        """(the same tree and terms plus a group-mixing factor on every cell's sum at each of
+        ``areas`` (G,), the table index of each (G, n_cells)): the prior's factor of
+        :func:`dpinfer.distributions.GroupedNegativeBinomial`
+        (:meth:`~dpinfer.lattice.nested.terms.TermTables.add_group_mixing`), at the
+        parameters ``alpha``, ``leaf_alpha``, ``mean`` (each broadcast to (G, n_cells); the
+        compiled engine rewrites them from the model's before every sweep). The tables are
+        added to a copy: this structure is unchanged."""
+        areas = np.asarray(areas, dtype=np.int64).reshape(-1)
+        if np.any((areas < 0) | (areas >= self.n_areas)) or np.unique(areas).size != areas.size:
+            raise ValueError(f"areas must be distinct areas of the tree (0 .. {self.n_areas - 1})")
+        tables = self.tables.copy()
+        G, C = areas.size, self.n_cells
+        a, b, m = (np.broadcast_to(np.asarray(v, dtype=float), (G, C)) for v in (alpha, leaf_alpha, mean))
+        index = np.array([[tables.add_group_mixing(a[g, c], b[g, c], m[g, c]) for c in range(C)]
+                          for g in range(G)], dtype=np.int64).reshape(G, C)
+        cells = np.zeros((G * C, C), dtype=bool)
+        cells[np.arange(G * C), np.tile(np.arange(C), G)] = True
+        names = np.array([f"group mixing: area {v}, cell {c}" for v in areas for c in range(C)], dtype=object)
+        sums = NestedSums(self.parent, self.leaf_area, self.n_cells,
+                          np.concatenate([self.term_area, np.repeat(areas, C)]),
+                          np.concatenate([self.term_cells, cells]),
+                          np.concatenate([self.term_value, np.zeros(G * C, np.int64)]),
+                          np.concatenate([self.term_table, index.reshape(-1)]), tables,
+                          np.concatenate([self.term_name, names]), self.cell_shape)
+        return sums, index
+
     def area_sums(self, x: np.ndarray) -> np.ndarray:
         """S (n_areas, n_cells): every area's sums of the counts x (n_leaves, n_cells)."""
         x = np.asarray(x, dtype=np.int64).reshape(self.n_leaves, self.n_cells)

@@ -10,6 +10,10 @@ range e_lo .. e_lo + n - 1 and, on either side beyond it, one of
 * ``GAUSS``: log w(e) = log w(edge) - (e^2 - edge^2) / (2 v), the discrete Gaussian's own
   quadratic (exact for one discrete Gaussian, v = sigma^2).
 
+One kind of term is not a table of values but a formula whose parameters the table holds
+(``MIXING`` at both ends): a group rate mixed by a gamma law, a factor of the counts' prior
+(:meth:`TermTables.add_group_mixing`).
+
 Constructors:
 
 * :meth:`TermTables.add_discrete_gaussian` -- the noise of a measurement y = t + e, e the sum
@@ -24,7 +28,11 @@ Constructors:
   m sigma^2 (the sum's tail there is below e^-98 of the peak and is never reached in practice).
 * :meth:`TermTables.add_equality` -- t = y exactly (an invariant): w = 1{e = 0};
 * :meth:`TermTables.add_at_most` / :meth:`TermTables.add_at_least` -- t <= y / t >= y (a
-  published bound): w = 1{e >= 0} / 1{e <= 0}.
+  published bound): w = 1{e >= 0} / 1{e <= 0};
+* :meth:`TermTables.add_group_mixing` -- the prior's factor on a group's sum S = -e of one
+  cell (value 0) that turns independent negative binomial counts into a gamma-mixed group
+  rate (:func:`dpinfer.distributions.GroupedNegativeBinomial`):
+  log w = log NB(S; M, alpha) - log NB(S; M, A) (0 for S < 0).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import math
 import numba
 import numpy as np
 
-HARD, FLAT, GAUSS = 0, 1, 2
+HARD, FLAT, GAUSS, MIXING = 0, 1, 2, 3
 
 # Half-width of a summed discrete Gaussian's table in standard deviations (e^-98 at the edge).
 _TABLE_SDS = 14.0
@@ -56,6 +64,13 @@ class TermTables:
         self._keys: dict = {}
         self._params: list[tuple] = []  # (kind, sigma2, m) per table; sigma2, m None but for "dg"
 
+    def copy(self) -> "TermTables":
+        """An independent copy (to add tables to without changing this one)."""
+        new = TermTables()
+        new._meta, new._inv2v, new._values = list(self._meta), list(self._inv2v), list(self._values)
+        new._offset, new._keys, new._params = self._offset, dict(self._keys), list(self._params)
+        return new
+
     def __len__(self) -> int:
         return len(self._meta)
 
@@ -72,8 +87,8 @@ class TermTables:
         return self._keys[key]
 
     def params(self, k: int) -> tuple:
-        """(kind, sigma^2, m) of table k: kind "dg" (a summed discrete Gaussian), "eq", "le" or
-        "ge" (sigma^2 and m None)."""
+        """(kind, sigma^2, m) of table k: kind "dg" (a summed discrete Gaussian), "eq", "le",
+        "ge" or "mix" (sigma^2 and m None)."""
         return self._params[k]
 
     def add_discrete_gaussian(self, sigma2: float, m: int = 1) -> int:
@@ -100,6 +115,20 @@ class TermTables:
     def add_at_least(self) -> int:
         """t >= y: w(e) = 1{e <= 0}."""
         return self._add(("ge",), 0, np.zeros(1), FLAT, HARD)
+
+    def add_group_mixing(self, alpha: float, leaf_alpha: float, mean: float) -> int:
+        """A new table (never shared: the engine rewrites its parameters before every sweep) of
+        the factor log w(e) = log NB(S; M, alpha) - log NB(S; M, A) of a group's sum S = -e
+        of one cell, NB(S; M, k) the negative binomial pmf of mean M and shape k,
+
+            log w = lgamma(S + alpha) - lgamma(S + A) + kappa S + c0,
+            kappa = log((A + M) / (alpha + M)),
+            c0 = lgamma(A) - lgamma(alpha) + alpha log(alpha / (alpha + M)) - A log(A / (A + M)),
+
+        and w = 0 for S < 0. Stored as (alpha, A, kappa, c0) (:func:`mixing_parameters`)."""
+        out = np.empty(4)
+        mixing_parameters(float(alpha), float(leaf_alpha), float(mean), out, 0)
+        return self._add(("mix", len(self._meta)), 0, out, MIXING, MIXING)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(meta (T, 5) int64, inv2v (T,), values (total,)) for :func:`term_log`."""
@@ -147,8 +176,35 @@ def _truncated_convolve(a: np.ndarray, b: np.ndarray, half: int) -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True)
+def mixing_parameters(alpha, leaf_alpha, mean, values, at):
+    """values[at : at + 4] = (alpha, A, kappa, c0) of :meth:`TermTables.add_group_mixing`'s
+    formula, from alpha, A (``leaf_alpha``) and the mean M; a non-positive or non-finite one
+    gives the weight -inf everywhere (kappa = -inf)."""
+    values[at] = alpha
+    values[at + 1] = leaf_alpha
+    if not (alpha > 0.0 and leaf_alpha > 0.0 and mean > 0.0 and math.isfinite(alpha + leaf_alpha + mean)):
+        values[at + 2] = -np.inf
+        values[at + 3] = -np.inf
+        return
+    values[at + 2] = math.log((leaf_alpha + mean) / (alpha + mean))
+    values[at + 3] = (math.lgamma(leaf_alpha) - math.lgamma(alpha) + alpha * math.log(alpha / (alpha + mean))
+                      - leaf_alpha * math.log(leaf_alpha / (leaf_alpha + mean)))
+
+
+@numba.njit(cache=True, nogil=True)
+def mixing_log(values, at, s):
+    """log w at the group sum s of the MIXING table whose parameters start at values[at]."""
+    if s < 0 or values[at + 2] == -np.inf:
+        return -np.inf
+    return (math.lgamma(s + values[at]) - math.lgamma(s + values[at + 1]) + values[at + 2] * s
+            + values[at + 3])
+
+
+@numba.njit(cache=True, nogil=True)
 def term_log(k, e, meta, inv2v, values):
     """log w_k(e) for the tables of :meth:`TermTables.arrays`."""
+    if meta[k, 3] == MIXING:
+        return mixing_log(values, meta[k, 2], -e)
     lo = meta[k, 0]
     n = meta[k, 1]
     j = e - lo

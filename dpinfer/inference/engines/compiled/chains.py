@@ -58,6 +58,7 @@ from dpinfer.inference.engines.compiled.exact_counts import (
     HOLD_RATIO_TUNING,
     draw_given_totals,
     draw_independent,
+    group_mixing_tables,
     log_weight_tables,
 )
 from dpinfer.inference.engines.compiled.nuts import (
@@ -147,7 +148,8 @@ def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row):
         for b in literal_unroll(nested):
             (full, hoisted, offset, grid, zero_release, table, x, S, tsum, box_lo, box_hi, lo_open, hi_open,
              order, child_ptr, child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
-             term_area, meta, inv2v, values, trim, cell_shape, stats, column) = b
+             term_area, meta, inv2v, values, mixing_address, mixing_at, mixing_out, group_area, leaf_group,
+             trim, cell_shape, stats, column) = b
             if grid.shape[0] == 0:
                 continue
             log_weight_tables(full, hoisted, q, env, grid, zero_release, table)
@@ -155,6 +157,9 @@ def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row):
             for i in range(n_leaves * n_cells):
                 x[i // n_cells, i % n_cells] = counts[offset + i]
             current_sums(x, S, tsum, order, child_ptr, child_area, area_leaf, term_cells, term_area)
+            if mixing_at.size:
+                group_mixing_tables(mixing_address, q, env, mixing_out, mixing_at, values, group_area,
+                                    leaf_group, S, box_lo, table)
             stats[:] = 0
             failed = sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, table, order, child_ptr,
                                     child_area, area_leaf, term_ptr, term_cells, term_value, term_table,

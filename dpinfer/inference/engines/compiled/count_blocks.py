@@ -144,12 +144,19 @@ class GroupTotals:
 class NestedCounts:
     """Counts on the leaves of a tree of areas measured at every level (a nested release),
     moved by exact sum-tree draws given the parameters: :func:`dpinfer.lattice.nested.directions.sweep_products`
-    on the plan's boxes, with the prior's table refilled from the parameters first."""
+    on the plan's boxes, with the prior's table (and a GroupedNegativeBinomial's group factors)
+    refilled from the parameters first."""
 
     kind = "nested"
 
-    def __init__(self, name: str, offset: int, gibbs, prior_table):
+    def __init__(self, name: str, offset: int, gibbs, prior_table, mixing=None):
+        """``mixing``: (the native GROUP_MIXING function's address, the table of each group and
+        cell's factor (G, n_cells), each group's area (G,), each leaf's group (n_leaves,)) of a
+        GroupedNegativeBinomial prior, refilled before every sweep
+        (:func:`~dpinfer.inference.engines.compiled.exact_counts.group_mixing_tables`); None
+        without one."""
         self.name, self.offset, self.gibbs, self.prior = name, offset, gibbs, prior_table
+        self.mixing = mixing
         self.grid = np.ascontiguousarray(gibbs.grid())
         self._hoisted, self.hoisted = prior_table.prepare(self.grid)
         self.stat_names = (f"{name}_trimmed_edges_hit", f"{name}_box_edges_hit",
@@ -158,10 +165,17 @@ class NestedCounts:
     def native(self, column: int) -> tuple:
         """The kernel's data, with fresh scratch for one chain; statistics from ``column``."""
         g, s = self.gibbs, self.gibbs.sums
-        meta, inv2v, values = s.tables.arrays()
+        meta, inv2v, values = s.tables.arrays()  # values: the chain's own (the factors are rewritten)
+        if self.mixing is None:
+            mixing_address, mixing_at = 0, np.zeros(0, np.int64)
+            group_area, leaf_group = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        else:
+            mixing_address, tables, group_area, leaf_group = self.mixing
+            mixing_at = np.ascontiguousarray(meta[tables.reshape(-1), 2])
         return (self.prior.full_address, self.hoisted, self.offset, self.grid, np.zeros(self.grid.shape),
                 np.empty(self.grid.shape), np.empty((s.n_leaves, s.n_cells), np.int64),
                 np.empty((s.n_areas, s.n_cells), np.int64), np.empty(s.term_value.size, np.int64),
                 g.box_lo, g.box_hi, g.lo_open, g.hi_open, s.order, s.child_ptr, s.child_area, s.area_leaf,
                 s.term_ptr, s.term_cells, s.term_value, s.term_table, s.term_area, meta, inv2v, values,
+                mixing_address, mixing_at, np.empty((mixing_at.size, 3)), group_area, leaf_group,
                 g.trim, np.array(s.cell_shape, np.int64), np.zeros(3, np.int64), column)

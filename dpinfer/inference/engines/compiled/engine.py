@@ -132,7 +132,12 @@ def _block(plan, compiled):
     """The count block of a plan: its window's tables (a nested plan: its boxes) and the prior's."""
     offset = compiled.latent_slices[plan.latent_name].start
     if plan.kind == "nested":
-        return NestedCounts(plan.latent_name, offset, plan.window.gibbs, compiled.prior_tables[plan.latent_name])
+        mixing = None
+        if plan.mixing_tables is not None:
+            mixing = (compiled.group_mixing[plan.latent_name].address, plan.mixing_tables, plan.mixing_areas,
+                      plan.mixing_groups)
+        return NestedCounts(plan.latent_name, offset, plan.window.gibbs, compiled.prior_tables[plan.latent_name],
+                            mixing)
     tables = CellTables.build(plan.mechanism, plan.release_value, plan.support,
                               plan.window.half_width,
                               log_eta=None if plan.exact_tails else plan.window.log_eta)

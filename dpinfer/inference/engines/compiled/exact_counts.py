@@ -77,7 +77,8 @@ import numba
 import numpy as np
 
 from dpinfer._random_stream import below, uniform, uniform_open
-from dpinfer.inference.engines.compiled.native import pointer, prior_point_at, prior_table_at
+from dpinfer.inference.engines.compiled.native import group_mixing_at, pointer, prior_point_at, prior_table_at
+from dpinfer.lattice.nested.terms import mixing_parameters
 
 HOLD_RATIO = 1000.0  # a cell whose tail envelope outweighs its window this much is held
 HOLD_RATIO_TUNING = 10.0  # ... during tuning, whose draws are discarded (cheaper sweeps)
@@ -107,6 +108,44 @@ def log_weight_tables(prior_address, hoisted, q, env, grid, release_table, out):
     f(pointer(q.ctypes.data), pointer(env.ctypes.data), pointer(grid.ctypes.data),
       pointer(out.ctypes.data), grid.shape[1], pointer(hoisted.ctypes.data))
     out += release_table
+
+
+@numba.njit(cache=True, nogil=True)
+def group_mixing_tables(address, q, env, out, at, values, group_area, leaf_group, S, box_lo, table):
+    """A GroupedNegativeBinomial's group factors from the parameters, tilted towards the
+    current counts. The native function at ``address`` writes each group g and cell c's
+    (alpha_g, A, M) into ``out`` (G * C, 3); the factor's table in ``values`` (from ``at``)
+    gets its formula's parameters (:func:`~dpinfer.lattice.nested.terms.mixing_parameters`).
+
+    The tilt: the leaves' independent NB(M pi, A pi) all have p = M / (M + A), so multiplying
+    each leaf's prior by exp(-t x) and the group's factor by exp(t S) (S the sum of the group's
+    leaves: the product, hence every draw's law, is unchanged) turns them into NB(T pi, A pi)
+    with t = log(M (T + A) / ((M + A) T)). T is the group's current sum (+ 1/2, from ``S``, the
+    areas' current sums; ``group_area`` (G,), ``leaf_group`` (n_leaves,)). Without it, where M
+    is far from the data (a small alpha_g leaves M loosely identified) each leaf's message
+    leans on its own prior towards M by tens of nats that only the group's factor undoes, and
+    the leaves' trimmed messages would cut what the group's law needs. ``table``: the
+    counts' prior table (rows leaf * C + c, from ``box_lo``), tilted in place."""
+    f = group_mixing_at(address)
+    f(pointer(q.ctypes.data), pointer(env.ctypes.data), pointer(out.ctypes.data))
+    n_cells = S.shape[1]
+    tilt = np.zeros(at.size)
+    for i in range(at.size):
+        mixing_parameters(out[i, 0], out[i, 1], out[i, 2], values, at[i])
+        A, M = out[i, 1], out[i, 2]
+        T = S[group_area[i // n_cells], i % n_cells] + 0.5
+        if A > 0.0 and M > 0.0 and math.isfinite(A + M) and values[at[i] + 2] != -np.inf:
+            tilt[i] = math.log(M / (M + A)) - math.log(T / (T + A))
+            values[at[i] + 2] += tilt[i]
+    width = table.shape[1]
+    for leaf in range(leaf_group.size):
+        for c in range(n_cells):
+            t = tilt[leaf_group[leaf] * n_cells + c]
+            if t != 0.0:
+                row = table[leaf * n_cells + c]
+                lo = box_lo[leaf, c]
+                for j in range(width):
+                    row[j] -= t * (lo + j)
 
 
 @numba.njit(cache=True, nogil=True)

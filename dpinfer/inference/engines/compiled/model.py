@@ -55,7 +55,8 @@ from dpinfer.inference.engines.compiled.cache import (
     structure_key,
     thaw_literals,
 )
-from dpinfer.inference.engines.compiled.native import LOGP_GRAD, PRIOR_POINT, PRIOR_TABLE, pointer
+from dpinfer.distributions.grouped_negative_binomial import group_mixing_of
+from dpinfer.inference.engines.compiled.native import GROUP_MIXING, LOGP_GRAD, PRIOR_POINT, PRIOR_TABLE, pointer
 
 _STRUCTURES: dict = {}  # structure key -> Structure, for this process
 
@@ -78,6 +79,7 @@ class Structure:
     latent_shapes: dict
     logp_grad: object  # numba cfunc, LOGP_GRAD
     prior_tables: dict  # name -> PriorTable
+    group_mixing: dict  # name -> native GROUP_MIXING function of a GroupedNegativeBinomial's counts
     expand_fn: object  # PyTensor function (q batch, counts batch, *data) -> named values
     expand_names: list
     start_fn: object  # PyTensor function (*jitters, *data) -> transformed initial point
@@ -181,6 +183,7 @@ def compile_model(model, latents: list, exclude: list) -> CompiledModel:
                 "release; dpinfer's compiled engine samples only latent counts and continuous "
                 "parameters"
             )
+    mixing = {m.counts: m for m in group_mixing_of(model).values() if m.counts in latent_names}
     thawed, sources = thaw_literals(model)
     excluded = sorted(rv.name for rv in exclude)
     try:
@@ -189,15 +192,16 @@ def compile_model(model, latents: list, exclude: list) -> CompiledModel:
         key = None
     structure = _STRUCTURES.get(key) if key is not None else None
     if structure is None:
-        structure = _build(thawed, sources, latent_names, excluded)
+        structure = _build(thawed, sources, latent_names, excluded, mixing)
         if key is not None:
             _STRUCTURES[key] = structure
     data = ModelData.of(structure, sources)
     return CompiledModel(structure, data, tuple(model.named_vars))
 
 
-def _build(thawed, sources: dict, latent_names: list, excluded: list) -> Structure:
-    """Compile a structure from the model copy ``thawed`` (module docstring)."""
+def _build(thawed, sources: dict, latent_names: list, excluded: list, mixing: dict) -> Structure:
+    """Compile a structure from the model copy ``thawed`` (module docstring); ``mixing``: latent
+    name -> its GroupedNegativeBinomial's :class:`~dpinfer.distributions.grouped_negative_binomial.GroupMixing`."""
     latents = [thawed[name] for name in latent_names]
     params = [rv for rv in thawed.free_RVs if rv.name not in latent_names]
     values = [thawed.rvs_to_values[rv] for rv in params]
@@ -241,20 +245,27 @@ def _build(thawed, sources: dict, latent_names: list, excluded: list) -> Structu
         [prior_point] = thawed.replace_rvs_by_values([_logprob_helper(one, value[0])])
         points.append(clone_replace(prior_point, replace).astype("float64"))
 
+    mixing_names = [name for name in latent_names if name in mixing]
+    mixing_vars = {mixing[name].parameters for name in mixing_names}
+    mixing_graphs = [clone_replace(thawed.replace_rvs_by_values([thawed[mixing[name].parameters]])[0], replace)
+                     .reshape((-1, 3)).astype("float64") for name in mixing_names]
+
     # the trace's values and the initial point, as functions of q, counts (jitters) and data
-    expand_vars = list(params) + list(thawed.deterministics)
+    expand_vars = list(params) + [v for v in thawed.deterministics if v.name not in mixing_vars]
     outputs = clone_replace(thawed.replace_rvs_by_values(expand_vars), replace)
     jitters = [pt.tensor(f"{name}_jitter", dtype="float64", shape=shape)
                for name, shape in zip(names, shapes)]
     start = _start_graph(thawed, params, jitters)
 
     graphs, inputs, index = lift_data(
-        [logp, grad, *tables, *points, *outputs, *start], sources)
+        [logp, grad, *tables, *points, *outputs, *mixing_graphs, *start], sources)
     logp, grad = graphs[:2]
     tables = graphs[2:2 + len(latents)]
     points = graphs[2 + len(latents):2 + 2 * len(latents)]
-    outputs = graphs[2 + 2 * len(latents):2 + 2 * len(latents) + len(outputs)]
-    start = graphs[2 + 2 * len(latents) + len(outputs):]
+    at = 2 + 2 * len(latents)
+    outputs = graphs[at:at + len(outputs)]
+    mixing_graphs = graphs[at + len(outputs):at + len(outputs) + len(mixing_graphs)]
+    start = graphs[at + len(outputs) + len(mixing_graphs):]
 
     logp_grad = _native("logp_grad", [q, counts], [logp, grad], inputs, LOGP_GRAD,
                         _LOGP_GRAD_SOURCE, n=n, m=m)
@@ -262,6 +273,10 @@ def _build(thawed, sources: dict, latent_names: list, excluded: list) -> Structu
         name: PriorTable.build(table, point, q, counts, grid, cell, value, inputs, n=n, m=m,
                                shape=latent_shapes[name])
         for name, table, point, grid in zip(latent_names, tables, points, grids)}
+    group_mixing = {
+        name: _native("group_mixing", [q, counts], [graph], inputs, GROUP_MIXING, _MIXING_SOURCE,
+                      n=n, m=m, d=mixing[name].n_groups * int(latent_shapes[name][-1]))
+        for name, graph in zip(mixing_names, mixing_graphs)}
     q_batch = pt.dmatrix("q_batch")
     counts_batch = pt.lmatrix("counts_batch")
     outputs = vectorize_graph(outputs, replace={q: q_batch, counts: counts_batch})
@@ -273,7 +288,8 @@ def _build(thawed, sources: dict, latent_names: list, excluded: list) -> Structu
     return Structure(
         names=names, slices=slices, shapes=shapes, latents=latent_names,
         latent_slices=latent_slices, latent_shapes=latent_shapes, logp_grad=logp_grad,
-        prior_tables=prior_tables, expand_fn=expand_fn, expand_names=[v.name for v in expand_vars],
+        prior_tables=prior_tables, group_mixing=group_mixing, expand_fn=expand_fn,
+        expand_names=[v.name for v in expand_vars],
         start_fn=start_fn, data_index=index, data_inputs=inputs,
     )
 
@@ -501,6 +517,19 @@ def prior_table(q_ptr, env_ptr, grid_ptr, out_ptr, width, hoisted_ptr):
     for i in range({d}):  # a plain copy: out[:] = table would compile numba's shape-error path
         for j in range(width):
             out[i, j] = table[i, j]
+"""
+
+_MIXING_SOURCE = """
+def group_mixing(q_ptr, env_ptr, out_ptr):
+    q = carray(q_ptr, ({n},), dtype=np.float64)
+    env = carray(env_ptr, ({k},), dtype=np.int64)
+    counts = carray(pointer(env[0]), ({m},), dtype=np.int64)
+    out = carray(out_ptr, ({d}, 3), dtype=np.float64)
+{unpack}
+    (p,) = jit_fn(q, counts{data})
+    for i in range({d}):
+        for j in range(3):
+            out[i, j] = p[i, j]
 """
 
 _POINT_SOURCE = """

@@ -32,6 +32,11 @@ _PRIOR_TABLE_TYPE = types.FunctionType(PRIOR_TABLE)
 PRIOR_POINT = types.float64(types.voidptr, types.voidptr, types.intp, types.int64)
 _PRIOR_POINT_TYPE = types.FunctionType(PRIOR_POINT)
 
+# a GroupedNegativeBinomial's parameters per group and cell: f(q, env, out), out (G * C, 3)
+# float64 rows (alpha_g, A, M)
+GROUP_MIXING = types.void(types.voidptr, types.voidptr, types.voidptr)
+_GROUP_MIXING_TYPE = types.FunctionType(GROUP_MIXING)
+
 
 @intrinsic
 def pointer(typingctx, address):
@@ -63,3 +68,4 @@ def _function_at(function_type):
 logp_grad_at = _function_at(_LOGP_GRAD_TYPE)
 prior_table_at = _function_at(_PRIOR_TABLE_TYPE)
 prior_point_at = _function_at(_PRIOR_POINT_TYPE)
+group_mixing_at = _function_at(_GROUP_MIXING_TYPE)
