@@ -17,6 +17,10 @@ The chains start from the rounded pilot repaired term by term to meet every equa
 bound within the boxes, or, if that fails, from the integer point nearest x^ (in l1) that
 does, found by HiGHS (``scipy.optimize.milp``); an infeasible set of equalities and bounds is
 reported with the terms involved.
+
+Counts with a :func:`~dpinfer.distributions.GroupedNegativeBinomial` prior carry its group
+factor as terms: each group must be the leaves under one area of the release's tree
+(:func:`group_areas`), where the factor of every cell's sum goes.
 """
 
 from __future__ import annotations

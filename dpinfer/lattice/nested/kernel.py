@@ -49,6 +49,11 @@ default buys little: 30 nats is ~25% faster at ten counties, as widths shrink as
 sqrt(trim), and halves the margin.) Exact zeros (hard bounds, equalities, the support) are
 never trimmed "approximately": they are zeros of the law.
 
+A term may also be a factor of the counts' prior rather than of the release: a
+GroupedNegativeBinomial's group factor on one cell's sum at a group's area
+(:meth:`~dpinfer.lattice.nested.terms.TermTables.add_group_mixing`, read by formula,
+:func:`_add_mixing`), which sums the group's gamma-distributed rate out of the moves.
+
 Which directions a sweep moves along (every cell alone, then interaction directions: pairs,
 squares, cubes of the cross-classified cells) is :mod:`dpinfer.lattice.nested.directions`.
 """
