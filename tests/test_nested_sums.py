@@ -163,13 +163,10 @@ def _chi2_pvalue(observed, expected_p):
     return stats.chisquare(obs, exp).pvalue
 
 
-@pytest.mark.parametrize("direction", [([0], [1]), ([2], [1]), ([1, 3], [1, -1]), ([0, 1], [1, -1])])
-def test_one_move_draws_the_exact_conditional(posterior, direction):
-    """From a fixed state, one move along a direction, 20,000 times: the draws' law is the
-    enumerated posterior restricted to the states that move reaches (chi-square)."""
-    sums, _ = small_table()
-    g, prior = gibbs(sums)
-    states, p, logp = posterior
+def check_one_move(sums, g, prior, values, states, p, direction, seed):
+    """From the posterior's mode, one move along ``direction``, 20,000 times: the draws' law
+    is the enumerated posterior p restricted to the states that move reaches (chi-square),
+    and the sums kept stay the counts'."""
     x0 = states[np.argmax(p)]
     dcells, dsigns = (np.array(v, np.int64) for v in direction)
     d = np.zeros(C, np.int64)
@@ -182,8 +179,8 @@ def test_one_move_draws_the_exact_conditional(posterior, direction):
     target /= target.sum()
     index = {s.tobytes(): i for i, s in enumerate(states)}
     counts = np.zeros(len(states))
-    meta, inv2v, values = sums.tables.arrays()
-    rng = new_stream(np.random.default_rng(1))
+    meta, inv2v, _ = sums.tables.arrays()
+    rng = new_stream(np.random.default_rng(seed))
     stat = np.zeros(3, np.int64)
     S0, t0 = sums.area_sums(x0), sums.term_sums(x0)
     for _ in range(20_000):
@@ -198,6 +195,16 @@ def test_one_move_draws_the_exact_conditional(posterior, direction):
     assert counts[~reach].sum() == 0
     assert _chi2_pvalue(counts, target) > 1e-3
     assert stat[1] == 0 and stat[2] == 0
+
+
+@pytest.mark.parametrize("direction", [([0], [1]), ([2], [1]), ([1, 3], [1, -1]), ([0, 1], [1, -1])])
+def test_one_move_draws_the_exact_conditional(posterior, direction):
+    """From a fixed state, one move along a direction, 20,000 times: the draws' law is the
+    enumerated posterior restricted to the states that move reaches (chi-square)."""
+    sums, _ = small_table()
+    g, prior = gibbs(sums)
+    states, p, logp = posterior
+    check_one_move(sums, g, prior, sums.tables.arrays()[2], states, p, direction, 1)
 
 
 @pytest.mark.parametrize("cell_shape", [(4,), (2, 2)])
@@ -234,6 +241,21 @@ def test_a_sweep_keeps_the_posterior(posterior, cell_shape):
     assert min(pvalues) > 1e-3 / len(pvalues), pvalues
 
 
+def check_chain_means(g, x0, prior, states, p, seed) -> np.ndarray:
+    """20,000 sweeps of ``g`` from x0: no move without mass, no trimmed edge, and every count's
+    posterior mean (after 1,000) within 5 batch-means standard errors (50 batches) of the
+    enumeration's (p over states). Returns the draws."""
+    draws, info = g.run(x0, prior, 20_000, np.random.default_rng(seed))
+    assert info["moves_without_mass"] == 0 and info["trimmed_edges_hit"] == 0
+    exact = np.tensordot(p, states, axes=1)
+    kept = draws[1000:].reshape(-1, 2 * C).astype(float)
+    batches = kept.reshape(50, -1, 2 * C).mean(1)
+    se = batches.std(0, ddof=1) / math.sqrt(50)
+    z = (kept.mean(0) - exact.reshape(-1)) / se
+    assert np.all(np.abs(z) < 5), z
+    return draws
+
+
 def test_a_long_chain_reaches_the_posterior_from_a_bad_start(posterior):
     """From a start far in the posterior's tail, 20,000 sweeps: every count's posterior mean
     within 5 batch-means standard errors of the enumeration, and every draw keeps the
@@ -242,16 +264,9 @@ def test_a_long_chain_reaches_the_posterior_from_a_bad_start(posterior):
     g, prior = gibbs(sums)
     states, p, logp = posterior
     x0 = np.array([[6, 0, 0, 0], [0, 0, 0, 4]])
-    draws, info = g.run(x0, prior, 20_000, np.random.default_rng(3))
-    assert info["moves_without_mass"] == 0 and info["trimmed_edges_hit"] == 0
+    draws = check_chain_means(g, x0, prior, states, p, 3)
     assert np.all(draws.sum((1, 2)) == TOTAL)
     assert np.all(draws[:, :, :2].sum((1, 2)) <= 6)
-    exact = np.tensordot(p, states, axes=1)
-    kept = draws[1000:].reshape(-1, 2 * C).astype(float)
-    batches = kept.reshape(50, -1, 2 * C).mean(1)
-    se = batches.std(0, ddof=1) / math.sqrt(50)
-    z = (kept.mean(0) - exact.reshape(-1)) / se
-    assert np.all(np.abs(z) < 5), z
 
 
 def test_bad_inputs_are_refused():
@@ -335,30 +350,7 @@ def test_a_move_with_group_mixing_draws_the_exact_conditional(grouped_posterior,
     """As test_one_move_draws_the_exact_conditional, with the mixing factor at the mid area."""
     mixed, g, prior, values = grouped_table()
     states, p, logp = grouped_posterior
-    x0 = states[np.argmax(p)]
-    dcells, dsigns = (np.array(v, np.int64) for v in direction)
-    d = np.zeros(C, np.int64)
-    d[dcells] = dsigns
-    reach = np.array([np.all((s - x0) * (d == 0) == 0) and
-                      all(len(set(((s - x0)[leaf][dcells] * dsigns).tolist())) == 1 for leaf in range(2))
-                      for s in states])
-    target = p * reach
-    target /= target.sum()
-    index = {s.tobytes(): i for i, s in enumerate(states)}
-    counts = np.zeros(len(states))
-    meta, inv2v, _ = mixed.tables.arrays()
-    rng = new_stream(np.random.default_rng(4))
-    stat = np.zeros(3, np.int64)
-    S0, t0 = mixed.area_sums(x0), mixed.term_sums(x0)
-    for _ in range(20_000):
-        x, S, t = x0.copy(), S0.copy(), t0.copy()
-        assert draw_direction(dcells, dsigns, x, S, t, g.box_lo, g.box_hi, g.lo_open, g.hi_open, prior,
-                              mixed.order, mixed.child_ptr, mixed.child_area, mixed.area_leaf, mixed.term_ptr,
-                              mixed.term_cells, mixed.term_value, mixed.term_table, meta, inv2v, values,
-                              DEFAULT_TRIM, rng, stat)
-        counts[index[x.tobytes()]] += 1
-    assert counts[~reach].sum() == 0
-    assert _chi2_pvalue(counts, target) > 1e-3
+    check_one_move(mixed, g, prior, values, states, p, direction, 4)
 
 
 def test_a_long_chain_with_group_mixing_reaches_the_posterior(grouped_posterior):
@@ -366,11 +358,4 @@ def test_a_long_chain_with_group_mixing_reaches_the_posterior(grouped_posterior)
     standard errors of the enumeration."""
     mixed, g, prior, values = grouped_table()
     states, p, _ = grouped_posterior
-    draws, info = g.run(states[np.argmax(p)], prior, 20_000, np.random.default_rng(5))
-    assert info["moves_without_mass"] == 0 and info["trimmed_edges_hit"] == 0
-    exact = np.tensordot(p, states, axes=1)
-    kept = draws[1000:].reshape(-1, 2 * C).astype(float)
-    batches = kept.reshape(50, -1, 2 * C).mean(1)
-    se = batches.std(0, ddof=1) / math.sqrt(50)
-    z = (kept.mean(0) - exact.reshape(-1)) / se
-    assert np.all(np.abs(z) < 5), z
+    check_chain_means(g, states[np.argmax(p)], prior, states, p, 5)
