@@ -53,7 +53,7 @@ import numpy as np
 from fresh_process import child_result, report
 
 VARIANTS = ("census_model", "normal", "cell-scales", "cell-scales-nc", "anova", "anova-nc", "anova-fixed",
-            "grouped", "grouped-cells", "grouped-county")
+            "grouped", "grouped-cells", "grouped-county", "grouped-scaled")
 RARE = 30.0
 SHIPPED = "models/synthetic_state_nmf"
 
@@ -125,7 +125,10 @@ def _grouped(table, group_of, groups, variant):
     ``grouped-county``) or one per cell (``grouped-cells``), log alpha_g ~ Normal(1, 1.5),
     log A ~ Normal(2, 1.5). ``grouped-county`` adds, where the parents have more than one
     parent themselves (block-group leaves: tracts in counties), a Student-t(3) county-by-cell
-    effect on log mu (one HalfNormal(1) scale) for areas unlike the others."""
+    effect on log mu (one HalfNormal(1) scale) for areas unlike the others. ``grouped-scaled``:
+    the shape grows with the parent's expected count, log alpha[g, c] = b0 + b1 log M[g, c]
+    (b0 ~ Normal(1, 1.5), b1 ~ Normal(0.5, 0.5)): small cells may vary more, relatively, than
+    large ones."""
     import pymc as pm
 
     import dpinfer as dp
@@ -147,7 +150,13 @@ def _grouped(table, group_of, groups, variant):
                 s_u = pm.HalfNormal("sd_county_cell", 1.0)
                 u = pm.StudentT("county_cell", nu=3.0, mu=0.0, sigma=s_u, shape=(county.size, len(table.cells)))
                 log_rate = log_rate + u[county_of[group_of]]
-        log_a = pm.Normal("log_group_shape", 1.0, 1.5, **({"dims": "cell"} if variant == "grouped-cells" else {}))
+        if variant == "grouped-scaled":  # log alpha[g, c] = b0 + b1 log M[g, c]
+            b0 = pm.Normal("group_shape_intercept", 1.0, 1.5)
+            b1 = pm.Normal("group_shape_slope", 0.5, 0.5)
+            size = pm.math.log(pm.math.exp(log_rate).T @ np.eye(len(groups))[group_of]).T  # log M (G, C)
+            log_a = b0 + b1 * size
+        else:
+            log_a = pm.Normal("log_group_shape", 1.0, 1.5, **({"dims": "cell"} if variant == "grouped-cells" else {}))
         log_leaf = pm.Normal("log_leaf_shape", 2.0, 1.5)
         counts = dp.GroupedNegativeBinomial("counts", pm.math.exp(log_rate), pm.math.exp(log_leaf),
                                             pm.math.exp(log_a), group_of, dims=("geocode", "cell"))
