@@ -213,6 +213,7 @@ def test_grouped_negative_binomial_counts_match_the_enumerated_posterior():
     se = flat.reshape(-1, 2 * C).std(0) / np.sqrt(ess)
     z = (flat.reshape(-1, 2 * C).mean(0) - exact.reshape(-1)) / se
     assert np.all(np.abs(z) < 5), z
+    assert "rates of the 1 x 4 (group, cell) pairs summed out" in idata.posterior.attrs["dpinfer"]
 
 
 def test_grouped_negative_binomial_with_free_parameters_matches_the_explicit_hierarchy():

@@ -180,6 +180,10 @@ def _nested_report(plan, idata, block) -> tuple[dict, float | None]:
     entry = window_entry(plan, METHODS["nested"], 0.0, math.inf)
     entry.update(box_half_width_sds=plan.window.half_width, box_edges_hit_after_tuning=edges,
                  trimmed_edges_hit_after_tuning=trimmed, moves_without_mass_after_tuning=empty)
+    if plan.mixing_tables is not None:
+        G, C = plan.mixing_tables.shape
+        entry["group_rates_summed_out"] = (f"GroupedNegativeBinomial: the gamma rates of the {G} x {C} (group, cell) pairs "
+                                           "summed out, a factor on each group's sum in the sum-tree draws")
     if edges:
         g = plan.window.gibbs
         draws = idata.posterior[plan.latent_name].values.reshape(-1, *g.box_lo.shape)

@@ -134,7 +134,7 @@ def group_mixing_tables(address, q, env, out, at, values, group_area, leaf_group
         mixing_parameters(out[i, 0], out[i, 1], out[i, 2], values, at[i])
         A, M = out[i, 1], out[i, 2]
         T = S[group_area[i // n_cells], i % n_cells] + 0.5
-        if A > 0.0 and M > 0.0 and math.isfinite(A + M) and values[at[i] + 2] != -np.inf:
+        if values[at[i] + 2] != -np.inf:  # valid parameters (mixing_parameters)
             tilt[i] = math.log(M / (M + A)) - math.log(T / (T + A))
             values[at[i] + 2] += tilt[i]
     width = table.shape[1]
