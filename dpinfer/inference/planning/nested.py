@@ -19,8 +19,8 @@ does, found by HiGHS (``scipy.optimize.milp``); an infeasible set of equalities 
 reported with the terms involved.
 
 Counts with a :func:`~dpinfer.distributions.GroupedNegativeBinomial` prior carry its group
-factor as terms: each group must be the leaves under one area of the release's tree
-(:func:`group_areas`), where the factor of every cell's sum goes.
+factors as terms: each group, at every level of its groupings, must be the leaves under one
+area of the release's tree (:func:`group_areas`), where the factor of every cell's sum goes.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ class NestedPlan:
 
     sums: object = field(repr=False, default=None)  # the terms with the observed values
     mixing_areas: np.ndarray | None = field(repr=False, default=None)  # a GroupedNegativeBinomial's groups
-    mixing_groups: np.ndarray | None = field(repr=False, default=None)  # each leaf's group
+    mixing_groups: np.ndarray | None = field(repr=False, default=None)  # each leaf's finest group
+    mixing_parents: np.ndarray | None = field(repr=False, default=None)  # each group's parent group (-1: none)
     mixing_tables: np.ndarray | None = field(repr=False, default=None)  # their factors' tables (G, n_cells)
 
     def first_half_width(self, tol: float, compiled: bool) -> int:
@@ -124,9 +125,12 @@ def nested_plan(model, record: ReleaseRecord, latent, values) -> NestedPlan:
     pilot = pilot_estimate(sums, support)
     sd = measurement_sd(sums)
     scale = np.minimum(sd, np.sqrt(np.maximum(pilot, 0.0) + 2.0 * np.minimum(sd, 1e9) + 1.0))
-    mixing_areas = group_areas(sums, mixing[0].group, record.mechanism.area_names) if mixing else None
-    return NestedPlan(record=record, latent_name=latent.name, support=support, pilot=pilot, scale=scale,
-                      sums=sums, mixing_areas=mixing_areas, mixing_groups=mixing[0].group if mixing else None)
+    plan = NestedPlan(record=record, latent_name=latent.name, support=support, pilot=pilot, scale=scale, sums=sums)
+    if mixing:
+        names = record.mechanism.area_names
+        plan.mixing_areas = np.concatenate([group_areas(sums, g, names) for g in mixing[0].groups])
+        plan.mixing_groups, plan.mixing_parents = mixing[0].leaf_group, mixing[0].group_parent
+    return plan
 
 
 def group_areas(sums, group: np.ndarray, area_names) -> np.ndarray:

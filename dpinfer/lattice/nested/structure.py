@@ -151,8 +151,8 @@ class NestedSums:
         compiled engine rewrites them from the model's before every sweep). The tables are
         added to a copy: this structure is unchanged."""
         areas = np.asarray(areas, dtype=np.int64).reshape(-1)
-        if np.any((areas < 0) | (areas >= self.n_areas)) or np.unique(areas).size != areas.size:
-            raise ValueError(f"areas must be distinct areas of the tree (0 .. {self.n_areas - 1})")
+        if np.any((areas < 0) | (areas >= self.n_areas)):
+            raise ValueError(f"areas must be areas of the tree (0 .. {self.n_areas - 1})")
         tables = self.tables.copy()
         G, C = areas.size, self.n_cells
         a, b, m = (np.broadcast_to(np.asarray(v, dtype=float), (G, C)) for v in (alpha, leaf_alpha, mean))

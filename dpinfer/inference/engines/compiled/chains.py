@@ -149,7 +149,7 @@ def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row):
             (full, hoisted, offset, grid, zero_release, table, x, S, tsum, box_lo, box_hi, lo_open, hi_open,
              order, child_ptr, child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
              term_area, meta, inv2v, values, mixing_address, mixing_at, mixing_out, group_area, leaf_group,
-             trim, cell_shape, stats, column) = b
+             group_parent, trim, cell_shape, stats, column) = b
             if grid.shape[0] == 0:
                 continue
             log_weight_tables(full, hoisted, q, env, grid, zero_release, table)
@@ -159,7 +159,7 @@ def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row):
             current_sums(x, S, tsum, order, child_ptr, child_area, area_leaf, term_cells, term_area)
             if mixing_at.size:
                 group_mixing_tables(mixing_address, q, env, mixing_out, mixing_at, values, group_area,
-                                    leaf_group, S, box_lo, table)
+                                    leaf_group, group_parent, S, box_lo, table)
             stats[:] = 0
             failed = sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, table, order, child_ptr,
                                     child_area, area_leaf, term_ptr, term_cells, term_value, term_table,

@@ -151,7 +151,8 @@ class NestedCounts:
 
     def __init__(self, name: str, offset: int, gibbs, prior_table, mixing=None):
         """``mixing``: (the native GROUP_MIXING function's address, the table of each group and
-        cell's factor (G, n_cells), each group's area (G,), each leaf's group (n_leaves,)) of a
+        cell's factor (G, n_cells), each group's area (G,), each leaf's finest group (n_leaves,),
+        each group's parent group (G,), -1 for none) of a
         GroupedNegativeBinomial prior, refilled before every sweep
         (:func:`~dpinfer.inference.engines.compiled.exact_counts.group_mixing_tables`); None
         without one."""
@@ -168,14 +169,14 @@ class NestedCounts:
         meta, inv2v, values = s.tables.arrays()  # values: the chain's own (the factors are rewritten)
         if self.mixing is None:
             mixing_address, mixing_at = 0, np.zeros(0, np.int64)
-            group_area, leaf_group = np.zeros(0, np.int64), np.zeros(0, np.int64)
+            group_area, leaf_group, group_parent = (np.zeros(0, np.int64),) * 3
         else:
-            mixing_address, tables, group_area, leaf_group = self.mixing
+            mixing_address, tables, group_area, leaf_group, group_parent = self.mixing
             mixing_at = np.ascontiguousarray(meta[tables.reshape(-1), 2])
         return (self.prior.full_address, self.hoisted, self.offset, self.grid, np.zeros(self.grid.shape),
                 np.empty(self.grid.shape), np.empty((s.n_leaves, s.n_cells), np.int64),
                 np.empty((s.n_areas, s.n_cells), np.int64), np.empty(s.term_value.size, np.int64),
                 g.box_lo, g.box_hi, g.lo_open, g.hi_open, s.order, s.child_ptr, s.child_area, s.area_leaf,
                 s.term_ptr, s.term_cells, s.term_value, s.term_table, s.term_area, meta, inv2v, values,
-                mixing_address, mixing_at, np.empty((mixing_at.size, 3)), group_area, leaf_group,
+                mixing_address, mixing_at, np.empty((mixing_at.size, 3)), group_area, leaf_group, group_parent,
                 g.trim, np.array(s.cell_shape, np.int64), np.zeros(3, np.int64), column)

@@ -135,7 +135,7 @@ def _block(plan, compiled):
         mixing = None
         if plan.mixing_tables is not None:
             mixing = (compiled.group_mixing[plan.latent_name].address, plan.mixing_tables, plan.mixing_areas,
-                      plan.mixing_groups)
+                      plan.mixing_groups, plan.mixing_parents)
         return NestedCounts(plan.latent_name, offset, plan.window.gibbs, compiled.prior_tables[plan.latent_name],
                             mixing)
     tables = CellTables.build(plan.mechanism, plan.release_value, plan.support,

@@ -111,21 +111,24 @@ def log_weight_tables(prior_address, hoisted, q, env, grid, release_table, out):
 
 
 @numba.njit(cache=True, nogil=True)
-def group_mixing_tables(address, q, env, out, at, values, group_area, leaf_group, S, box_lo, table):
+def group_mixing_tables(address, q, env, out, at, values, group_area, leaf_group, group_parent, S, box_lo, table):
     """A GroupedNegativeBinomial's group factors from the parameters, tilted towards the
     current counts. The native function at ``address`` writes each group g and cell c's
-    (alpha_g, A, M) into ``out`` (G * C, 3); the factor's table in ``values`` (from ``at``)
-    gets its formula's parameters (:func:`~dpinfer.lattice.nested.terms.mixing_parameters`).
+    (a, A, M) into ``out`` (G * C, 3); the factor's table in ``values`` (from ``at``) gets its
+    formula's parameters (:func:`~dpinfer.lattice.nested.terms.mixing_parameters`).
 
-    The tilt: the leaves' independent NB(M pi, A pi) all have p = M / (M + A), so multiplying
-    each leaf's prior by exp(-t x) and the group's factor by exp(t S) (S the sum of the group's
-    leaves: the product, hence every draw's law, is unchanged) turns them into NB(T pi, A pi)
-    with t = log(M (T + A) / ((M + A) T)). T is the group's current sum (+ 1/2, from ``S``, the
-    areas' current sums; ``group_area`` (G,), ``leaf_group`` (n_leaves,)). Without it, where M
-    is far from the data (a small alpha_g leaves M loosely identified) each leaf's message
-    leans on its own prior towards M by tens of nats that only the group's factor undoes, and
-    the leaves' trimmed messages would cut what the group's law needs. ``table``: the
-    counts' prior table (rows leaf * C + c, from ``box_lo``), tilted in place."""
+    The tilt: what lies below a group (its leaves' independent NB(M pi, A pi), or its
+    children's factors times theirs) gives its sum S the law NB(M, A), p = M / (M + A), and
+    the same p to each child; multiplying each child's law by exp(-t x) and the group's factor
+    by exp(t S) (S the sum of the children: the product, hence every draw's law, is unchanged)
+    turns them into NB(T pi, A pi) with t = log(M (T + A) / ((M + A) T)), T the group's current
+    sum (+ 1/2, from ``S``, the areas' current sums; ``group_area`` (G,)). So a leaf's prior
+    gets -t of its finest group (``leaf_group`` (n_leaves,)) and a group's factor +t of its
+    own and -t of its parent group's (``group_parent`` (G,), -1 for none). Without it, where M
+    is far from the data (a small shape leaves M loosely identified) each leaf's message leans
+    on its own prior towards M by tens of nats that only the group's factor undoes, and the
+    leaves' trimmed messages would cut what the group's law needs. ``table``: the counts'
+    prior table (rows leaf * C + c, from ``box_lo``), tilted in place."""
     f = group_mixing_at(address)
     f(pointer(q.ctypes.data), pointer(env.ctypes.data), pointer(out.ctypes.data))
     n_cells = S.shape[1]
@@ -136,7 +139,10 @@ def group_mixing_tables(address, q, env, out, at, values, group_area, leaf_group
         T = S[group_area[i // n_cells], i % n_cells] + 0.5
         if values[at[i] + 2] != -np.inf:  # valid parameters (mixing_parameters)
             tilt[i] = math.log(M / (M + A)) - math.log(T / (T + A))
-            values[at[i] + 2] += tilt[i]
+    for i in range(at.size):
+        if values[at[i] + 2] != -np.inf:
+            parent = group_parent[i // n_cells]
+            values[at[i] + 2] += tilt[i] - (tilt[parent * n_cells + i % n_cells] if parent >= 0 else 0.0)
     width = table.shape[1]
     for leaf in range(leaf_group.size):
         for c in range(n_cells):
