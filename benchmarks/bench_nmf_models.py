@@ -7,9 +7,13 @@ more races" is a sum of 57 published race codes, measured with noise sd ~30-90, 
 are pinned by their rate and the rate by the counts (data augmentation); a Gibbs sweep moves the
 pair slowly. The variants change how each parent geography's cell profile is modelled:
 
-* ``census_model``: the library's (Student-t(3) parent-by-cell effects, one scale);
+* ``census_model``: the library's (since issue 23's nested groupings: the rates of every level
+  between the leaves and the state gamma-distributed and Dirichlet-split down the levels, all
+  summed out by :func:`dpinfer.GroupedNegativeBinomial`, a shape per level and cell);
+* ``student-t``: the library's model before that (Student-t(3) parent-by-cell effects as
+  parameters, one scale, negative binomial counts);
 * ``normal``: the same with Normal effects;
-* ``cell-scales``: the library's with one scale per cell (HalfNormal(1) each) instead of one
+* ``cell-scales``: ``student-t`` with one scale per cell (HalfNormal(1) each) instead of one
   for all cells, so that a cell whose mix varies much between geographies (e.g. the Hispanic
   cells) is not shrunk with the scale of those that vary little;
 * ``cell-scales-nc``: ``cell-scales`` with a cell's parent effects non-centred (effect = scale x
@@ -23,15 +27,17 @@ pair slowly. The variants change how each parent geography's cell profile is mod
 * ``anova-nc``: the same, non-centred (effect = scale x standard normal);
 * ``anova-fixed``: ``anova`` with the interaction terms' scales fixed at 0.5 (no hyperparameter,
   no funnel), the axis terms' scales hierarchical;
-* ``grouped``, ``grouped-cells``, ``grouped-county``: the parent-by-cell rates gamma-distributed
-  and summed out by the engine (:func:`dpinfer.GroupedNegativeBinomial`: no parent-by-cell
-  parameter for the counts to wait on), the leaves' split of a parent's count Dirichlet
-  (:func:`_grouped`).
+* ``grouped``, ``grouped-cells``, ``grouped-county``, ``grouped-scaled``: the parent-by-cell
+  rates gamma-distributed and summed out by the engine (:func:`dpinfer.GroupedNegativeBinomial`
+  with one grouping: no parent-by-cell parameter for the counts to wait on), the leaves' split
+  of a parent's count Dirichlet (:func:`_grouped`).
 
-Every variant but the grouped ones keeps the library's cell profile, zero-sum leaf sizes and negative binomial
-counts, and observes the same release. Cases: ``tract`` (the shipped synthetic state at tract
-leaves: the command-line example; 10 tracts in 4 parent counties), ``bgN`` (an Iowa-shaped
-synthetic state of N counties at block-group leaves). Each (case, variant) runs in a fresh
+Every variant from ``student-t`` to ``anova-fixed`` keeps the cell profile, zero-sum leaf sizes
+and negative binomial counts of ``student-t``; all observe the same release. Cases: ``tract``
+(the shipped synthetic state at tract leaves: the command-line example; 10 tracts in 4 parent
+counties), ``shipped-bg`` (the same at block-group leaves: the side by side's table,
+validation/census_nmf_study.py), ``bgN`` (an Iowa-shaped synthetic state of N counties at
+block-group leaves). Each (case, variant) runs in a fresh
 process; reported: seconds of ``dp.sample``, leapfrog steps per draw, max R-hat (and where),
 divergences, min bulk ESS over the counts and over the parameters, 90% coverage of the cells
 against the truth per level.
@@ -52,7 +58,7 @@ import time
 import numpy as np
 from fresh_process import child_result, report
 
-VARIANTS = ("census_model", "normal", "cell-scales", "cell-scales-nc", "anova", "anova-nc", "anova-fixed",
+VARIANTS = ("census_model", "student-t", "normal", "cell-scales", "cell-scales-nc", "anova", "anova-nc", "anova-fixed",
             "grouped", "grouped-cells", "grouped-county", "grouped-scaled")
 RARE = 30.0
 SHIPPED = "models/synthetic_state_nmf"
@@ -65,9 +71,10 @@ def _table(case: str):
     from dpinfer.io.nmf.synthetic import PRESETS
     from dpinfer.io.nmf.table import census_table
 
-    if case == "tract":
-        nmf = dp.read_nmf(SHIPPED, 19, levels=("US", "State", "County", "Tract"))
-        table = census_table(nmf, "Tract", "pl94-28")
+    if case in ("tract", "shipped-bg"):
+        leaves = "Tract" if case == "tract" else "Block_Group"
+        nmf = dp.read_nmf(SHIPPED, 19, levels=("US", "State", "County", "Tract", "Block_Group")[:4 + (case != "tract")])
+        table = census_table(nmf, leaves, "pl94-28")
         truth = pd.read_parquet(f"{SHIPPED}/truth.parquet")
     elif case.startswith("bg") and case[2:].isdigit():
         with tempfile.TemporaryDirectory() as root:
@@ -76,14 +83,14 @@ def _table(case: str):
             table = census_table(nmf, "Block_Group", "pl94-28")
             truth = pd.read_parquet(f"{root}/truth.parquet")
     else:
-        raise SystemExit(f"--case must be 'tract' or 'bgN' (N counties), got {case!r}")
+        raise SystemExit(f"--case must be 'tract', 'shipped-bg' or 'bgN' (N counties), got {case!r}")
     return table, table.aggregate(truth["geocode"], truth["cell"], truth["count"])
 
 
 def _model(table, variant: str):
     import pymc as pm
 
-    from dpinfer.io.nmf.fit import _parent_index, _zero_sum, census_model
+    from dpinfer.io.nmf.fit import _zero_sum, census_model
 
     if variant == "census_model":
         return census_model(table)
@@ -93,9 +100,10 @@ def _model(table, variant: str):
     pilot_mean = max(float(np.mean(np.abs(table.release.values))) / 10.0, 1.0)
     with pm.Model(coords=table.coords | {"group": np.asarray(groups)}) as model:
         a = pm.Normal("cell_effect", math.log(pilot_mean), 2.0, dims="cell")
-        if variant == "normal":
+        if variant in ("student-t", "normal"):
             s_u = pm.HalfNormal("sd_group_cell", 1.0)
-            u = pm.Normal("group_cell", 0.0, s_u, dims=("group", "cell"))
+            u = (pm.StudentT("group_cell", nu=3.0, mu=0.0, sigma=s_u, dims=("group", "cell")) if variant == "student-t"
+                 else pm.Normal("group_cell", 0.0, s_u, dims=("group", "cell")))
         elif variant == "cell-scales":
             s_u = pm.HalfNormal("sd_group_cell", 1.0, dims="cell")
             u = pm.StudentT("group_cell", nu=3.0, mu=0.0, sigma=s_u, dims=("group", "cell"))
@@ -162,6 +170,14 @@ def _grouped(table, group_of, groups, variant):
                                             pm.math.exp(log_a), group_of, dims=("geocode", "cell"))
         table.release.observe("nmf", counts)
     return model
+
+
+def _parent_index(table):
+    """(index of each leaf's parent geography, the parents' geocodes)."""
+    areas = table.areas
+    parents = areas.parent.to_numpy()[table.release.sums.leaf_area]
+    unique, index = np.unique(parents, return_inverse=True)
+    return index, areas.geocode.to_numpy()[unique]
 
 
 def _per_parent_pilot(table, group_of, n_groups) -> np.ndarray:
@@ -232,7 +248,8 @@ def child(case: str, variant: str, draws: int, tune: int, sweep: tuple, seed: in
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--case", default="tract", help="'tract' or 'bgN' (N Iowa-shaped counties)")
+    parser.add_argument("--case", default="tract", help="'tract', 'shipped-bg' (the shipped state at block-group "
+                        "leaves: the side by side's table) or 'bgN' (N Iowa-shaped counties)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--draws", type=int, default=3000)
     parser.add_argument("--tune", type=int, default=1000)

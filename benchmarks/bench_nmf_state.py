@@ -13,8 +13,8 @@ draws)) and summarised at every level (:func:`dpinfer.io.nmf.fit.summaries`).
 
 Reported per size: latent counts, terms of the release, seconds to read and build the table,
 seconds of ``dp.sample`` (planning, compilation and sampling), seconds in all, peak resident
-memory, min bulk ESS over the counts, over the hyperparameters (the cell profile, the scales
-and the negative binomial's shape) and over every parameter, max R-hat, and the 90% coverage
+memory, min bulk ESS over the counts, over the hyperparameters (``HYPER``: the leaf sizes'
+scale and the concentrations per level and cell) and over every parameter, max R-hat, and the 90% coverage
 of the block-group cells against the truth.
 
 Run:  .venv/bin/python benchmarks/bench_nmf_state.py [--counties 1 10 99] [--draws 300] [--tune 300]
@@ -31,7 +31,7 @@ import time
 import numpy as np
 from fresh_process import child_result, report
 
-HYPER = ("cell_effect", "sd_group_cell", "sd_leaf", "log_shape")
+HYPER = ("sd_leaf", "log_split")  # census_model's hyperparameters: the leaf sizes' scale, the concentrations
 
 
 def one_size(n_counties: int, draws: int, tune: int, seed: int) -> dict:

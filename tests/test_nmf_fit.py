@@ -55,14 +55,30 @@ def test_summaries_add_the_leaves_up_to_every_level_as_the_geocodes_nest(table, 
     assert out.r_hat.notna().all() and (out.ess_bulk > 0).all()
 
 
-def test_the_model_sums_the_leaf_by_cell_heterogeneity_out(table):
-    """The census model's counts are negative binomial (a Gamma-Poisson leaf-by-cell
-    multiplier summed out), so no continuous parameter is tied to a single count."""
+def test_the_model_sums_every_geographys_rates_out(table):
+    """The census model's rates per (area, cell) at every level are summed out by a
+    GroupedNegativeBinomial over each block group's tract, county, state part and the nation
+    (the geocodes' own nesting), so its only continuous parameters are the leaf sizes and a
+    concentration per level and cell: none per geography and cell, no cell profile."""
+    from dpinfer.distributions import group_mixing_of
+    from dpinfer.io.nmf.fit import groupings_levels, spine_groupings
+
     model = census_model(table)
     assert model["counts"].owner.op.name == "negative_binomial"
-    shapes = {rv.name: model.initial_point()[model.rvs_to_values[rv].name].shape
-              for rv in model.free_RVs if rv.name != "counts"}
-    assert (len(table.leaves), len(table.cells)) not in shapes.values(), shapes
+    (mixing,) = group_mixing_of(model).values()
+    assert groupings_levels(table) == ["Tract", "County", "State", "US"]
+    leaves = pd.Series(table.leaves)
+    groupings = spine_groupings(table)
+    for grouping, cut in zip(groupings, (1, 2, 8)):  # tract, county, state part: geocode prefixes
+        prefix = leaves.str[:-cut].to_numpy()
+        assert pd.crosstab(grouping, prefix).astype(bool).sum(1).eq(1).all()
+        assert pd.crosstab(prefix, grouping).astype(bool).sum(1).eq(1).all()
+    assert np.all(groupings[3] == 0) and groupings[2].max() == 1  # the nation; two state parts
+    for got, want in zip(mixing.groups, groupings):
+        np.testing.assert_array_equal(got, want)
+    sizes = {rv.name: model.initial_point()[model.rvs_to_values[rv].name].size
+             for rv in model.free_RVs if rv.name != "counts"}
+    assert sum(sizes.values()) == 1 + (len(table.leaves) - 1) + 4 * len(table.cells), sizes
 
 
 @pytest.mark.validation

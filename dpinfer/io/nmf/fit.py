@@ -2,33 +2,43 @@
 at every level out (a report with the convergence verdict first, figures per level, and a tidy
 CSV of posterior summaries per geography and cell).
 
-The model (:func:`census_model`) is a log-linear model for the coarse counts x[l, c] on the
-leaves, with leaf-by-cell heterogeneity summed out in closed form:
+The model (:func:`census_model`) is a Poisson model for the coarse counts x[l, c] on the
+leaves whose rates vary between geographies at every level of the spine, with every rate
+summed out (:func:`dpinfer.GroupedNegativeBinomial` with nested groupings): for block-group
+leaves in tracts in counties in the state (or its parts) in the nation,
 
-    x[l, c] ~ NegativeBinomial(mean exp(a_c + u_{k(l), c} + v_l), shape r)
-            = Poisson(exp(a_c + u_{k(l), c} + v_l) g[l, c]),  g[l, c] ~ Gamma(r, r) (mean 1),
-    a_c ~ Normal(log(mean count), 2),  u_{k, c} ~ StudentT(3, 0, s_u),
-    v ~ ZeroSumNormal(s_v) over the leaves,  s_u, s_v ~ HalfNormal(1),  log r ~ Normal(2, 1.5),
+    the nation's rate of cell c ~ Gamma(shape 1/2, mean m0),
+    each area's rate of cell c split among its children ~ Dirichlet(A_k[c] x their shares w),
+        k the area's level (nation, state, county, tract),
+    x[l, c] ~ Poisson(the block group's rate),
+    w_l = softmax(v)_l summed over the child's leaves,  v ~ ZeroSumNormal(s_v) over the leaves,
+    s_v ~ HalfNormal(1),  log A_k[c] ~ Normal(2, 1.5),
 
-with k(l) the parent geography of leaf l (its county for tract leaves): a cell profile, a
-parent-by-cell interaction with Student-t(3) tails (a county unlike the others, such as an AIAN
-area's race profile, is not pulled to the state's profile), a leaf size (left out when every
-leaf is its own parent group) and a leaf-by-cell multiplier g of relative sd 1/sqrt(r), each
-shrunk. The effects are centred (the counts of a county's cell are in the hundreds or more,
-where the data, not the prior, pin the effect down).
+m0 = the mean absolute published value / 10 x the number of leaves (an order of magnitude; the
+shape 1/2 gives the nation's log rate an sd of 2.2, so m0 hardly matters). The leaf sizes w
+are shared by the cells; how far a cell's share strays from them between the counties of a
+state, the tracts of a county and the block groups of a tract is learnt per cell and level: a
+race group present in a few counties only gets a small A_county[c], a common cell a large one,
+without one cell's spread setting another's.
 
-Why g is summed out: a weakly measured cell (e.g. "two or more races", a sum of 57 published
-race codes, noise sd ~90 at block-group level) is pinned by its own rate, and a rate per
-(leaf, cell) is pinned by its count; a sampler that alternates between the two moves by
-1/sqrt(count) on the log scale per step (data augmentation with nearly all the information
-missing). A log-normal w[l, c] (the model of commit 0df493d) left R-hat 1.32 and a bulk ESS
-of 6 after 2 x 1000 draws on the shipped state's block groups; the negative binomial, with
-the same role and one shape parameter, gave R-hat 1.014 and ESS 113 after 2 x 500.
-The leaf sizes v sum to zero: with v_l ~ Normal(0, s_v) free, every a_c up and every v_l down
-by the same amount leaves every rate as it is, a ridge of 28 + n_leaves coordinates that only
-the priors bound; on 3 Iowa-shaped counties (81 block groups, whose sizes vary: s_v ~ 2) NUTS
-gave the cell profile a bulk ESS of 8-15 per 1,000 draws even with the counts known, and 94-319
-with v summing to zero.
+Why summed out: a weakly measured cell (e.g. "two or more races", a sum of 57 published race
+codes, noise sd ~90 at block-group level) is pinned by its geography's rate, and a rate per
+(geography, cell) as a parameter is pinned by its counts; a sampler that alternates between
+the two (data augmentation with nearly all the information missing) crawls. The previous model
+(Student-t parent-by-cell effects as parameters and a cell profile, negative binomial counts;
+the ``student-t`` variant of ``benchmarks/bench_nmf_models.py``) stuck on the shipped state's
+block groups with one NUTS transition and one count draw per draw (R-hat 1.835, ESS 3 after
+2 x (1000 + 2000)), and it needed ~28,000 parameters at the size of Iowa, this one ~2,800
+(leaf sizes and 4 x 28 concentrations). With the rates summed out the engine's count moves are
+exact given the concentrations (:mod:`dpinfer.lattice.nested`), and NUTS sees no parameter
+that a single count pins down. (A cell profile as a parameter, the nation's rate of each cell,
+was the slowest to mix once the rest was summed out: R-hat 1.017, ESS 321 after 2 x (1000 +
+1000) on the shipped state's block groups; summed out, 1.0057 and 680.) A gamma at the parent
+level alone with one shape for all cells mixed as well but undercovered (block-group cells
+0.927 against 0.969 expected): one shape had to fit both the county-wide race profiles and the
+small differences between a county's tracts, settled near 0.04 and put small cells' rates
+near zero. The leaf sizes v sum to zero (softmax ignores a common shift, which would otherwise
+be a direction only the prior bounds).
 
 The release is every usable measurement and constraint of the files
 (:func:`~dpinfer.io.nmf.table.census_table`).
@@ -37,7 +47,6 @@ The release is every usable measurement and constraint of the files
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -50,28 +59,54 @@ from dpinfer.io.nmf.reading import read_nmf
 from dpinfer.io.nmf.table import CensusTable, census_table
 
 
+ROOT_SHAPE = 0.5  # the nation's rate of a cell: Gamma(0.5, mean m0), log sd 2.2 (module docstring)
+
+
 def census_model(table: CensusTable, *, name: str = "counts"):
     """The PyMC model of the module docstring, with ``table.release`` observed."""
     import pymc as pm
+    import pytensor.tensor as pt
 
-    group_of, groups = _parent_index(table)
-    pilot_mean = max(float(np.mean(np.abs(table.release.values))) / 10.0, 1.0)
-    coords = table.coords | {"group": np.asarray(groups)}
-    with pm.Model(coords=coords) as model:
-        a = pm.Normal("cell_effect", math.log(pilot_mean), 2.0, dims="cell")
-        s_u = pm.HalfNormal("sd_group_cell", 1.0)
-        u = pm.StudentT("group_cell", nu=3.0, mu=0.0, sigma=s_u, dims=("group", "cell"))
-        log_shape = pm.Normal("log_shape", 2.0, 1.5)
-        log_rate = a[None, :] + u[group_of]
-        if len(table.leaves) > len(groups):
+    import dpinfer as dp
+
+    groupings = spine_groupings(table)
+    n_leaves = len(table.leaves)
+    root_mean = max(float(np.mean(np.abs(table.release.values))) / 10.0, 1.0) * n_leaves
+    with pm.Model(coords=table.coords | {"spine_level": groupings_levels(table)}) as model:
+        share = pt.ones(1)
+        if n_leaves > 1:
             s_v = pm.HalfNormal("sd_leaf", 1.0)
-            z = pm.Normal("leaf_effect_z", 0.0, s_v, shape=len(table.leaves) - 1)
-            v = pm.Deterministic("leaf_effect", _zero_sum(z), dims="geocode")
-            log_rate = log_rate + v[:, None]
-        counts = pm.NegativeBinomial(name, mu=pm.math.exp(log_rate), alpha=pm.math.exp(log_shape),
-                                     dims=("geocode", "cell"))
+            z = pm.Normal("leaf_effect_z", 0.0, s_v, shape=n_leaves - 1)
+            share = pt.special.softmax(pm.Deterministic("leaf_effect", _zero_sum(z), dims="geocode"))
+        log_split = pm.Normal("log_split", 2.0, 1.5, dims=("spine_level", "cell"))
+        mu = root_mean * share[:, None] * pt.ones((1, len(table.cells)))
+        counts = dp.GroupedNegativeBinomial(name, mu, [pm.math.exp(log_split[k]) for k in range(len(groupings))],
+                                            ROOT_SHAPE, groupings, dims=("geocode", "cell"))
         table.release.observe("nmf", counts)
     return model
+
+
+def _spine_parents(table: CensusTable) -> list[np.ndarray]:
+    """Rows (in ``table.areas``) of each leaf's ancestors, level by level from its parent up to
+    the root (the leaf itself when it is the root)."""
+    parent = table.areas.parent.to_numpy()
+    leaves = table.release.sums.leaf_area
+    chain = [parent[leaves] if np.all(parent[leaves] >= 0) else leaves]
+    while np.all(parent[chain[-1]] >= 0):
+        chain.append(parent[chain[-1]])
+    return chain
+
+
+def spine_groupings(table: CensusTable) -> list[np.ndarray]:
+    """Each leaf's group at each level of the spine above the leaves up to the root (finest
+    first): the groupings of :func:`census_model`'s GroupedNegativeBinomial."""
+    return [np.unique(rows, return_inverse=True)[1].astype(np.int64) for rows in _spine_parents(table)]
+
+
+def groupings_levels(table: CensusTable) -> list[str]:
+    """The spine level of each of :func:`spine_groupings` (e.g. ["Tract", "County", "State", "US"])."""
+    level = table.areas.level.to_numpy()
+    return [str(level[rows[0]]) for rows in _spine_parents(table)]
 
 
 def _zero_sum(z):
@@ -83,15 +118,6 @@ def _zero_sum(z):
     from pymc.distributions.transforms import ZeroSumTransform
 
     return ZeroSumTransform([-1]).backward(z)
-
-
-def _parent_index(table: CensusTable):
-    """(index of each leaf's parent geography, the parents' geocodes)."""
-    areas = table.areas
-    leaf_rows = table.release.sums.leaf_area
-    parents = areas.parent.to_numpy()[leaf_rows]
-    unique, index = np.unique(parents, return_inverse=True)
-    return index, areas.geocode.to_numpy()[unique]
 
 
 def area_draws(table: CensusTable, draws: np.ndarray, level: str) -> tuple[np.ndarray, np.ndarray]:
