@@ -85,11 +85,16 @@ class GroupMixing:
         return _flat_parents(self.groups)
 
 
+def _offsets(groups) -> np.ndarray:
+    """Where each level's groups start in the flat numbering (one entry per level, then the total)."""
+    return np.cumsum([0] + [int(g.max()) + 1 for g in groups])
+
+
 def _flat_parents(groups) -> np.ndarray:
-    offsets = np.cumsum([0] + [int(g.max()) + 1 for g in groups])
+    offsets = _offsets(groups)
     parent = np.full(offsets[-1], -1, dtype=np.int64)
     for k in range(len(groups) - 1):
-        parent[offsets[k] + groups[k]] = offsets[k + 1] + groups[k + 1]
+        parent[offsets[k]:offsets[k + 1]] = offsets[k + 1] + _level_parents(groups[k], groups[k + 1])
     return parent
 
 
@@ -163,7 +168,7 @@ def GroupedNegativeBinomial(name: str, mu, alpha, group_alpha, group, *, dims=No
     a, A, M = parameters[..., 0], parameters[..., 1], parameters[..., 2]
     g0 = groups[0]
     counts = pm.NegativeBinomial(name, mu=mu, alpha=split[0][g0] * mu / means[0][g0], dims=dims)
-    flat = np.concatenate([g + o for g, o in zip(groups, np.cumsum([0] + [int(g.max()) + 1 for g in groups[:-1]]))])
+    flat = np.concatenate([g + o for g, o in zip(groups, _offsets(groups))])
     S = pt.inc_subtensor(pt.zeros(a.shape, dtype="int64")[flat],
                          pt.concatenate([counts] * K, axis=0))
     factor = (pm.logp(pm.NegativeBinomial.dist(mu=M, alpha=a), S)
