@@ -175,7 +175,8 @@ def standalone(size: dict, sweeps: int, baseline: bool, seed: int = 2026) -> dic
     s = nm.sums
     lo, hi = planned_boxes(nm, truth)
     g = NestedGibbs(s, lo, hi)
-    prior = np.ascontiguousarray(st.poisson.logpmf(g.grid(), rates.reshape(-1, 1)))
+    prior = np.ascontiguousarray(st.poisson.logpmf(g.grid(), rates.reshape(-1)[g.rows()]))  # flat
+    widest = int(np.max(np.diff(g.prior_start)))
     meta, inv2v, values = s.tables.arrays()
 
     cell_shape = np.array([s.n_cells], np.int64)
@@ -184,30 +185,33 @@ def standalone(size: dict, sweeps: int, baseline: bool, seed: int = 2026) -> dic
         *head, trim, rng, stats = args
         return sweep_products(x, S, tsum, *head, trim, cell_shape, rng, stats)
 
-    def timed(sweep, n):
+    def timed(sweep, prior_args, n):
         x = truth.copy()
         S, tsum = s.area_sums(x), s.term_sums(x)
         rng, stats = new_stream(np.random.default_rng(seed)), np.zeros(3, np.int64)
         t0 = time.process_time()
         for _ in range(n):
-            sweep(x, S, tsum, g.box_lo, g.box_hi, g.lo_open, g.hi_open, prior, s.order, s.child_ptr,
+            sweep(x, S, tsum, g.box_lo, g.box_hi, g.lo_open, g.hi_open, *prior_args, s.order, s.child_ptr,
                   s.child_area, s.area_leaf, s.term_ptr, s.term_cells, s.term_value, s.term_table, meta,
                   inv2v, values, g.trim, rng, stats)
         return (time.process_time() - t0) / n, int(stats[0]) // n
 
-    sweepers = {"now": now}
-    if baseline:
-        sweepers[BASELINE] = baseline_kernel().sweep
+    sweepers = {"now": (now, (prior, g.prior_start))}
+    if baseline:  # its prior table: every count's row padded to the widest box
+        padded = np.full((g.prior_start.size - 1, widest), -np.inf)
+        for i in range(padded.shape[0]):
+            padded[i, :g.prior_start[i + 1] - g.prior_start[i]] = prior[g.prior_start[i]:g.prior_start[i + 1]]
+        sweepers[BASELINE] = (baseline_kernel().sweep, (padded,))
     row = {"leaves": s.n_leaves, "areas": s.n_areas, "counts": truth.size, "terms": s.term_value.size,
-           "box width": g.width}
-    for name, sweep in sweepers.items():
+           "widest box": widest, "median box": int(np.median(np.diff(g.prior_start)))}
+    for name, (sweep, prior_args) in sweepers.items():
         t0 = time.process_time()
-        timed(sweep, 1)
+        timed(sweep, prior_args, 1)
         row[f"first sweep s ({name})"] = time.process_time() - t0
     best = {name: math.inf for name in sweepers}
     for _ in range(3):  # interleaved: the VM's speed drifts
-        for name, sweep in sweepers.items():
-            seconds, moves = timed(sweep, sweeps)
+        for name, (sweep, prior_args) in sweepers.items():
+            seconds, moves = timed(sweep, prior_args, sweeps)
             best[name] = min(best[name], seconds)
     for name in sweepers:
         row[f"s/sweep ({name})"] = best[name]
@@ -219,7 +223,7 @@ def standalone(size: dict, sweeps: int, baseline: bool, seed: int = 2026) -> dic
     row["NestedGibbs.run s/sweep (the engine's sweep)"] = (time.process_time() - t0) / sweeps
     row.update(phases(g, truth, prior))
     t0 = time.process_time()
-    fill = st.poisson.logpmf(g.grid(), rates.reshape(-1, 1))  # the size of the engine's refill
+    fill = st.poisson.logpmf(g.grid(), rates.reshape(-1)[g.rows()])  # the size of the engine's refill
     row["prior table entries"] = fill.size
     row["scipy fill of the table s (for scale)"] = time.process_time() - t0
     return row
@@ -236,17 +240,17 @@ def phases(g, truth, prior, repeats: int = 5) -> dict:
 
     s = g.sums
     meta, inv2v, values = s.tables.arrays()
-    work = K.workspace(s.order, s.child_area, s.term_ptr, s.term_cells, prior)
+    work = K.workspace(s.order, s.child_area, s.term_ptr, s.term_cells, g.prior_start)
 
     @numba.njit
-    def leaves(dc, ds, x, tsum, box_lo, box_hi, prior, leaf_area, ac_ptr, ac_terms, term_cells, term_value,
-               term_table, meta, inv2v, values, trim, buf):
+    def leaves(dc, ds, x, tsum, box_lo, box_hi, prior, prior_start, leaf_area, ac_ptr, ac_terms, term_cells,
+               term_value, term_table, meta, inv2v, values, trim, buf):
         kept = np.zeros(4, np.int64)
         used = 0
         for leaf in range(leaf_area.size):
-            used += K._leaf_message(leaf, leaf_area[leaf], dc, ds, x, tsum, box_lo, box_hi, prior, ac_ptr,
-                                    ac_terms, term_cells, term_value, term_table, meta, inv2v, values, trim, buf,
-                                    used, kept)[1]
+            used += K._leaf_message(leaf, leaf_area[leaf], dc, ds, x, tsum, box_lo, box_hi, prior, prior_start,
+                                    ac_ptr, ac_terms, term_cells, term_value, term_table, meta, inv2v, values,
+                                    trim, buf, used, kept)[1]
 
     x = truth.copy()
     S, tsum = s.area_sums(x), s.term_sums(x)
@@ -255,17 +259,17 @@ def phases(g, truth, prior, repeats: int = 5) -> dict:
     out = {}
     for label, cells, signs in (("cell", [0], [1]), ("pair", [0, 1], [1, -1])):
         dc, ds = np.array(cells, np.int64), np.array(signs, np.int64)
-        K._up(dc, ds, x, tsum, g.box_lo, g.box_hi, prior, s.order, s.child_ptr, s.child_area, s.area_leaf,
-              ac_ptr, ac_terms, s.term_cells, s.term_value, s.term_table, meta, inv2v, values, g.trim, buf[0],
+        K._up(dc, ds, x, tsum, g.box_lo, g.box_hi, prior, g.prior_start, s.order, s.child_ptr, s.child_area,
+              s.area_leaf, ac_ptr, ac_terms, s.term_cells, s.term_value, s.term_table, meta, inv2v, values, g.trim, buf[0],
               mstart, mlen, mlo, cut, pstart, plen, plo)  # a first pass to size the buffer
         calls = {
             "leaf messages": lambda dc=dc, ds=ds: leaves(
-                dc, ds, x, tsum, g.box_lo, g.box_hi, prior, s.leaf_area, ac_ptr, ac_terms, s.term_cells,
+                dc, ds, x, tsum, g.box_lo, g.box_hi, prior, g.prior_start, s.leaf_area, ac_ptr, ac_terms, s.term_cells,
                 s.term_value, s.term_table, meta, inv2v, values, g.trim, buf[0]),
             "upward pass": lambda dc=dc, ds=ds: K._up(
-                dc, ds, x, tsum, g.box_lo, g.box_hi, prior, s.order, s.child_ptr, s.child_area, s.area_leaf,
-                ac_ptr, ac_terms, s.term_cells, s.term_value, s.term_table, meta, inv2v, values, g.trim, buf[0],
-                mstart, mlen, mlo, cut, pstart, plen, plo),
+                dc, ds, x, tsum, g.box_lo, g.box_hi, prior, g.prior_start, s.order, s.child_ptr, s.child_area,
+                s.area_leaf, ac_ptr, ac_terms, s.term_cells, s.term_value, s.term_table, meta, inv2v, values,
+                g.trim, buf[0], mstart, mlen, mlo, cut, pstart, plen, plo),
             "downward split": lambda: K._down(buf[0], s.order, s.child_ptr, s.child_area, s.area_leaf, mstart,
                                               mlen, mlo, pstart, plen, plo, s_area, rng),
         }
@@ -281,8 +285,8 @@ def phases(g, truth, prior, repeats: int = 5) -> dict:
         for _ in range(repeats):  # a whole move (it changes x: from a copy each time)
             xx, SS, tt = x.copy(), S.copy(), tsum.copy()
             t0 = time.process_time()
-            K.move(dc, ds, xx, SS, tt, g.box_lo, g.box_hi, g.lo_open, g.hi_open, prior, s.order, s.child_ptr,
-                   s.child_area, s.area_leaf, s.term_cells, s.term_value, s.term_table, meta, inv2v,
+            K.move(dc, ds, xx, SS, tt, g.box_lo, g.box_hi, g.lo_open, g.hi_open, prior, g.prior_start, s.order,
+                   s.child_ptr, s.child_area, s.area_leaf, s.term_cells, s.term_value, s.term_table, meta, inv2v,
                    values, g.trim, rng, stats, work)
             best = min(best, time.process_time() - t0)
         out[f"{label} move: whole ms"] = best * 1e3

@@ -96,19 +96,27 @@ def test_a_new_model_object_of_the_same_structure_compiles_nothing(cache_dir):
 def test_loaded_functions_compute_the_new_models_own_log_density(cache_dir):
     """The functions loaded for another model of the structure (other literals: Beta(3.5, 2),
     n = 200) give that model's log density and gradient and its counts' prior table, against
-    scipy to 1e-12 (their data are the new model's, handed over at run time)."""
+    scipy to 1e-12 (their data are the new model's, handed over at run time). The table
+    functions are compiled or loaded when first asked for: the flat table (boxes of different
+    widths, which this structure's fits never used) is compiled then, and computes the same."""
     from dpinfer.inference.engines.compiled.engine import compiled_model_for
-    from dpinfer.inference.engines.compiled.exact_counts import _prior_at, log_weight_tables
+    from dpinfer.inference.engines.compiled.exact_counts import _prior_at, flat_prior_table, log_weight_tables
     from dpinfer.inference.engines.compiled.nuts import log_density_at
 
     forget()
     a, b, n = 3.5, 2.0, 200
     model = beta_binomial(a, b, n, 0.5, 120)
     compiled = compiled_model_for(model, [model["x"]], [model["release"]])
-    assert model_cache.STATS == {"loaded": 3}
+    assert model_cache.STATS == {"loaded": 1}  # the log density; the tables when asked for
     table = compiled.prior_tables["x"]
     grid = np.arange(-3, n + 4, dtype=np.int64).reshape(1, -1)
     buffers, hoisted = table.prepare(grid)
+    assert table.point_address
+    assert model_cache.STATS == {"loaded": 3}
+    flat_grid = np.array([5, -1, 0, n, n + 1, 37, 38], dtype=np.int64)  # one cell: rows all 0
+    flat_rows = np.zeros(flat_grid.size, dtype=np.int64)
+    flat_buffers, flat_hoisted = table.prepare_flat(flat_grid, flat_rows)
+    assert model_cache.STATS == {"loaded": 3, "compiled": 1}
     for q0 in (-2.0, 0.0, 0.7, 2.5):
         theta = 1.0 / (1.0 + np.exp(-q0))
         for x in (0, 37, n):
@@ -126,6 +134,9 @@ def test_loaded_functions_compute_the_new_models_own_log_density(cache_dir):
             out = np.empty(grid.shape)
             log_weight_tables(table.full_address, hoisted, q, env, grid, np.zeros(grid.shape), out)
             np.testing.assert_allclose(out, stats.binom.logpmf(grid, n, theta), rtol=1e-12, atol=0)
+            flat = np.empty(flat_grid.size)
+            flat_prior_table(table.flat_address, flat_hoisted, q, env, flat_grid, flat_rows, flat)
+            np.testing.assert_allclose(flat, stats.binom.logpmf(flat_grid, n, theta), rtol=1e-12, atol=0)
             for v in (-1, 0, 7, n, n + 1):
                 assert _prior_at(table.point_address, q, env, 0, v) == pytest.approx(
                     stats.binom.logpmf(v, n, theta), rel=1e-12)
@@ -155,8 +166,8 @@ def test_a_fresh_process_loads_every_function(cache_dir):
 def test_every_key_is_the_same_in_a_fresh_process():
     """A model with vector latents and data (an exposure, a shape-(4,) count table: graphs with
     None constants, object arrays whose bytes are pointers) gets the same key for each native
-    function in two fresh processes, so a second run loads all of them (keys recorded, nothing
-    compiled)."""
+    function (the log density and the prior's point, padded and flat tables) in two fresh
+    processes, so a second run loads all of them (keys recorded, nothing compiled)."""
     script = textwrap.dedent("""
         import json, numpy as np, pymc as pm
         import dpinfer as dp
@@ -168,13 +179,15 @@ def test_every_key_is_the_same_in_a_fresh_process():
             rate = pm.Gamma("rate", 2.0, 200.0)
             x = pm.Poisson("x", rate * population)
             dp.Laplace(epsilon=0.5).observe("release", x, observed=np.array([3, 20, 98, 1]))
-        compiled_model.compile_model(model, [x], [model["release"]])
+        table = compiled_model.compile_model(model, [x], [model["release"]]).prior_tables["x"]
+        for kind in ("point", "full", "flat"):  # each built when first asked for
+            table._function(kind)
         print(json.dumps(keys))
     """)
     runs = [json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                                       check=True, timeout=600).stdout.strip().splitlines()[-1])
             for _ in range(2)]
-    assert len(runs[0]) == 3 and None not in runs[0]
+    assert len(runs[0]) == 4 and None not in runs[0]
     assert runs[0] == runs[1]
     assert model_cache.describe(np.asarray(None)) == ("objects", (), (None,))
 

@@ -133,10 +133,11 @@ def posterior():
 
 
 def gibbs(sums):
-    hi = TOTAL + 1  # every count's box covers its whole support 0 .. TOTAL (+1: an open edge)
+    # every count's box covers its whole support 0 .. TOTAL and beyond, by 1 to 3 (an open
+    # edge; boxes of different widths: the flat prior table's rows differ in length)
+    hi = TOTAL + 1 + np.arange(LAM.size).reshape(LAM.shape) % 3
     g = NestedGibbs(sums, 0, hi)
-    grid = g.grid()
-    prior = stats.poisson.logpmf(grid, LAM.reshape(-1, 1))
+    prior = stats.poisson.logpmf(g.grid(), LAM.reshape(-1)[g.rows()])
     return g, np.ascontiguousarray(prior)
 
 
@@ -186,7 +187,7 @@ def check_one_move(sums, g, prior, values, states, p, direction, seed):
     for _ in range(20_000):
         x, S, t = x0.copy(), S0.copy(), t0.copy()
         assert draw_direction(dcells, dsigns, x, S, t, g.box_lo, g.box_hi, g.lo_open, g.hi_open, prior,
-                              sums.order, sums.child_ptr, sums.child_area, sums.area_leaf, sums.term_ptr,
+                              g.prior_start, sums.order, sums.child_ptr, sums.child_area, sums.area_leaf, sums.term_ptr,
                               sums.term_cells, sums.term_value, sums.term_table, meta, inv2v, values,
                               DEFAULT_TRIM, rng, stat)
         np.testing.assert_array_equal(S, sums.area_sums(x))
@@ -225,7 +226,7 @@ def test_a_sweep_keeps_the_posterior(posterior, cell_shape):
     for i, s in enumerate(starts):
         x = states[s].copy()
         assert sweep_products(x, sums.area_sums(x), sums.term_sums(x), g.box_lo, g.box_hi, g.lo_open,
-                              g.hi_open, prior, sums.order, sums.child_ptr, sums.child_area, sums.area_leaf,
+                              g.hi_open, prior, g.prior_start, sums.order, sums.child_ptr, sums.child_area, sums.area_leaf,
                               sums.term_ptr, sums.term_cells, sums.term_value, sums.term_table, meta, inv2v,
                               values, DEFAULT_TRIM, np.array(cell_shape), stream, stat) == 0
         out[i] = x
@@ -309,7 +310,8 @@ def grouped_table():
     mixed, _ = sums.with_group_mixing([1], ALPHA, LEAF_ALPHA, MU.sum(0)[None, :])
     g = NestedGibbs(mixed, 0, TOTAL + 1)
     shape = LEAF_ALPHA * MU / MU.sum(0)
-    prior = stats.nbinom.logpmf(g.grid(), shape.reshape(-1, 1), (shape / (shape + MU)).reshape(-1, 1))
+    rows = g.rows()
+    prior = stats.nbinom.logpmf(g.grid(), shape.reshape(-1)[rows], (shape / (shape + MU)).reshape(-1)[rows])
     return mixed, g, np.ascontiguousarray(prior), mixed.tables.arrays()[2]
 
 

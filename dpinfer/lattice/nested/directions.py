@@ -75,13 +75,13 @@ def _interaction(subset, cell_shape, rng, cells, signs):
 
 
 @numba.njit(cache=True, nogil=True)
-def sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
+def sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_start, order, child_ptr,
                    child_area, area_leaf, term_ptr, term_cells, term_value, term_table, meta,
                    inv2v, values, trim, cell_shape, rng, stats):
     """One sweep (module docstring); returns the number of moves that found no mass."""
     n_cells = x.shape[1]
     ndim = cell_shape.size
-    work = workspace(order, child_area, term_ptr, term_cells, prior)
+    work = workspace(order, child_area, term_ptr, term_cells, prior_start)
     failed = 0
     one = np.ones(1, np.int64)
     single = np.zeros(1, np.int64)
@@ -89,7 +89,7 @@ def sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, c
     _shuffle(perm, rng)
     for c in perm:
         single[0] = c
-        if not move(single, one, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
+        if not move(single, one, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_start, order, child_ptr,
                     child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim,
                     rng, stats, work):
             failed += 1
@@ -107,7 +107,7 @@ def sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, c
             continue
         for _ in range((n_cells + (1 << size) - 1) >> size):
             n = _interaction(subset, cell_shape, rng, cells, signs)
-            if not move(cells[:n], signs[:n], x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order,
+            if not move(cells[:n], signs[:n], x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_start, order,
                         child_ptr, child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v,
                         values, trim, rng, stats, work):
                 failed += 1

@@ -283,7 +283,7 @@ def _convolve(buf, a, na, b, nb, out):
 
 
 @numba.njit(cache=True, nogil=True)
-def _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, ac_ptr, ac_terms, term_cells,
+def _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, ac_ptr, ac_terms, term_cells,
                   term_value, term_table, meta, inv2v, values, trim, buf, used, kept):
     """Leaf ``leaf`` (area v): its log factor on the z its boxes allow, written at buf[used:]
     and finished (:func:`_finish_log`). Returns (the z of its first entry, entries used), or
@@ -307,7 +307,7 @@ def _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, ac_pt
     seg[:] = 0.0
     for j in range(dcells.size):
         c = dcells[j]
-        row = prior[leaf * n_cells + c]
+        row = prior[prior_start[leaf * n_cells + c]:prior_start[leaf * n_cells + c + 1]]
         col = x[leaf, c] + dsigns[j] * zlo - box_lo[leaf, c]
         step = dsigns[j]
         for i in range(n):
@@ -359,7 +359,7 @@ def _compact(buf, to, kept):
 
 
 @numba.njit(cache=True, nogil=True)
-def _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, order, child_ptr, child_area, area_leaf,
+def _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area, area_leaf,
         ac_ptr, ac_terms, term_cells, term_value, term_table, meta, inv2v, values, trim, buf, mstart,
         mlen, mlo, cut, pstart, plen, plo):
     """The upward pass: every area's message (mstart, mlen, mlo: where it lies in ``buf`` and
@@ -373,7 +373,7 @@ def _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, order, child_ptr, child_
     for v in order:
         leaf = area_leaf[v]
         if leaf >= 0:
-            lo, n = _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, ac_ptr,
+            lo, n = _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, ac_ptr,
                                   ac_terms, term_cells, term_value, term_table, meta, inv2v, values, trim, buf,
                                   used, kept)
             if n < 0:
@@ -510,7 +510,7 @@ def _update(dcells, dsigns, x, S, tsum, lo_open, hi_open, box_lo, box_hi, area_l
 
 
 @numba.njit(cache=True, nogil=True)
-def workspace(order, child_area, term_ptr, term_cells, prior):
+def workspace(order, child_area, term_ptr, term_cells, prior_start):
     """What the moves of a sweep share (:func:`move`): the terms by area and cell
     (:func:`area_cell_terms`), the message buffer (in a one-element list: :func:`move`
     replaces it by one twice as long when it is short; first 4 entries per area and box
@@ -518,21 +518,24 @@ def workspace(order, child_area, term_ptr, term_cells, prior):
     a partial convolution's start, length and first sum, and the drawn sums."""
     n_areas, n_children = order.size, child_area.size
     ac_ptr, ac_terms = area_cell_terms(term_ptr, term_cells)
-    buf = [np.empty(max(4 * n_areas * prior.shape[1], 1024))]
+    widest = 1
+    for i in range(prior_start.size - 1):
+        widest = max(widest, prior_start[i + 1] - prior_start[i])
+    buf = [np.empty(max(4 * n_areas * widest, 1024))]
     return (ac_ptr, ac_terms, buf, np.zeros(n_areas, np.int64), np.zeros(n_areas, np.int64),
             np.zeros(n_areas, np.int64), np.zeros((n_areas, 2), np.bool_), np.zeros(n_children, np.int64),
             np.zeros(n_children, np.int64), np.zeros(n_children, np.int64), np.zeros(n_areas, np.int64))
 
 
 @numba.njit(cache=True, nogil=True)
-def move(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
+def move(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_start, order, child_ptr,
          child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, rng,
          stats, work):
     """:func:`draw_direction` with ``work`` from :func:`workspace` (a sweep makes it once and
     passes it to every move; it holds the terms by area, hence no ``term_ptr`` here)."""
     ac_ptr, ac_terms, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area = work
     while True:
-        status = _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, order, child_ptr, child_area,
+        status = _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area,
                      area_leaf, ac_ptr, ac_terms, term_cells, term_value, term_table, meta, inv2v, values,
                      trim, buf[0], mstart, mlen, mlo, cut, pstart, plen, plo)
         if status != _FULL:
@@ -550,14 +553,14 @@ def move(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, or
 
 @numba.njit(cache=True, nogil=True)
 def draw_direction(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior,
-                   order, child_ptr, child_area, area_leaf, term_ptr, term_cells, term_value,
+                   prior_start, order, child_ptr, child_area, area_leaf, term_ptr, term_cells, term_value,
                    term_table, meta, inv2v, values, trim, rng, stats):
     """One exact draw of the counts along the direction (dcells, dsigns) given the rest
-    (module docstring); x, S and tsum updated in place. ``prior[l * n_cells + c, j]`` is
-    log p_{l,c}(box_lo[l, c] + j). stats: [0] draws, [1] trimmed edges hit, [2] counts at an
+    (module docstring); x, S and tsum updated in place. ``prior[prior_start[l * n_cells + c] + j]``
+    is log p_{l,c}(box_lo[l, c] + j), j = 0 .. box_hi[l, c] - box_lo[l, c]. stats: [0] draws, [1] trimmed edges hit, [2] counts at an
     open box edge after the draw. Returns False if the law has no mass (no move made)."""
-    work = workspace(order, child_area, term_ptr, term_cells, prior)
-    return move(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, order, child_ptr,
+    work = workspace(order, child_area, term_ptr, term_cells, prior_start)
+    return move(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_start, order, child_ptr,
                 child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, rng,
                 stats, work)
 

@@ -58,8 +58,8 @@ from dpinfer.inference.engines.compiled.exact_counts import (
     HOLD_RATIO_TUNING,
     draw_given_totals,
     draw_independent,
+    flat_prior_table,
     group_mixing_tables,
-    log_weight_tables,
 )
 from dpinfer.inference.engines.compiled.nuts import (
     log_density_at,
@@ -146,22 +146,22 @@ def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row):
         row[column + 2] += stats[3]
     if nested is not None:  # None: pruned at compile time, the nested kernels are not compiled
         for b in literal_unroll(nested):
-            (full, hoisted, offset, grid, zero_release, table, x, S, tsum, box_lo, box_hi, lo_open, hi_open,
+            (flat, hoisted, offset, grid, rows, prior_start, table, x, S, tsum, box_lo, box_hi, lo_open, hi_open,
              order, child_ptr, child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
              term_area, meta, inv2v, values, mixing_address, mixing_at, mixing_out, group_area, leaf_group,
              group_parent, trim, cell_shape, stats, column) = b
             if grid.shape[0] == 0:
                 continue
-            log_weight_tables(full, hoisted, q, env, grid, zero_release, table)
+            flat_prior_table(flat, hoisted, q, env, grid, rows, table)
             n_leaves, n_cells = x.shape
             for i in range(n_leaves * n_cells):
                 x[i // n_cells, i % n_cells] = counts[offset + i]
             current_sums(x, S, tsum, order, child_ptr, child_area, area_leaf, term_cells, term_area)
             if mixing_at.size:
                 group_mixing_tables(mixing_address, q, env, mixing_out, mixing_at, values, group_area,
-                                    leaf_group, group_parent, S, box_lo, table)
+                                    leaf_group, group_parent, S, box_lo, prior_start, table)
             stats[:] = 0
-            failed = sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, table, order, child_ptr,
+            failed = sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, table, prior_start, order, child_ptr,
                                     child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
                                     meta, inv2v, values, trim, cell_shape, rng, stats)
             for i in range(n_leaves * n_cells):

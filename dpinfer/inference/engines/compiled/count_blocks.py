@@ -85,15 +85,17 @@ class IndependentCells:
     kind = "cells"
 
     def __init__(self, name: str, offset: int, tables: CellTables, prior_table):
-        self.name, self.offset, self.tables, self.prior = name, offset, tables, prior_table
+        self.name, self.offset, self.tables = name, offset, tables
         self._hoisted, self.hoisted = prior_table.prepare(tables.grid)
+        # the table functions' addresses (compiled here, not in a chain's thread)
+        self.prior_address, self.point_address = prior_table.full_address, prior_table.point_address
         self.stat_names = (f"{name}_neglected_mass_bound", f"{name}_held_cells")
 
     def native(self, column: int) -> tuple:
         """The kernel's data, with fresh scratch for one chain; statistics from ``column``."""
         t = self.tables
         W, d = t.width, t.n_cells
-        return (self.prior.full_address, self.hoisted, self.prior.point_address, self.offset,
+        return (self.prior_address, self.hoisted, self.point_address, self.offset,
                 t.grid, t.release_table, t.release, t.tails, t.shape, t.log_eta,
                 np.empty((d, W)), np.empty(W), np.empty(W), np.empty(4), column)
 
@@ -119,15 +121,16 @@ class GroupTotals:
         self.group_cells = np.argsort(codes, kind="stable").astype(np.int64)
         self.group_ptr = np.concatenate([[0], np.cumsum(np.bincount(codes))]).astype(np.int64)
         self.targets = np.asarray(targets, dtype=np.int64)
-        self.name, self.offset, self.tables, self.prior = name, offset, tables, prior_table
+        self.name, self.offset, self.tables = name, offset, tables
         self._hoisted, self.hoisted = prior_table.prepare(tables.grid)
+        self.prior_address, self.point_address = prior_table.full_address, prior_table.point_address
         self.stat_names = (f"{name}_total_tries", f"{name}_held_cells", f"{name}_blocks_kept")
 
     def native(self, column: int) -> tuple:
         """The kernel's data, with fresh scratch for one chain; statistics from ``column``."""
         t = self.tables
         W, d = t.width, t.n_cells
-        return (self.prior.full_address, self.hoisted, self.prior.point_address, self.offset,
+        return (self.prior_address, self.hoisted, self.point_address, self.offset,
                 t.grid, t.release_table, t.release, t.tails, t.shape, self.group_ptr,
                 self.group_cells, self.targets, np.empty((d, W)), np.empty((d, W)),
                 np.empty((d, W)), np.empty((4, d)), np.zeros(4), column)
@@ -156,10 +159,10 @@ class NestedCounts:
         GroupedNegativeBinomial prior, refilled before every sweep
         (:func:`~dpinfer.inference.engines.compiled.exact_counts.group_mixing_tables`); None
         without one."""
-        self.name, self.offset, self.gibbs, self.prior = name, offset, gibbs, prior_table
-        self.mixing = mixing
-        self.grid = np.ascontiguousarray(gibbs.grid())
-        self._hoisted, self.hoisted = prior_table.prepare(self.grid)
+        self.name, self.offset, self.gibbs, self.mixing = name, offset, gibbs, mixing
+        self.grid, self.rows = gibbs.grid(), gibbs.rows()  # the flat table's candidates
+        self._hoisted, self.hoisted = prior_table.prepare_flat(self.grid, self.rows)
+        self.prior_address = prior_table.flat_address  # compiled here, not in a chain's thread
         self.stat_names = (f"{name}_trimmed_edges_hit", f"{name}_box_edges_hit",
                            f"{name}_moves_without_mass")
 
@@ -173,7 +176,7 @@ class NestedCounts:
         else:
             mixing_address, tables, group_area, leaf_group, group_parent = self.mixing
             mixing_at = np.ascontiguousarray(meta[tables.reshape(-1), 2])
-        return (self.prior.full_address, self.hoisted, self.offset, self.grid, np.zeros(self.grid.shape),
+        return (self.prior_address, self.hoisted, self.offset, self.grid, self.rows, g.prior_start,
                 np.empty(self.grid.shape), np.empty((s.n_leaves, s.n_cells), np.int64),
                 np.empty((s.n_areas, s.n_cells), np.int64), np.empty(s.term_value.size, np.int64),
                 g.box_lo, g.box_hi, g.lo_open, g.hi_open, s.order, s.child_ptr, s.child_area, s.area_leaf,

@@ -77,7 +77,13 @@ import numba
 import numpy as np
 
 from dpinfer._random_stream import below, uniform, uniform_open
-from dpinfer.inference.engines.compiled.native import group_mixing_at, pointer, prior_point_at, prior_table_at
+from dpinfer.inference.engines.compiled.native import (
+    group_mixing_at,
+    pointer,
+    prior_flat_at,
+    prior_point_at,
+    prior_table_at,
+)
 from dpinfer.lattice.nested.terms import mixing_parameters
 
 HOLD_RATIO = 1000.0  # a cell whose tail envelope outweighs its window this much is held
@@ -111,7 +117,18 @@ def log_weight_tables(prior_address, hoisted, q, env, grid, release_table, out):
 
 
 @numba.njit(cache=True, nogil=True)
-def group_mixing_tables(address, q, env, out, at, values, group_area, leaf_group, group_parent, S, box_lo, table):
+def flat_prior_table(prior_address, hoisted, q, env, grid, rows, out):
+    """out[k] = log p(x_rows[k] = grid[k] | theta), all (K,): the prior's flat table from the
+    function at ``prior_address`` (:class:`~dpinfer.inference.engines.compiled.model.PriorTable`),
+    ``hoisted`` the addresses of its grid-only terms."""
+    f = prior_flat_at(prior_address)
+    f(pointer(q.ctypes.data), pointer(env.ctypes.data), pointer(grid.ctypes.data),
+      pointer(rows.ctypes.data), pointer(out.ctypes.data), grid.shape[0], pointer(hoisted.ctypes.data))
+
+
+@numba.njit(cache=True, nogil=True)
+def group_mixing_tables(address, q, env, out, at, values, group_area, leaf_group, group_parent, S, box_lo,
+                        prior_start, table):
     """A GroupedNegativeBinomial's group factors from the parameters, tilted towards the
     current counts. The native function at ``address`` writes each group g and cell c's
     (a, A, M) into ``out`` (G * C, 3); the factor's table in ``values`` (from ``at``) gets its
@@ -128,7 +145,8 @@ def group_mixing_tables(address, q, env, out, at, values, group_area, leaf_group
     is far from the data (a small shape leaves M loosely identified) each leaf's message leans
     on its own prior towards M by tens of nats that only the group's factor undoes, and the
     leaves' trimmed messages would cut what the group's law needs. ``table``: the counts'
-    prior table (rows leaf * C + c, from ``box_lo``), tilted in place."""
+    flat prior table (count leaf * C + c from ``prior_start`` on, values from ``box_lo``),
+    tilted in place."""
     f = group_mixing_at(address)
     f(pointer(q.ctypes.data), pointer(env.ctypes.data), pointer(out.ctypes.data))
     n_cells = S.shape[1]
@@ -143,15 +161,14 @@ def group_mixing_tables(address, q, env, out, at, values, group_area, leaf_group
         if values[at[i] + 2] != -np.inf:
             parent = group_parent[i // n_cells]
             values[at[i] + 2] += tilt[i] - (tilt[parent * n_cells + i % n_cells] if parent >= 0 else 0.0)
-    width = table.shape[1]
     for leaf in range(leaf_group.size):
         for c in range(n_cells):
             t = tilt[leaf_group[leaf] * n_cells + c]
             if t != 0.0:
-                row = table[leaf * n_cells + c]
+                i = leaf * n_cells + c
                 lo = box_lo[leaf, c]
-                for j in range(width):
-                    row[j] -= t * (lo + j)
+                for j in range(prior_start[i + 1] - prior_start[i]):
+                    table[prior_start[i] + j] -= t * (lo + j)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -13,9 +13,11 @@ the model's PyTensor graph and with PyTensor's numba backend:
   parameters (one flat vector q, PyMC's transforms and their Jacobians), with the counts of
   every latent concatenated into one int64 vector;
 * ``prior_tables[name]``: log p(x_i = v | theta, other counts) for v on a (*shape, W) grid of
-  candidate counts (one row of W candidates per cell), the counts' block of the Gibbs sweep
-  (:class:`PriorTable`: the terms that depend on the grid alone, such as log v! of a Poisson
-  pmf, are computed once per grid);
+  candidate counts (one row of W candidates per cell), or on a flat list of (cell, candidate)
+  pairs (each cell its own number of candidates: nested sums, whose boxes differ in width by
+  an order of magnitude), the counts' block of the Gibbs sweep (:class:`PriorTable`: the
+  terms that depend on the grid alone, such as log v! of a Poisson pmf, are computed once per
+  grid; each function is compiled when a count block first asks for it);
 * ``expand``: q and the counts of a batch of draws -> every named variable of the model in
   its constrained space (free variables, Deterministics), for the trace;
 * ``start``: PyMC's initial point (support points, U(-1, 1) jitter in the unconstrained
@@ -34,6 +36,7 @@ fits changes the data handed over.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import numba
@@ -45,6 +48,7 @@ from pymc.logprob.abstract import _logprob_helper
 from pymc.pytensorf import compile as compile_pymc
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.traversal import io_toposort
+from pytensor.tensor.elemwise import Elemwise
 
 from dpinfer._graphs import shape_of
 from dpinfer.inference.engines.compiled.cache import (
@@ -56,7 +60,14 @@ from dpinfer.inference.engines.compiled.cache import (
     thaw_literals,
 )
 from dpinfer.distributions.grouped_negative_binomial import group_mixing_of
-from dpinfer.inference.engines.compiled.native import GROUP_MIXING, LOGP_GRAD, PRIOR_POINT, PRIOR_TABLE, pointer
+from dpinfer.inference.engines.compiled.native import (
+    GROUP_MIXING,
+    LOGP_GRAD,
+    PRIOR_FLAT,
+    PRIOR_POINT,
+    PRIOR_TABLE,
+    pointer,
+)
 
 _STRUCTURES: dict = {}  # structure key -> Structure, for this process
 
@@ -229,7 +240,9 @@ def _build(thawed, sources: dict, latent_names: list, excluded: list, mixing: di
 
     cell = pt.lvector("cell")  # (1,): numba takes tensors, not scalars
     value = pt.lvector("value")
-    grids, tables, points = [], [], []
+    flat_grid = pt.lvector("grid")  # candidates of the flat table, and the cell of each
+    flat_rows = pt.lvector("rows")
+    grids, tables, flat_tables, points = [], [], [], []
     for rv in latents:
         node, shape = rv.owner, latent_shapes[rv.name]
         grid = pt.tensor("grid", dtype="int64", shape=(*shape, None))
@@ -237,9 +250,18 @@ def _build(thawed, sources: dict, latent_names: list, excluded: list, mixing: di
         row_params = [pt.shape_padright(pt.as_tensor(p)) for p in node.op.dist_params(node)]
         _, prior = node.op(*row_params, rng=pt.random.rng(), return_next_rng=True)
         table = pt.broadcast_to(_logprob_helper(prior, grid), grid.shape)
-        [table] = thawed.replace_rvs_by_values([table])
+        # the flat table: each candidate with its own cell's parameters
+        cell_params = [pt.broadcast_to(p, shape).reshape((-1,)) for p in node.op.dist_params(node)]
+        entry_params = [p[flat_rows] for p in cell_params]
+        _, entry_prior = node.op(*entry_params, rng=pt.random.rng(), return_next_rng=True)
+        flat = pt.broadcast_to(_logprob_helper(entry_prior, flat_grid), flat_grid.shape)
+        k = len(cell_params)
+        [table, *flat_parts] = thawed.replace_rvs_by_values([table, flat, *entry_params, *cell_params])
+        flat_parts = clone_replace(flat_parts, replace)  # one call: the parameters stay the graph's own
         grids.append(grid)
         tables.append(clone_replace(table, replace).astype("float64"))
+        flat_tables.append(_per_cell_first(flat_parts[0], flat_grid, flat_rows, flat_parts[1:1 + k], flat_parts[1 + k:])
+                           .astype("float64"))
         cell_params = [_at_cell(p, cell[0], shape) for p in node.op.dist_params(node)]
         _, one = node.op(*cell_params, rng=pt.random.rng(), return_next_rng=True)
         [prior_point] = thawed.replace_rvs_by_values([_logprob_helper(one, value[0])])
@@ -258,11 +280,12 @@ def _build(thawed, sources: dict, latent_names: list, excluded: list, mixing: di
     start = _start_graph(thawed, params, jitters)
 
     graphs, inputs, index = lift_data(
-        [logp, grad, *tables, *points, *outputs, *mixing_graphs, *start], sources)
+        [logp, grad, *tables, *flat_tables, *points, *outputs, *mixing_graphs, *start], sources)
     logp, grad = graphs[:2]
     tables = graphs[2:2 + len(latents)]
-    points = graphs[2 + len(latents):2 + 2 * len(latents)]
-    at = 2 + 2 * len(latents)
+    flat_tables = graphs[2 + len(latents):2 + 2 * len(latents)]
+    points = graphs[2 + 2 * len(latents):2 + 3 * len(latents)]
+    at = 2 + 3 * len(latents)
     outputs = graphs[at:at + len(outputs)]
     mixing_graphs = graphs[at + len(outputs):at + len(outputs) + len(mixing_graphs)]
     start = graphs[at + len(outputs) + len(mixing_graphs):]
@@ -270,9 +293,9 @@ def _build(thawed, sources: dict, latent_names: list, excluded: list, mixing: di
     logp_grad = _native("logp_grad", [q, counts], [logp, grad], inputs, LOGP_GRAD,
                         _LOGP_GRAD_SOURCE, n=n, m=m)
     prior_tables = {
-        name: PriorTable.build(table, point, q, counts, grid, cell, value, inputs, n=n, m=m,
-                               shape=latent_shapes[name])
-        for name, table, point, grid in zip(latent_names, tables, points, grids)}
+        name: PriorTable(table, flat, point, q, counts, grid, flat_grid, flat_rows, cell, value, inputs,
+                         n=n, m=m, shape=latent_shapes[name])
+        for name, table, flat, point, grid in zip(latent_names, tables, flat_tables, points, grids)}
     group_mixing = {
         name: _native("group_mixing", [q, counts], [graph], inputs, GROUP_MIXING, _MIXING_SOURCE,
                       n=n, m=m, d=mixing[name].n_groups * int(latent_shapes[name][-1]))
@@ -423,71 +446,155 @@ def logp_grad(q_ptr, grad_ptr, env_ptr):
 
 
 class PriorTable:
-    """log p(x_i = v | theta, counts) on a grid of candidate counts, as two native functions.
+    """log p(x_i = v | theta, counts) of one latent's cells, as native functions compiled when
+    first asked for (a model compiles only those its count blocks use):
 
-    ``point`` evaluates one cell at one value (off the window: the exact draws' tails).
-    ``full`` is the table's graph with every subexpression that depends on the grid alone (and
-    the model's data) taken out as an input: :meth:`prepare` computes those once per grid
-    (log v!, support masks, ...), so a sweep costs about 1 ns per candidate instead of 15
+    * ``point``: one cell at one value (off the window: the exact draws' tails);
+    * ``full``: a (d, W) grid, one row of W candidates per cell (the windows of independent
+      cells and group totals, all of one width);
+    * ``flat``: a flat list of candidates with the cell of each (nested sums, whose boxes
+      differ in width: at the size of a state the widest box is ~10 times the median, and a
+      table padded to it costs ~10 times the work and memory).
+
+    The table functions take every subexpression that depends on the grid alone (and the
+    model's data) as an input: :meth:`prepare` and :meth:`prepare_flat` compute those once per
+    grid (log v!, support masks, ...), so a sweep costs about 1 ns per candidate instead of 15
     (measured on a Poisson prior). Subexpressions are taken out only where their shape is the
-    grid's (else they stay in the graph). A structure's table; :meth:`bound` gives a model's."""
+    grid's (else they stay in the graph). A structure's table; :meth:`bound` gives a model's
+    (sharing the compiled functions)."""
 
-    def __init__(self, point, full, hoist_fn, hoisted_types, shape, data=None):
-        self.point, self.full, self._hoist_fn = point, full, hoist_fn
-        self._hoisted_types, self.shape, self._data = hoisted_types, shape, data
+    def __init__(self, table, flat, point, q, counts, grid, flat_grid, flat_rows, cell, value,
+                 data_inputs: list, *, n: int, m: int, shape: tuple):
+        self.shape, self._data = tuple(shape), None
+        self._graphs = (table, flat, point, q, counts, grid, flat_grid, flat_rows, cell, value, data_inputs, n, m)
+        self._built = {}  # shared with bound copies: each function compiled once
+        self._lock = threading.Lock()
 
-    @classmethod
-    def build(cls, table, point, q, counts, grid, cell, value, data_inputs: list, *, n: int,
-              m: int, shape: tuple) -> "PriorTable":
-        point = _native("prior_point", [q, counts, cell, value], [point], data_inputs,
-                        PRIOR_POINT, _POINT_SOURCE, n=n, m=m)
-        frontier = _grid_only_terms(table, grid, [q, counts])
-        replacements = [pt.tensor(dtype=v.dtype, shape=(None,) * v.ndim) for v in frontier]
-        full_graph = clone_replace(table, dict(zip(frontier, replacements)))
-        full_graph = full_graph.reshape((int(np.prod(shape)), grid.shape[-1]))  # rows of cells
-        dtypes = [v.dtype for v in frontier]
-        unpack = "".join(
-            f"    h{j} = carray(pointer(hoisted[{j}]), ({int(np.prod(shape))}, width), "
-            f"dtype=np.{np.dtype(dt).name}).reshape({tuple(shape)} + (width,))\n"
-            for j, dt in enumerate(dtypes))
-        full = _native("prior_table", [q, counts, grid, *replacements], [full_graph], data_inputs,
-                       PRIOR_TABLE, _TABLE_SOURCE.replace("{hoisted_unpack}", unpack),
-                       n=n, m=m, d=int(np.prod(shape)), h=max(len(dtypes), 1), shape=tuple(shape),
-                       hoisted="".join(f", h{j}" for j in range(len(dtypes))))
-        hoist_fn = (pytensor.function([grid, *data_inputs], frontier, mode="FAST_COMPILE",
-                                      on_unused_input="ignore") if frontier else None)
-        return cls(point, full, hoist_fn, dtypes, shape)
+    def _function(self, kind: str):
+        with self._lock:
+            return self._built[kind] if kind in self._built else self._build(kind)
+
+    def _build(self, kind: str):
+        (table, flat, point, q, counts, grid, flat_grid, flat_rows, cell, value, data_inputs, n, m) = self._graphs
+        if kind == "point":
+            built = _native("prior_point", [q, counts, cell, value], [point], data_inputs, PRIOR_POINT,
+                            _POINT_SOURCE, n=n, m=m)
+        elif kind == "full":
+            d = int(np.prod(self.shape))
+            built = _table_function("prior_table", table, [q, counts], [grid], data_inputs, PRIOR_TABLE,
+                                    _TABLE_SOURCE, f"({d}, width)", f".reshape({self.shape} + (width,))",
+                                    rows=d, n=n, m=m, d=d, shape=self.shape)
+        else:
+            built = _table_function("prior_flat", flat, [q, counts], [flat_grid, flat_rows], data_inputs,
+                                    PRIOR_FLAT, _FLAT_SOURCE, "(size,)", "", n=n, m=m)
+        self._built[kind] = built
+        return built
 
     def bound(self, data: "ModelData") -> "PriorTable":
         """This table with a model's data (for :meth:`prepare`)."""
-        return PriorTable(self.point, self.full, self._hoist_fn, self._hoisted_types, self.shape, data)
+        other = object.__new__(PriorTable)
+        other.__dict__.update(self.__dict__)
+        other._data = data
+        return other
 
     @property
     def point_address(self) -> int:
-        return self.point.address
+        return self._function("point").address
 
     @property
     def full_address(self) -> int:
-        return self.full.address
+        return self._function("full").address
+
+    @property
+    def flat_address(self) -> int:
+        return self._function("flat").address
 
     def prepare(self, grid: np.ndarray) -> tuple[list, np.ndarray]:
         """The grid-only terms on ``grid`` (d, W) and the int64 array of their addresses that
         ``full`` takes (keep both alive while it is used)."""
+        grid = np.ascontiguousarray(grid, dtype=np.int64).reshape((*self.shape, grid.shape[-1]))
+        return self._function("full").hoisted(grid, data=self._data)
+
+    def prepare_flat(self, grid: np.ndarray, rows: np.ndarray) -> tuple[list, np.ndarray]:
+        """The grid-only terms on the flat candidates ``grid`` (K,) of the cells ``rows`` (K,)
+        and the int64 array of their addresses that ``flat`` takes."""
+        return self._function("flat").hoisted(np.ascontiguousarray(grid, dtype=np.int64),
+                                              np.ascontiguousarray(rows, dtype=np.int64), data=self._data)
+
+
+class _TableFunction:
+    """A compiled table function and the function of its grid-only terms (:class:`PriorTable`)."""
+
+    def __init__(self, native, hoist_fn, dtypes):
+        self._native, self._hoist_fn, self._dtypes = native, hoist_fn, dtypes
+
+    @property
+    def address(self) -> int:
+        return self._native.address
+
+    def hoisted(self, *grid_inputs, data) -> tuple[list, np.ndarray]:
         if self._hoist_fn is None:
             return [], np.zeros(1, dtype=np.int64)
-        grid = np.ascontiguousarray(grid, dtype=np.int64).reshape((*self.shape, grid.shape[-1]))
-        buffers = [np.ascontiguousarray(np.broadcast_to(v, grid.shape), dtype=dtype)
-                   for v, dtype in zip(self._hoist_fn(grid, *self._data.values), self._hoisted_types)]
+        shape = grid_inputs[0].shape
+        buffers = [np.ascontiguousarray(np.broadcast_to(v, shape), dtype=dtype)
+                   for v, dtype in zip(self._hoist_fn(*grid_inputs, *data.values), self._dtypes)]
         return buffers, np.array([b.ctypes.data for b in buffers], dtype=np.int64)
 
 
-def _grid_only_terms(output, grid, dynamic_inputs) -> list:
-    """Variables of ``output``'s graph computed from ``grid`` (and data or constants) but not
-    from ``dynamic_inputs``, that feed a computation that depends on the latter, with the
+def _table_function(name, table, dynamic, grid_inputs, data_inputs, signature, template, carray_shape,
+                    reshape, rows=None, **constants) -> _TableFunction:
+    """The native table function ``name`` of ``template`` computing ``table`` from ``dynamic``
+    (q, counts) and ``grid_inputs`` (as ``rows`` rows of candidates if given), its grid-only
+    terms taken out as inputs (each passed as a buffer of ``carray_shape``, reshaped by
+    ``reshape``) and the function computing them."""
+    frontier = _grid_only_terms(table, grid_inputs, dynamic)
+    replacements = [pt.tensor(dtype=v.dtype, shape=(None,) * v.ndim) for v in frontier]
+    graph = clone_replace(table, dict(zip(frontier, replacements)))
+    if rows is not None:
+        graph = graph.reshape((rows, grid_inputs[0].shape[-1]))
+    dtypes = [v.dtype for v in frontier]
+    unpack = "".join(
+        f"    h{j} = carray(pointer(hoisted[{j}]), {carray_shape}, dtype=np.{np.dtype(dt).name}){reshape}\n"
+        for j, dt in enumerate(dtypes))
+    native = _native(name, [*dynamic, *grid_inputs, *replacements], [graph], data_inputs, signature,
+                     template.replace("{hoisted_unpack}", unpack), h=max(len(dtypes), 1),
+                     hoisted="".join(f", h{j}" for j in range(len(dtypes))), **constants)
+    hoist_fn = (pytensor.function([*grid_inputs, *data_inputs], frontier, mode="FAST_COMPILE",
+                                  on_unused_input="ignore") if frontier else None)
+    return _TableFunction(native, hoist_fn, dtypes)
+
+
+def _per_cell_first(output, grid, rows, gathered, per_cell):
+    """``output`` (a function of the candidates ``grid`` and their cells ``rows``) with every
+    elementwise function of the candidates' parameters alone computed once per cell and then
+    gathered: f(p[rows]) -> f(p)[rows]. ``gathered`` are p[rows] (one entry per candidate),
+    ``per_cell`` the p. (A negative binomial's log(mu alpha), lgamma(alpha), ... are then
+    evaluated once per cell, not once per candidate.)"""
+    order = io_toposort([grid, rows, *gathered], [output])
+    varying = {grid, rows}  # what depends on the candidates or their cells
+    for node in order:
+        if any(i in varying for i in node.inputs):
+            varying.update(node.outputs)
+    lifted = set(gathered)
+    for node in order:
+        if (isinstance(node.op, Elemwise) and any(i in lifted for i in node.inputs)
+                and all(i in lifted or (i not in varying and all(i.type.broadcastable)) for i in node.inputs)):
+            lifted.update(node.outputs)
+    consumed = {i for node in order if not set(node.outputs) <= lifted for i in node.inputs if i in lifted}
+    if output in lifted:
+        consumed.add(output)
+    to_cells = dict(zip(gathered, per_cell))
+    return clone_replace(output, {v: clone_replace(v, to_cells)[rows] for v in consumed if v not in to_cells})
+
+
+def _grid_only_terms(output, grid_inputs, dynamic_inputs) -> list:
+    """Variables of ``output``'s graph computed from ``grid_inputs`` (and data or constants) but
+    not from ``dynamic_inputs``, that feed a computation that depends on the latter, with the
     grid's number of dimensions and no broadcastable axis (so they can be computed once per
     grid and passed in with the grid's shape)."""
-    order = io_toposort([grid, *dynamic_inputs], [output])
-    static, dynamic = {grid}, set(dynamic_inputs)
+    order = io_toposort([*grid_inputs, *dynamic_inputs], [output])
+    static, dynamic = set(grid_inputs), set(dynamic_inputs)
+    ndim = grid_inputs[0].ndim
     for node in order:
         if any(i in dynamic for i in node.inputs):
             dynamic.update(node.outputs)
@@ -498,7 +605,7 @@ def _grid_only_terms(output, grid, dynamic_inputs) -> list:
         if not any(o in dynamic for o in node.outputs):
             continue
         for v in node.inputs:
-            if (v in static and v is not grid and v not in frontier and v.ndim == grid.ndim
+            if (v in static and v not in grid_inputs and v not in frontier and v.ndim == ndim
                     and not any(b for b in v.type.broadcastable)):
                 frontier.append(v)
     return frontier
@@ -517,6 +624,21 @@ def prior_table(q_ptr, env_ptr, grid_ptr, out_ptr, width, hoisted_ptr):
     for i in range({d}):  # a plain copy: out[:] = table would compile numba's shape-error path
         for j in range(width):
             out[i, j] = table[i, j]
+"""
+
+_FLAT_SOURCE = """
+def prior_flat(q_ptr, env_ptr, grid_ptr, rows_ptr, out_ptr, size, hoisted_ptr):
+    q = carray(q_ptr, ({n},), dtype=np.float64)
+    env = carray(env_ptr, ({k},), dtype=np.int64)
+    counts = carray(pointer(env[0]), ({m},), dtype=np.int64)
+    grid = carray(grid_ptr, (size,), dtype=np.int64)
+    rows = carray(rows_ptr, (size,), dtype=np.int64)
+    out = carray(out_ptr, (size,), dtype=np.float64)
+    hoisted = carray(hoisted_ptr, ({h},), dtype=np.int64)
+{hoisted_unpack}{unpack}
+    (table,) = jit_fn(q, counts, grid, rows{hoisted}{data})
+    for i in range(size):
+        out[i] = table[i]
 """
 
 _MIXING_SOURCE = """

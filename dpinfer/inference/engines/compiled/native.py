@@ -28,6 +28,11 @@ _LOGP_GRAD_TYPE = types.FunctionType(LOGP_GRAD)
 PRIOR_TABLE = types.void(types.voidptr, types.voidptr, types.voidptr, types.voidptr, types.intp,
                          types.voidptr)
 _PRIOR_TABLE_TYPE = types.FunctionType(PRIOR_TABLE)
+# the same on a flat list of candidates: f(q, env, grid, rows, out, K, hoisted)
+#   grid (K,) int64 candidates, rows (K,) int64 the cell of each -> out (K,) float64
+PRIOR_FLAT = types.void(types.voidptr, types.voidptr, types.voidptr, types.voidptr, types.voidptr,
+                        types.intp, types.voidptr)
+_PRIOR_FLAT_TYPE = types.FunctionType(PRIOR_FLAT)
 # the prior log pmf of one cell at one value: logp = f(q, env, cell, value)
 PRIOR_POINT = types.float64(types.voidptr, types.voidptr, types.intp, types.int64)
 _PRIOR_POINT_TYPE = types.FunctionType(PRIOR_POINT)
@@ -67,5 +72,6 @@ def _function_at(function_type):
 
 logp_grad_at = _function_at(_LOGP_GRAD_TYPE)
 prior_table_at = _function_at(_PRIOR_TABLE_TYPE)
+prior_flat_at = _function_at(_PRIOR_FLAT_TYPE)
 prior_point_at = _function_at(_PRIOR_POINT_TYPE)
 group_mixing_at = _function_at(_GROUP_MIXING_TYPE)
