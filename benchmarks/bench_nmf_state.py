@@ -17,7 +17,10 @@ memory, min bulk ESS over the counts, over the hyperparameters (``HYPER``: the l
 scale and the concentrations per level and cell) and over every parameter, max R-hat, and the 90% coverage
 of the block-group cells against the truth.
 
+Also reported: leapfrog steps per stored draw (mean) and the largest tree depth after tuning.
+
 Run:  .venv/bin/python benchmarks/bench_nmf_state.py [--counties 1 10 99] [--draws 300] [--tune 300]
+      [--nuts-per-sweep 3] [--counts-per-sweep 2]
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from fresh_process import child_result, report
 HYPER = ("sd_leaf", "log_split")  # census_model's hyperparameters: the leaf sizes' scale, the concentrations
 
 
-def one_size(n_counties: int, draws: int, tune: int, seed: int) -> dict:
+def one_size(n_counties: int, draws: int, tune: int, seed: int, nuts_per_sweep: int = 3,
+             counts_per_sweep: int = 2) -> dict:
     import pandas as pd
 
     import dpinfer as dp
@@ -57,12 +61,14 @@ def one_size(n_counties: int, draws: int, tune: int, seed: int) -> dict:
     read = time.perf_counter() - start
     start = time.perf_counter()
     model = census_model(table)
-    idata = dp.sample(model=model, draws=draws, tune=tune, chains=2, random_seed=seed, progressbar=True)
+    idata = dp.sample(model=model, draws=draws, tune=tune, chains=2, random_seed=seed, progressbar=True,
+                      nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep)
     sampled = time.perf_counter() - start
     start = time.perf_counter()
     summary = summaries(table, idata, truth=truth)
     summarised = time.perf_counter() - start
     post = idata.posterior
+    stats = idata.sample_stats
     ess = {}
     for name in post.data_vars:
         values = post[name].values
@@ -79,13 +85,14 @@ def one_size(n_counties: int, draws: int, tune: int, seed: int) -> dict:
         "max_rhat": verdict["max_rhat"], "converged": verdict["converged"],
         "coverage_bg_cells": float(((leaves.q05 <= leaves.truth) & (leaves.truth <= leaves.q95)).mean()),
         "widenings": json.loads(post.attrs["dpinfer"])["counts"]["widenings"],
+        "steps_per_draw": float(stats["n_steps"].mean()), "max_tree_depth": int(stats["tree_depth"].max()),
     }
 
 
 def child(argv) -> None:
-    n_counties, draws, tune, seed = map(int, argv)
+    n_counties, draws, tune, seed, nuts_per_sweep, counts_per_sweep = map(int, argv)
     start = time.perf_counter()
-    row = one_size(n_counties, draws, tune, seed)
+    row = one_size(n_counties, draws, tune, seed, nuts_per_sweep, counts_per_sweep)
     row["total_s"] = time.perf_counter() - start
     row["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     report(row)
@@ -97,23 +104,29 @@ def main(argv=None) -> None:
     parser.add_argument("--draws", type=int, default=300)
     parser.add_argument("--tune", type=int, default=300)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--_child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--nuts-per-sweep", type=int, default=3, help="NUTS transitions per draw (dp.sample's 3)")
+    parser.add_argument("--counts-per-sweep", type=int, default=2, help="count draws per draw (dp.sample's 2)")
+    parser.add_argument("--_child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._child:
         return child(args._child)
     rows = []
     for k in args.counties:
-        print(f"--- {k} counties, 2 chains x ({args.tune} + {args.draws}), fresh process", flush=True)
-        rows.append(child_result(__file__, [k, args.draws, args.tune, args.seed], f"the {k}-county run"))
+        print(f"--- {k} counties, 2 chains x ({args.tune} + {args.draws}), {args.nuts_per_sweep} NUTS transitions "
+              f"and {args.counts_per_sweep} count draws per draw, fresh process", flush=True)
+        rows.append(child_result(__file__, [k, args.draws, args.tune, args.seed, args.nuts_per_sweep,
+                                            args.counts_per_sweep], f"the {k}-county run"))
     head = ("| counties | leaves | counts | terms | read + table | dp.sample | in all | peak RSS | "
-            "min ESS counts | min ESS hyper | min ESS params | max R-hat | BG cells 90% cover |")
+            "min ESS counts | min ESS hyper | min ESS params | max R-hat | BG cells 90% cover | "
+            "leapfrog steps per draw | max tree depth |")
     print("\n" + head)
     print("|" + "---:|" * (head.count("|") - 1))
     for r in rows:
         print(f"| {r['counties']} | {r['leaves']} | {r['counts']:,} | {r['terms']:,} | {r['read_s']:.0f} s | "
               f"{r['sample_s']:.0f} s | {r['total_s']:.0f} s | {r['peak_rss_gb']:.2f} GB | "
               f"{r['min_ess_counts']:.0f} | {r['min_ess_hyper']:.0f} | {r['min_ess_params']:.0f} | "
-              f"{r['max_rhat']:.3f} | {r['coverage_bg_cells']:.3f} |")
+              f"{r['max_rhat']:.3f} | {r['coverage_bg_cells']:.3f} | {r['steps_per_draw']:.0f} | "
+              f"{r['max_tree_depth']} |")
 
 
 if __name__ == "__main__":
