@@ -293,8 +293,9 @@ def _build(thawed, sources: dict, latent_names: list, excluded: list, mixing: di
     logp_grad = _native("logp_grad", [q, counts], [logp, grad], inputs, LOGP_GRAD,
                         _LOGP_GRAD_SOURCE, n=n, m=m)
     prior_tables = {
-        name: PriorTable(table, flat, point, q, counts, grid, flat_grid, flat_rows, cell, value, inputs,
-                         n=n, m=m, shape=latent_shapes[name])
+        name: PriorTable(_OnDemand(_prior_builders(table, flat, point, q, counts, grid, flat_grid, flat_rows, cell,
+                                                   value, inputs, n=n, m=m, shape=latent_shapes[name])),
+                         latent_shapes[name])
         for name, table, flat, point, grid in zip(latent_names, tables, flat_tables, points, grids)}
     group_mixing = {
         name: _native("group_mixing", [q, counts], [graph], inputs, GROUP_MIXING, _MIXING_SOURCE,
@@ -463,63 +464,65 @@ class PriorTable:
     grid's (else they stay in the graph). A structure's table; :meth:`bound` gives a model's
     (sharing the compiled functions)."""
 
-    def __init__(self, table, flat, point, q, counts, grid, flat_grid, flat_rows, cell, value,
-                 data_inputs: list, *, n: int, m: int, shape: tuple):
-        self.shape, self._data = tuple(shape), None
-        self._graphs = (table, flat, point, q, counts, grid, flat_grid, flat_rows, cell, value, data_inputs, n, m)
-        self._built = {}  # shared with bound copies: each function compiled once
-        self._lock = threading.Lock()
-
-    def _function(self, kind: str):
-        with self._lock:
-            return self._built[kind] if kind in self._built else self._build(kind)
-
-    def _build(self, kind: str):
-        (table, flat, point, q, counts, grid, flat_grid, flat_rows, cell, value, data_inputs, n, m) = self._graphs
-        if kind == "point":
-            built = _native("prior_point", [q, counts, cell, value], [point], data_inputs, PRIOR_POINT,
-                            _POINT_SOURCE, n=n, m=m)
-        elif kind == "full":
-            d = int(np.prod(self.shape))
-            built = _table_function("prior_table", table, [q, counts], [grid], data_inputs, PRIOR_TABLE,
-                                    _TABLE_SOURCE, f"({d}, width)", f".reshape({self.shape} + (width,))",
-                                    rows=d, n=n, m=m, d=d, shape=self.shape)
-        else:
-            built = _table_function("prior_flat", flat, [q, counts], [flat_grid, flat_rows], data_inputs,
-                                    PRIOR_FLAT, _FLAT_SOURCE, "(size,)", "", n=n, m=m)
-        self._built[kind] = built
-        return built
+    def __init__(self, functions: "_OnDemand", shape: tuple, data=None):
+        self._functions, self.shape, self._data = functions, tuple(shape), data
 
     def bound(self, data: "ModelData") -> "PriorTable":
-        """This table with a model's data (for :meth:`prepare`)."""
-        other = object.__new__(PriorTable)
-        other.__dict__.update(self.__dict__)
-        other._data = data
-        return other
+        """This table with a model's data (for :meth:`prepare`), sharing the compiled functions."""
+        return PriorTable(self._functions, self.shape, data)
 
     @property
     def point_address(self) -> int:
-        return self._function("point").address
+        return self._functions.get("point").address
 
     @property
     def full_address(self) -> int:
-        return self._function("full").address
+        return self._functions.get("full").address
 
     @property
     def flat_address(self) -> int:
-        return self._function("flat").address
+        return self._functions.get("flat").address
 
     def prepare(self, grid: np.ndarray) -> tuple[list, np.ndarray]:
         """The grid-only terms on ``grid`` (d, W) and the int64 array of their addresses that
         ``full`` takes (keep both alive while it is used)."""
         grid = np.ascontiguousarray(grid, dtype=np.int64).reshape((*self.shape, grid.shape[-1]))
-        return self._function("full").hoisted(grid, data=self._data)
+        return self._functions.get("full").hoisted(grid, data=self._data)
 
     def prepare_flat(self, grid: np.ndarray, rows: np.ndarray) -> tuple[list, np.ndarray]:
         """The grid-only terms on the flat candidates ``grid`` (K,) of the cells ``rows`` (K,)
         and the int64 array of their addresses that ``flat`` takes."""
-        return self._function("flat").hoisted(np.ascontiguousarray(grid, dtype=np.int64),
+        return self._functions.get("flat").hoisted(np.ascontiguousarray(grid, dtype=np.int64),
                                               np.ascontiguousarray(rows, dtype=np.int64), data=self._data)
+
+
+class _OnDemand:
+    """Functions compiled when first asked for, each once (under a lock: chains run in threads)."""
+
+    def __init__(self, builders: dict):
+        self._builders, self._built, self._lock = builders, {}, threading.Lock()
+
+    def get(self, kind: str):
+        with self._lock:
+            if kind not in self._built:
+                self._built[kind] = self._builders[kind]()
+            return self._built[kind]
+
+
+def _prior_builders(table, flat, point, q, counts, grid, flat_grid, flat_rows, cell, value, data_inputs,
+                    *, n: int, m: int, shape: tuple) -> dict:
+    """The compilers of a latent's :class:`PriorTable` functions, from its graphs: the point, the
+    padded table on ``grid`` and the flat table on (``flat_grid``, ``flat_rows``)."""
+    d = int(np.prod(shape))
+    return {
+        "point": lambda: _native("prior_point", [q, counts, cell, value], [point], data_inputs, PRIOR_POINT,
+                                 _POINT_SOURCE, n=n, m=m),
+        "full": lambda: _table_function("prior_table", table, [q, counts], [grid], data_inputs, PRIOR_TABLE,
+                                        _TABLE_SOURCE, f"({d}, width)", f".reshape({tuple(shape)} + (width,))",
+                                        rows=d, n=n, m=m, d=d, shape=tuple(shape)),
+        "flat": lambda: _table_function("prior_flat", flat, [q, counts], [flat_grid, flat_rows], data_inputs,
+                                        PRIOR_FLAT, _FLAT_SOURCE, "(size,)", "", n=n, m=m),
+    }
 
 
 class _TableFunction:
