@@ -25,19 +25,23 @@ One pipeline, for the releases recorded by ``Mechanism.observe``:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pymc as pm
 import xarray as xr
 
 from dpinfer._validation import check_probability
+from dpinfer.inference import checkpoint as checkpoints
 from dpinfer.inference import convergence, planning
 from dpinfer.inference.engines import closed_form
 from dpinfer.inference.engines import nutpie as nutpie_engine
 from dpinfer.inference.engines.compiled import engine as compiled_engine
-from dpinfer.inference.engines.compiled.chains import NUTS_PER_SWEEP
+from dpinfer.inference.engines.compiled.cache import describe
+from dpinfer.inference.engines.compiled.chains import COUNTS_PER_SWEEP, NUTS_PER_SWEEP
 from dpinfer.inference.engines.pymc import engine as pymc_engine
 from dpinfer.inference.latents import NotMarginalisableError
 from dpinfer.mechanisms.records import releases_of
@@ -60,6 +64,9 @@ def sample(
     model=None,
     log_likelihood: bool = False,
     method: str = "auto",
+    checkpoint=None,
+    checkpoint_every: int = 100,
+    resume=None,
     **sample_kwargs,
 ):
     """Sample the posterior of a model with privatised releases of latent counts, of
@@ -78,6 +85,18 @@ def sample(
         draws of additive noise releases are exact beyond their windows and need no bound.
     log_likelihood
         Also compute the per-cell marginal log-likelihood of each release (for LOO/WAIC).
+    checkpoint, checkpoint_every
+        A new (or empty) directory where the compiled engine saves each chain's state every
+        ``checkpoint_every`` iterations, when a chain ends and when the fit is interrupted
+        (Ctrl-C stops the chains after their running iterations, saves them and raises
+        :class:`~dpinfer.inference.checkpoint.Interrupted`; a killed process leaves the last
+        periodic checkpoint). Data only (netCDF and JSON), readable by its owner only: it
+        holds draws of the confidential counts (:mod:`dpinfer.inference.checkpoint`).
+    resume
+        A checkpoint directory to continue from (and to keep saving to): the fit must be the
+        same (model, data, releases, draws, tune, chains, sampler settings, dpinfer and
+        library versions; ``random_seed`` the same or None) or it is refused saying what
+        differs. The resumed fit's draws equal those of the fit run without interruption.
     method
         ``"auto"``: the compiled engine where the model allows it (module docstring), else
         the PyMC engine (counts summed out where they are a release's only child, exact
@@ -110,16 +129,19 @@ def sample(
     records = releases_of(model)
     if not records:
         raise ValueError("the model has no release registered with Mechanism.observe(...); use pm.sample")
-    rng = np.random.default_rng(random_seed)
+    seed = _seed_sequence(random_seed, resume)
+    rng = np.random.default_rng(seed)
     cores = min(chains, cores if cores is not None else (os.cpu_count() or 1))
 
     plan = planning.plan_model(model, records, method=method)  # 1. plan
     engine, fitted, compiled, reason = _engine(model, plan, method, sample_kwargs)  # 2. engine
     options = dict(draws=draws, tune=tune, chains=chains, cores=cores, rng=rng, tol=tol,
-                   progressbar=progressbar)
+                   progressbar=progressbar,
+                   checkpoint=_fit_checkpoint(engine, checkpoint, checkpoint_every, resume, seed, sample_kwargs,
+                                              draws=draws, tune=tune, chains=chains, tol=tol))
     if engine == "nutpie":  # 3. sample
         idata = nutpie_engine.run(fitted, compiled, seed=int(rng.integers(2**31)), **_without(
-            options, "rng", "tol"), **sample_kwargs)
+            options, "rng", "tol", "checkpoint"), **sample_kwargs)
         report, widenings, fit = {}, 0, None
     else:
         idata, report, widenings, fit = _sample_counts(model, fitted, plan, engine, compiled,
@@ -143,6 +165,32 @@ def sample(
             entry["engine_reason"] = reason
     idata.posterior.attrs["dpinfer"] = json.dumps(report)
     return _with_convergence(model, idata, progressbar)
+
+
+def _seed_sequence(random_seed, resume) -> np.random.SeedSequence:
+    """The fit's seed; resuming without ``random_seed``, the checkpointed fit's."""
+    if resume is not None and random_seed is None:
+        return np.random.SeedSequence(int(checkpoints.read_identity(resume)["entropy"]))
+    return np.random.SeedSequence(random_seed)
+
+
+def _fit_checkpoint(engine: str, checkpoint, every, resume, seed, sample_kwargs: dict, **settings):
+    """The fit's :class:`~dpinfer.inference.checkpoint.FitCheckpoint`, or None without one."""
+    if checkpoint is None and resume is None:
+        return None
+    if checkpoint is not None and resume is not None and Path(checkpoint) != Path(resume):
+        raise ValueError(f"give checkpoint= or resume=, not both (resume={str(resume)!r} keeps saving there)")
+    if engine != "compiled":
+        raise ValueError(f"checkpoint= and resume= need the compiled engine; this model is fitted by "
+                         f"the {engine} engine (posterior.attrs['dpinfer'] says why)")
+    options = {"target_accept": 0.8, "max_treedepth": compiled_engine.MAX_TREE_DEPTH,
+               "nuts_per_sweep": NUTS_PER_SWEEP} | sample_kwargs
+    options.setdefault("counts_per_sweep", min(COUNTS_PER_SWEEP, options["nuts_per_sweep"]))
+    if "initvals" in options:
+        options["initvals"] = hashlib.sha256(repr(describe(options["initvals"])).encode()).hexdigest()
+    return checkpoints.FitCheckpoint(resume if resume is not None else checkpoint, every=every,
+                                     resume=resume is not None, settings=settings | options,
+                                     entropy=seed.entropy)
 
 
 def _engine(model, plan, method: str, sample_kwargs: dict):
@@ -201,19 +249,25 @@ def _check_options(options: dict, allowed: tuple, engine: str) -> None:
 
 
 def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: dict, *, draws,
-                   tune, chains, cores, rng, tol, progressbar):
+                   tune, chains, cores, rng, tol, progressbar, checkpoint):
     """The fit on the compiled or PyMC engine, widening windows that miss ``tol`` (step 3):
-    (DataTree, report, widenings made, the PyMC engine's kept fit or None)."""
+    (DataTree, report, widenings made, the PyMC engine's kept fit or None). Resuming, the
+    widenings the checkpointed fit had made are replayed without refitting."""
     plans = plan.latents
     planning.first_windows(plans, tol, exact_tails=engine == "compiled",
                            at_least={} if engine == "compiled" else pymc_engine.kept_widths(model))
     seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
+    replay = checkpoint.widenings_to_replay() if checkpoint is not None else []
     fit = None
     for attempt in range(MAX_WIDENINGS + 1):
+        if attempt < len(replay):
+            compiled_engine.chain_seeds(rng, chains)  # what the fit took from rng
+            planning.widen(plans, replay[attempt], tol)
+            continue
         if engine == "compiled":
             idata, report, failed = compiled_engine.run(
                 fitted, compiled, plans, draws=draws, tune=tune, chains=chains, cores=cores,
-                rng=rng, tol=tol, progressbar=progressbar, **sample_kwargs)
+                rng=rng, tol=tol, progressbar=progressbar, checkpoint=checkpoint, **sample_kwargs)
         else:
             idata, report, failed, fit = pymc_engine.run(
                 model, plans, draws=draws, tune=tune, chains=chains, cores=cores,
@@ -244,6 +298,8 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
                 f"{sorted(failed)}; the posterior puts mass where the likelihood is tiny - check the model"
             )
         planning.widen(plans, failed, tol)
+        if checkpoint is not None:
+            checkpoint.widened(failed)
         if progressbar:
             print(f"dpinfer: widening the windows of {sorted(failed)} and refitting")
 

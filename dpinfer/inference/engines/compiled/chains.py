@@ -39,7 +39,9 @@ seed gives the same draws whatever the thread scheduling.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
 import sys
 import threading
 import time
@@ -52,6 +54,7 @@ import numpy as np
 from numba import literal_unroll
 
 from dpinfer._random_stream import new_stream
+from dpinfer.inference.checkpoint import ChainState, Interrupted, interrupted_message
 from dpinfer.inference.engines.compiled.count_blocks import GroupTotals, IndependentCells
 from dpinfer.inference.engines.compiled.exact_counts import (
     HOLD_RATIO,
@@ -73,7 +76,8 @@ from dpinfer.lattice.nested.kernel import current_sums
 MAX_TREE_DEPTH = 10
 NUTS_STATS = ("lp", "tree_depth", "n_steps", "acceptance_rate", "diverging", "energy",
               "energy_error", "step_size")
-_CHUNKS = 40  # progress reports per chain
+_CHUNKS = 40  # progress reports per chain, at least
+_CALL_SECONDS = 0.5  # a compiled call's target length (a stop waits for the running one)
 NUTS_PER_SWEEP = 3  # NUTS transitions of the parameters per stored draw (benchmarks/README.md)
 COUNTS_PER_SWEEP = 2  # draws of the counts per stored draw, spread among those transitions
 
@@ -275,20 +279,34 @@ def _stat_columns(blocks) -> tuple[list, list]:
     return names, starts
 
 
-def run_chain(model, blocks, *, tune: int, draws: int, rng: np.random.Generator,
-              q0: np.ndarray, counts0: np.ndarray, max_tree_depth: int = MAX_TREE_DEPTH,
-              target_accept: float = 0.8, nuts_per_sweep: int = NUTS_PER_SWEEP,
-              counts_per_sweep: int = COUNTS_PER_SWEEP, progress=None) -> ChainResult:
-    """One chain (module docstring). ``model`` is a
-    :class:`dpinfer.inference.engines.compiled.model.CompiledModel`, ``blocks`` the count blocks (objects
-    with ``kind`` ("cells" or "totals"), ``native(column)`` giving the kernel's data tuple with
-    fresh scratch, and ``stat_names``)."""
-    start_time = time.perf_counter()
-    stream = new_stream(rng)
+def fresh_state(model, n_stats: int, *, tune: int, draws: int, rng: np.random.Generator,
+                q0: np.ndarray, counts0: np.ndarray, target_accept: float) -> ChainState:
+    """A chain before its first iteration: at (q0, counts0), its stream drawn from ``rng``."""
     n = model.n
-    q = np.array(q0, dtype=float)
+    adapt = np.zeros(7)
+    adapt[_TARGET] = target_accept
     counts = np.array(counts0, dtype=np.int64)
-    env = model.environment(counts)  # the model functions' view of the counts and the data
+    return ChainState(q=np.array(q0, dtype=float), counts=counts, inv_mass=np.ones(n), adapt=adapt,
+                      metric_count=np.zeros(1), metric_mean=np.zeros((2, n)), metric_m2=np.zeros((2, n)),
+                      stream=new_stream(rng), draws_q=np.empty((draws, n)),
+                      draws_counts=np.empty((draws, counts.size), dtype=np.int64),
+                      draws_stats=np.zeros((draws, n_stats)))
+
+
+def run_chain(model, blocks, state: ChainState, *, tune: int, draws: int,
+              max_tree_depth: int = MAX_TREE_DEPTH, nuts_per_sweep: int = NUTS_PER_SWEEP,
+              counts_per_sweep: int = COUNTS_PER_SWEEP, progress=None, save=None,
+              save_every: int = 0, stop: threading.Event | None = None) -> ChainResult | None:
+    """Run a chain (module docstring) from ``state`` (:func:`fresh_state`, or a checkpoint's)
+    to its ``tune + draws`` iterations. ``model`` is a
+    :class:`dpinfer.inference.engines.compiled.model.CompiledModel`, ``blocks`` the count blocks (objects
+    with ``kind`` ("cells", "totals" or "nested"), ``native(column)`` giving the kernel's data
+    tuple with fresh scratch, and ``stat_names``). ``save(state)`` is called every
+    ``save_every`` iterations, at the end and when the chain stops early: when ``stop`` is
+    set, after the compiled call running (returning None). Calls take about half a second
+    each (sized from the last one), so a stop is prompt."""
+    start_time = time.perf_counter() - state.seconds
+    env = model.environment(state.counts)  # the model functions' view of the counts and the data
     names, columns = _stat_columns(blocks)
     cells = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "cells")
     totals = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "totals")
@@ -296,37 +314,49 @@ def run_chain(model, blocks, *, tune: int, draws: int, rng: np.random.Generator,
     cells = cells or (IndependentCells.placeholder(),)
     totals = totals or (GroupTotals.placeholder(),)
     nested = nested or None  # no nested block: the kernels' nested branch is pruned
-    out_q = np.empty((draws, n))
-    out_counts = np.empty((draws, counts.size), dtype=np.int64)
-    out_stats = np.zeros((draws, len(names)))
     row = np.zeros(len(names))
-    grad = np.empty(n)
-    inv_mass = np.ones(n)
-    adapt = np.zeros(7)
-    adapt[_TARGET] = target_accept
-    metric_count, metric_mean, metric_m2 = np.zeros(1), np.zeros((2, n)), np.zeros((2, n))
+    grad = np.empty(model.n)
     window_ends = np.asarray(metric_windows(tune) or [-1], dtype=np.int64)
     total = tune + draws
-    chunk = max(1, math.ceil(total / _CHUNKS))
-    for first in range(0, total, chunk):
+    longest = max(1, math.ceil(total / _CHUNKS))
+    chunk = 1
+
+    def saved():
+        state.seconds = time.perf_counter() - start_time
+        if save is not None:
+            save(state)
+
+    while state.done < total:
+        if stop is not None and stop.is_set():
+            saved()
+            return None
+        first = state.done
         last = min(total, first + chunk)
-        code = _sweeps(first, last, tune, model.logp_grad_address, q, grad, counts, env, inv_mass,
-                       adapt, metric_count, metric_mean, metric_m2, window_ends, max_tree_depth,
-                       cells, totals, nested, stream, out_q, out_counts, out_stats, row, nuts_per_sweep,
-                       counts_per_sweep)
+        if save_every:
+            last = min(last, (first // save_every + 1) * save_every)
+        began = time.perf_counter()
+        code = _sweeps(first, last, tune, model.logp_grad_address, state.q, grad, state.counts, env,
+                       state.inv_mass, state.adapt, state.metric_count, state.metric_mean, state.metric_m2,
+                       window_ends, max_tree_depth, cells, totals, nested, state.stream, state.draws_q,
+                       state.draws_counts, state.draws_stats, row, nuts_per_sweep, counts_per_sweep)
         if code == 1:
             raise SamplingError("a count block's window holds no mass (a release far outside "
                                 "its window without exact tails)")
         if code == 2:
             raise SamplingError("the parameters' log density is not finite at the current point; "
                                 "check the model's initial values and priors")
+        state.done = last
+        seconds = time.perf_counter() - began
+        chunk = int(min(longest, max(1, (last - first) * _CALL_SECONDS / max(seconds, 1e-3))))
         if progress is not None:
             progress.advance(last - first)
-    stats = {name: out_stats[:, j] for j, name in enumerate(names)}
-    if not n:
+        if (save_every and last % save_every == 0) or last == total:
+            saved()
+    stats = {name: state.draws_stats[:, j] for j, name in enumerate(names)}
+    if not model.n:
         for name in NUTS_STATS:
             del stats[name]
-    return ChainResult(out_q, out_counts, stats, time.perf_counter() - start_time)
+    return ChainResult(state.draws_q, state.draws_counts, stats, time.perf_counter() - start_time)
 
 
 def _kernels_on_disk() -> bool:
@@ -342,11 +372,11 @@ class Progress:
     line every 10 s otherwise (logs). The first call compiles the sampler's kernels once per
     machine (numba's cache); that is announced, since it takes tens of seconds."""
 
-    def __init__(self, total: int, label: str, enabled: bool):
+    def __init__(self, total: int, label: str, enabled: bool, done: int = 0):
         self.total, self.label, self.enabled = total, label, enabled
         self.tty = enabled and sys.stderr.isatty()
         self.every = 1.0 if self.tty else 10.0
-        self.done = 0
+        self.done = done  # iterations done before (a resumed fit)
         self._lock = threading.Lock()
         self._start = time.perf_counter()
         self._last = self._start
@@ -369,23 +399,67 @@ class Progress:
 
 
 def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
-               rng: np.random.Generator, starts: list, progressbar: bool = True,
+               seeds: list, starts: list, progressbar: bool = True,
                max_tree_depth: int = MAX_TREE_DEPTH, target_accept: float = 0.8,
-               nuts_per_sweep: int = NUTS_PER_SWEEP,
-               counts_per_sweep: int = COUNTS_PER_SWEEP) -> list[ChainResult]:
+               nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int = COUNTS_PER_SWEEP,
+               checkpoint=None) -> list[ChainResult]:
     """``chains`` chains, ``cores`` at a time in threads; ``starts`` gives (q0, counts0) per
-    chain. Returns the chains' results in order."""
-    seeds = rng.spawn(chains)
-    progress = Progress(chains * (tune + draws), "dpinfer: sampling", progressbar)
+    chain, ``seeds`` a ``numpy.random.Generator`` per chain for its random stream. Returns the
+    chains' results in order. With ``checkpoint``
+    (:class:`dpinfer.inference.checkpoint.Checkpoint`) each chain starts from its saved state
+    where there is one and saves its state every ``checkpoint.every`` iterations; Ctrl-C
+    stops every chain after its running call, saves them, and raises
+    :class:`~dpinfer.inference.checkpoint.Interrupted` saying how to resume."""
+    n_stats = len(_stat_columns(blocks)[0])
+    states = []
+    for c in range(chains):
+        saved = checkpoint.load(c) if checkpoint is not None else None
+        q0, counts0 = starts[c]
+        states.append(saved if saved is not None else fresh_state(
+            model, n_stats, tune=tune, draws=draws, rng=seeds[c], q0=q0, counts0=counts0,
+            target_accept=target_accept))
+    total = chains * (tune + draws)
+    progress = Progress(total, "dpinfer: sampling", progressbar, done=sum(s.done for s in states))
+    stop = threading.Event()
 
     def one(c):
-        q0, counts0 = starts[c]
-        return run_chain(model, blocks, tune=tune, draws=draws, rng=seeds[c], q0=q0,
-                         counts0=counts0, max_tree_depth=max_tree_depth,
-                         target_accept=target_accept, nuts_per_sweep=nuts_per_sweep,
-                         counts_per_sweep=counts_per_sweep, progress=progress)
+        save = (lambda state: checkpoint.save(c, state)) if checkpoint is not None else None
+        return run_chain(model, blocks, states[c], tune=tune, draws=draws, max_tree_depth=max_tree_depth,
+                         nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep,
+                         progress=progress, save=save, save_every=checkpoint.every if checkpoint else 0,
+                         stop=stop)
 
-    if cores <= 1 or chains == 1:
-        return [one(c) for c in range(chains)]
-    with ThreadPoolExecutor(max_workers=min(cores, chains)) as pool:
-        return list(pool.map(one, range(chains)))
+    with _ctrl_c_sets(stop, progressbar):
+        if cores <= 1 or chains == 1:
+            results = [one(c) for c in range(chains)]
+        else:
+            with ThreadPoolExecutor(max_workers=min(cores, chains)) as pool:
+                results = list(pool.map(one, range(chains)))
+    if any(r is None for r in results):  # stopped by Ctrl-C before the end
+        path = checkpoint.path if checkpoint is not None else None
+        raise Interrupted(interrupted_message(path, sum(s.done for s in states), total))
+    return results
+
+
+@contextlib.contextmanager
+def _ctrl_c_sets(stop: threading.Event, announce: bool):
+    """Within the block, the first Ctrl-C (SIGINT) sets ``stop`` instead of raising, so the
+    chains stop between two compiled calls with their state whole (a second Ctrl-C raises
+    KeyboardInterrupt as usual). Only in the main thread (where Python delivers signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum, frame):
+        stop.set()
+        signal.signal(signal.SIGINT, previous)
+        if announce:
+            print("\ndpinfer: stopping the chains after their running iterations (Ctrl-C again to "
+                  "abort at once)", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -39,6 +39,7 @@ from dpinfer.inference.engines.compiled.count_blocks import (
     IndependentCells,
     NestedCounts,
 )
+from dpinfer.inference.checkpoint import model_hash
 from dpinfer.inference.engines.compiled.model import NotCompilableError, compile_model
 from dpinfer.inference.report import window_entry
 
@@ -105,10 +106,12 @@ def compiled_model_for(model, latents: list, releases: list):
 def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: int,
         rng: np.random.Generator, tol: float, progressbar: bool, initvals=None,
         target_accept: float = 0.8, max_treedepth: int = MAX_TREE_DEPTH,
-        nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int | None = None):
+        nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int | None = None, checkpoint=None):
     """One fit with the plans' current windows: (DataTree, report, failed), ``failed`` mapping
     each latent whose window (without exact tails) missed ``tol`` to its largest bound.
-    ``counts_per_sweep`` defaults to min(COUNTS_PER_SWEEP, nuts_per_sweep)."""
+    ``counts_per_sweep`` defaults to min(COUNTS_PER_SWEEP, nuts_per_sweep). ``checkpoint``: a
+    function of the model's hash returning the fit's
+    :class:`~dpinfer.inference.checkpoint.Checkpoint` (or None)."""
     if counts_per_sweep is None:
         counts_per_sweep = min(COUNTS_PER_SWEEP, nuts_per_sweep)
     blocks = [_block(plan, compiled) for plan in plans]
@@ -117,7 +120,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
         idata = _fit(model, compiled, blocks, starts, draws=draws, tune=tune, chains=chains,
                      cores=cores, rng=rng, progressbar=progressbar, max_tree_depth=max_treedepth,
                      target_accept=target_accept, initvals=initvals, nuts_per_sweep=nuts_per_sweep,
-                     counts_per_sweep=counts_per_sweep)
+                     counts_per_sweep=counts_per_sweep, checkpoint=checkpoint)
     except SamplingError as err:
         raise RuntimeError(f"dpinfer.sample: {err}") from err
     report, failed = {}, {}
@@ -214,22 +217,35 @@ def held_too_often(held) -> bool:
 def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int, chains: int,
          cores: int, rng: np.random.Generator, progressbar: bool, max_tree_depth: int,
          target_accept: float, initvals: dict | None, nuts_per_sweep: int,
-         counts_per_sweep: int):
+         counts_per_sweep: int, checkpoint=None):
     """Run the chains and return the DataTree. ``initial_counts`` maps each latent to a start
     on its fibre; the parameters start at PyMC's jittered initial point, or at ``initvals``
-    where given (constrained values by variable name, as for ``pm.sample``)."""
+    where given (constrained values by variable name, as for ``pm.sample``). ``checkpoint``:
+    as :func:`run`'s."""
     counts0 = compiled.counts_vector(initial_counts)
-    starts = [(compiled.initial_q(int(rng.integers(2**31)), model, initvals), counts0)
-              for _ in range(chains)]
+    start_seeds, streams = chain_seeds(rng, chains)
+    starts = [(compiled.initial_q(seed, model, initvals), counts0) for seed in start_seeds]
+    if checkpoint is not None:
+        checkpoint = checkpoint(model_hash(compiled.key, compiled.data.values, counts0))
     start = time.perf_counter()
     results = run_chains(compiled, blocks, chains=chains, cores=cores, tune=tune, draws=draws,
-                         rng=rng, starts=starts, progressbar=progressbar,
+                         seeds=streams, starts=starts, progressbar=progressbar,
                          max_tree_depth=max_tree_depth, target_accept=target_accept,
-                         nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep)
+                         nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep,
+                         checkpoint=checkpoint)
     seconds = time.perf_counter() - start
+    if checkpoint is not None:
+        seconds = max(seconds, max(r.seconds for r in results))  # a resumed fit: its chains' whole time
     return _datatree(model, compiled, results, tune=tune, seconds=seconds,
                      max_tree_depth=max_tree_depth, nuts_per_sweep=nuts_per_sweep,
                      counts_per_sweep=counts_per_sweep)
+
+
+def chain_seeds(rng: np.random.Generator, chains: int) -> tuple[list, list]:
+    """What a fit takes from ``rng``: each chain's seed for its jittered start, and each
+    chain's generator for its random stream (one place, so that a resumed fit replaying an
+    earlier widening takes the same)."""
+    return [int(rng.integers(2**31)) for _ in range(chains)], rng.spawn(chains)
 
 
 def _datatree(model, compiled, results, *, tune: int, seconds: float,

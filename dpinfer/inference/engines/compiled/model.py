@@ -96,6 +96,7 @@ class Structure:
     start_fn: object  # PyTensor function (*jitters, *data) -> transformed initial point
     data_index: list  # the model's data (thaw_literals order) handed to the functions
     data_inputs: list = field(repr=False, default_factory=list)
+    key: str | None = None  # the model cache's structure key (None: not cacheable)
 
     @property
     def n(self) -> int:
@@ -204,6 +205,7 @@ def compile_model(model, latents: list, exclude: list) -> CompiledModel:
     structure = _STRUCTURES.get(key) if key is not None else None
     if structure is None:
         structure = _build(thawed, sources, latent_names, excluded, mixing)
+        structure.key = key
         if key is not None:
             _STRUCTURES[key] = structure
     data = ModelData.of(structure, sources)

@@ -1,0 +1,159 @@
+"""Checkpoints of dp.sample (dpinfer.inference.checkpoint): a fit interrupted by Ctrl-C or a
+killed process resumes from its checkpoint, and with the same seed the resumed fit's draws are
+the uninterrupted fit's, bit for bit; a checkpoint of another fit is refused; checkpoints hold
+data only and are readable by their owner only."""
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pymc as pm
+import pytest
+
+import dpinfer as dp
+from dpinfer.inference import checkpoint as checkpoints
+from dpinfer.inference.checkpoint import CheckpointMismatchError, Interrupted
+
+# short fits: their convergence is not what is tested
+pytestmark = pytest.mark.filterwarnings("ignore::dpinfer.inference.convergence.ConvergenceWarning")
+SETTINGS = dict(draws=150, tune=150, chains=2, random_seed=11, progressbar=False)
+MODEL_SOURCE = """
+import numpy as np
+import pymc as pm
+import dpinfer as dp
+
+def model(shift=0):
+    rng = np.random.default_rng(0)
+    with pm.Model() as m:
+        log_rate = pm.Normal("log_rate", 2.0, 1.0)
+        x = pm.Poisson("x", pm.math.exp(log_rate), shape=40)
+        dp.Laplace(epsilon=0.5).observe("release", x, observed=rng.poisson(8, 40) + rng.integers(-3, 4, 40) + shift)
+    return m
+"""
+namespace: dict = {}
+exec(MODEL_SOURCE, namespace)
+model = namespace["model"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    return dp.sample(model=model(), **SETTINGS)
+
+
+def _same_draws(a, b):
+    for name in ("log_rate", "x"):
+        np.testing.assert_array_equal(a.posterior[name].values, b.posterior[name].values)
+    for name in ("lp", "step_size", "n_steps"):
+        np.testing.assert_array_equal(a.sample_stats[name].values, b.sample_stats[name].values)
+
+
+def test_a_checkpointed_fit_draws_as_a_plain_one_and_keeps_data_only_for_its_owner(tmp_path, uninterrupted):
+    path = tmp_path / "fit"
+    _same_draws(uninterrupted, dp.sample(model=model(), checkpoint=path, checkpoint_every=40, **SETTINGS))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    assert sorted(p.name for p in path.iterdir()) == ["chain-0.nc", "chain-1.nc", "checkpoint.json"]
+    for f in path.iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    ident = json.loads((path / "checkpoint.json").read_text())
+    assert ident["settings"]["draws"] == 150 and ident["entropy"] == "11"
+    for f in path.glob("*.nc"):
+        assert f.read_bytes()[:8] == b"\x89HDF\r\n\x1a\n"  # netCDF-4 (HDF5): arrays, no pickle
+    state = checkpoints.Checkpoint(path, ident, 40).load(1)
+    assert state.done == 300 and state.stream.dtype == np.uint64
+    np.testing.assert_array_equal(state.draws_q[:, 0], uninterrupted.posterior["log_rate"].values[1])
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_ctrl_c_saves_the_chains_and_the_resumed_fit_gives_the_uninterrupted_draws(tmp_path, monkeypatch,
+                                                                                    uninterrupted, cores):
+    """Ctrl-C (SIGINT to the process) after the second save: the chains stop after their
+    running call, are saved, and Interrupted says how to resume; resuming (without the seed:
+    it is in the checkpoint) gives the uninterrupted fit's draws."""
+    path = tmp_path / "fit"
+    save = checkpoints.Checkpoint.save
+    calls = []
+
+    def save_then_ctrl_c(self, chain, state):
+        save(self, chain, state)
+        calls.append(state.done)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)  # the main thread's handler runs before this chain's next call
+
+    monkeypatch.setattr(checkpoints.Checkpoint, "save", save_then_ctrl_c)
+    with pytest.raises(Interrupted, match=f"resume='{path}'"):
+        dp.sample(model=model(), checkpoint=path, checkpoint_every=20, cores=cores, **SETTINGS)
+    monkeypatch.setattr(checkpoints.Checkpoint, "save", save)
+    ident = checkpoints.read_identity(path)
+    done = [checkpoints.Checkpoint(path, ident, 20).load(c).done for c in range(2)]
+    assert min(done) < 300, done  # stopped before the end
+    resumed = dp.sample(model=model(), resume=path, **(SETTINGS | {"random_seed": None}))
+    _same_draws(uninterrupted, resumed)
+
+
+def test_a_killed_process_resumes_from_its_last_checkpoint(tmp_path, uninterrupted):
+    """A fit in another process, killed (SIGKILL) once its first chain has saved a checkpoint,
+    resumes here to the uninterrupted fit's draws."""
+    path = tmp_path / "fit"
+    script = tmp_path / "fit.py"
+    script.write_text(MODEL_SOURCE + textwrap.dedent(f"""
+        import time
+        from dpinfer.inference import checkpoint as checkpoints
+        save = checkpoints.Checkpoint.save
+        def slow_save(self, chain, state):  # a slow disk: the process is killed mid-fit
+            save(self, chain, state)
+            time.sleep(0.5)
+        checkpoints.Checkpoint.save = slow_save
+        dp.sample(model=model(), checkpoint={str(path)!r}, checkpoint_every=20, **{SETTINGS!r})
+        """))
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not (path / "chain-0.nc").exists() and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.05)
+        assert child.poll() is None, "the fit ended before it could be killed"
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait()
+    ident = checkpoints.read_identity(path)
+    assert checkpoints.Checkpoint(path, ident, 20).load(0).done < 300
+    _same_draws(uninterrupted, dp.sample(model=model(), resume=path, **SETTINGS))
+
+
+def test_a_checkpoint_of_another_fit_is_refused(tmp_path):
+    path = tmp_path / "fit"
+    dp.sample(model=model(), checkpoint=path, **SETTINGS)
+    with pytest.raises(CheckpointMismatchError, match="another model or other data"):
+        dp.sample(model=model(shift=1), resume=path, **SETTINGS)
+    with pytest.raises(CheckpointMismatchError, match="draws=150 there, 100 now"):
+        dp.sample(model=model(), resume=path, **(SETTINGS | {"draws": 100}))
+    with pytest.raises(CheckpointMismatchError, match="nuts_per_sweep=3 there, 2 now"):
+        dp.sample(model=model(), resume=path, nuts_per_sweep=2, **SETTINGS)
+    with pytest.raises(CheckpointMismatchError, match="random_seed"):
+        dp.sample(model=model(), resume=path, **(SETTINGS | {"random_seed": 12}))
+    ident = json.loads((path / "checkpoint.json").read_text())
+    ident["versions"]["dpinfer"] = "0.0.1"
+    (path / "checkpoint.json").write_text(json.dumps(ident))
+    with pytest.raises(CheckpointMismatchError, match="another dpinfer version"):
+        dp.sample(model=model(), resume=path, **SETTINGS)
+
+
+def test_bad_checkpoint_arguments_are_refused_by_name(tmp_path):
+    path = tmp_path / "fit"
+    dp.sample(model=model(), checkpoint=path, **SETTINGS)
+    with pytest.raises(FileExistsError, match="already holds a checkpoint; resume it"):
+        dp.sample(model=model(), checkpoint=path, **SETTINGS)
+    with pytest.raises(FileNotFoundError, match="holds no dpinfer checkpoint"):
+        dp.sample(model=model(), resume=tmp_path / "nothing", **SETTINGS)
+    with pytest.raises(ValueError, match="checkpoint_every must be a whole number >= 1"):
+        dp.sample(model=model(), checkpoint=tmp_path / "other", checkpoint_every=0, **SETTINGS)
+    with pytest.raises(ValueError, match="need the compiled engine; this model is fitted by the pymc engine"):
+        dp.sample(model=model(), checkpoint=tmp_path / "marginal", method="marginal", **SETTINGS)
+    with pytest.raises(ValueError, match="give checkpoint= or resume=, not both"):
+        dp.sample(model=model(), checkpoint=tmp_path / "a", resume=path, **SETTINGS)
