@@ -157,3 +157,16 @@ def test_bad_checkpoint_arguments_are_refused_by_name(tmp_path):
         dp.sample(model=model(), checkpoint=tmp_path / "marginal", method="marginal", **SETTINGS)
     with pytest.raises(ValueError, match="give checkpoint= or resume=, not both"):
         dp.sample(model=model(), checkpoint=tmp_path / "a", resume=path, **SETTINGS)
+
+
+def test_the_progress_line_gives_the_rate_and_the_time_left():
+    """One line for all chains: iterations done of all, elapsed, iterations per second in this
+    process (a resumed fit's earlier iterations excluded) and the time left at that rate."""
+    from dpinfer.inference.engines.compiled.chains import Progress
+
+    progress = Progress(4000, "dpinfer: sampling", enabled=False, done=1000)  # resumed at 1000
+    progress.advance(500)
+    assert progress.line(20.0) == ("dpinfer: sampling: 1500/4000 iterations, 20.0 s, 25 it/s, "
+                                   "about 1 min 40 s left")
+    progress.advance(2500)
+    assert progress.line(4000.0) == "dpinfer: sampling: 4000/4000 iterations, 1 h 06 min"

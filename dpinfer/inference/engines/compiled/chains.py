@@ -376,7 +376,7 @@ class Progress:
         self.total, self.label, self.enabled = total, label, enabled
         self.tty = enabled and sys.stderr.isatty()
         self.every = 1.0 if self.tty else 10.0
-        self.done = done  # iterations done before (a resumed fit)
+        self.done = self._resumed = done  # iterations done before (a resumed fit)
         self._lock = threading.Lock()
         self._start = time.perf_counter()
         self._last = self._start
@@ -390,12 +390,33 @@ class Progress:
             now = time.perf_counter()
             if self.enabled and (now - self._last >= self.every or self.done == self.total):
                 self._last = now
-                line = f"{self.label}: {self.done}/{self.total} iterations, {now - self._start:.1f} s"
+                line = self.line(now - self._start)
                 if self.tty:
                     print("\r" + line, end="\n" if self.done == self.total else "",
                           file=sys.stderr, flush=True)
                 else:
                     print(line, file=sys.stderr, flush=True)
+
+
+    def line(self, seconds: float) -> str:
+        """"<label>: done/total iterations, elapsed, iterations per second over all chains and
+        the time left at that rate" (the rate of this process: a resumed fit's earlier
+        iterations are not counted in it)."""
+        text = f"{self.label}: {self.done}/{self.total} iterations, {_duration(seconds)}"
+        rate = (self.done - self._resumed) / seconds if seconds > 0 else 0.0
+        if rate > 0 and self.done < self.total:
+            text += f", {rate:.3g} it/s, about {_duration((self.total - self.done) / rate)} left"
+        return text
+
+
+def _duration(seconds: float) -> str:
+    """12.3 s, 4 min 05 s, 2 h 07 min."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min {int(seconds % 60):02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
