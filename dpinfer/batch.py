@@ -38,6 +38,9 @@ What happens when a Dask worker dies (sources: ``Scheduler.remove_worker`` in ``
 queued there), and results held only in its memory that a client still wants, go back to the
 scheduler and run on another worker; a task that was assigned to dying workers more than
 ``distributed.scheduler.allowed-failures`` times (3 by default) fails with ``KilledWorker``.
+With ``checkpoint_every`` the fit run again continues from its checkpoint
+(``out_dir/.checkpoints/<name>``, written by the dead worker every ``checkpoint_every``
+iterations) instead of starting over, and gives the draws of an uninterrupted fit.
 Dask's ``retries=`` is a different thing (it reruns a task that *raised*), so ``fit_many``
 does not pass it: a fit that raises would raise again with the same seed. A failed job does
 not stop the others; ``fit_many`` raises a ``RuntimeError`` naming the failures after the
@@ -65,6 +68,7 @@ import concurrent.futures
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 import threading
@@ -85,6 +89,7 @@ import xarray as xr
 from dpinfer.inference import sample
 
 SUMMARY = "summary.csv"
+CHECKPOINTS = ".checkpoints"  # out_dir's directory of unfinished fits' checkpoints
 COLUMNS = ("name", "path", "seconds", "engine", "max_rhat", "min_ess_bulk", "divergences",
            "model_reused", "host", "pid")
 _ATTR = "dpinfer_fit_many"  # root attribute of each file: how the fit ran (JSON)
@@ -144,8 +149,8 @@ class FitJob:
         object.__setattr__(self, "sample_kwargs", dict(self.sample_kwargs))
 
 
-def fit_many(jobs: Iterable[FitJob], out_dir, *, executor=None,
-             progressbar: bool = True) -> pd.DataFrame:
+def fit_many(jobs: Iterable[FitJob], out_dir, *, executor=None, progressbar: bool = True,
+             checkpoint_every: int | None = None) -> pd.DataFrame:
     """Fit every job whose ``out_dir/<name>.nc`` does not exist yet and return the summary.
 
     Parameters
@@ -161,6 +166,13 @@ def fit_many(jobs: Iterable[FitJob], out_dir, *, executor=None,
         ``distributed.Client`` (module docstring).
     progressbar
         Print a line per finished job: done/total, its fit seconds, time elapsed.
+    checkpoint_every
+        Checkpoint each fit every this many iterations in ``out_dir/.checkpoints/<name>``
+        (``dpinfer.sample(checkpoint=...)``; fits on the compiled engine only): a fit whose
+        worker died, or that a stopped run left unfinished, continues from its checkpoint when
+        Dask reruns it on another worker or ``fit_many`` is called again, with the draws of an
+        uninterrupted fit (given its ``random_seed``). A fit's checkpoint is removed once its
+        file is written. None: no checkpoints (an interrupted fit starts again).
 
     Returns
     -------
@@ -183,6 +195,8 @@ def fit_many(jobs: Iterable[FitJob], out_dir, *, executor=None,
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"jobs must have unique names (they name the output files); repeated: {repeated}")
+    if checkpoint_every is not None and (int(checkpoint_every) != checkpoint_every or checkpoint_every < 1):
+        raise ValueError(f"checkpoint_every must be None or a whole number >= 1 (iterations), got {checkpoint_every!r}")
     if executor is not None and not callable(getattr(executor, "submit", None)):
         raise TypeError("executor must be None, a concurrent.futures-style executor or a "
                         f"distributed.Client (an object with submit(fn, *args)), got {executor!r}")
@@ -205,7 +219,7 @@ def fit_many(jobs: Iterable[FitJob], out_dir, *, executor=None,
 
     start = time.perf_counter()
     failures = {}
-    for done, (job, outcome) in enumerate(_completed(executor, todo, str(out)), start=1):
+    for done, (job, outcome) in enumerate(_completed(executor, todo, str(out), checkpoint_every), start=1):
         elapsed = time.perf_counter() - start
         if isinstance(outcome, Exception):
             failures[job.name] = outcome
@@ -219,6 +233,8 @@ def fit_many(jobs: Iterable[FitJob], out_dir, *, executor=None,
                   f"({elapsed:.0f} s elapsed)", flush=True)
     for part in out.glob(".*.part"):  # left by workers killed while writing
         part.unlink(missing_ok=True)
+    if (out / CHECKPOINTS).is_dir() and not any((out / CHECKPOINTS).iterdir()):
+        (out / CHECKPOINTS).rmdir()  # every fit finished (a failed fit's checkpoint stays)
     if failures:
         listed = "; ".join(f"{name}: {type(err).__name__}: {err}" for name, err in failures.items())
         raise RuntimeError(
@@ -229,24 +245,24 @@ def fit_many(jobs: Iterable[FitJob], out_dir, *, executor=None,
     return table.loc[names].reset_index()
 
 
-def _completed(executor, jobs: list[FitJob], out_dir: str):
+def _completed(executor, jobs: list[FitJob], out_dir: str, checkpoint_every: int | None):
     """Yield (job, summary row or the exception it raised) as each job finishes."""
     if executor is None:
         for job in jobs:
             try:
-                yield job, _fit_and_write(job, out_dir)
+                yield job, _fit_and_write(job, out_dir, checkpoint_every)
             except Exception as err:
                 yield job, err
         return
     distributed = sys.modules.get("distributed")
     dask = distributed is not None and isinstance(executor, distributed.Client)
     if dask:  # each job as one bytes object: see _fit_pickled
-        futures = {executor.submit(_fit_pickled, cloudpickle.dumps(job), out_dir, pure=False,
+        futures = {executor.submit(_fit_pickled, cloudpickle.dumps(job), out_dir, checkpoint_every, pure=False,
                                    key=f"fit_many-{job.name}-{uuid.uuid4().hex}"): job
                    for job in jobs}
         as_completed = distributed.as_completed
     else:
-        futures = {executor.submit(_fit_and_write, job, out_dir): job for job in jobs}
+        futures = {executor.submit(_fit_and_write, job, out_dir, checkpoint_every): job for job in jobs}
         as_completed = concurrent.futures.as_completed
     for future in as_completed(list(futures)):
         job = futures.pop(future)
@@ -259,27 +275,36 @@ def _completed(executor, jobs: list[FitJob], out_dir: str):
         yield job, outcome
 
 
-def _fit_pickled(payload: bytes, out_dir: str) -> dict:
+def _fit_pickled(payload: bytes, out_dir: str, checkpoint_every: int | None) -> dict:
     """``_fit_and_write`` of a job sent as cloudpickle bytes. Dask pickles task arguments with
     their arrays' buffers out of band and may hand those over misaligned (measured with
     ``distributed`` 2026.8: an array inside a ``functools.partial`` arrived at an odd address),
     which PyTensor refuses ("The numpy.ndarray object is not aligned"); unpickled from one
     bytes object here, every array of the job gets buffers numpy can use."""
-    return _fit_and_write(cloudpickle.loads(payload), out_dir)
+    return _fit_and_write(cloudpickle.loads(payload), out_dir, checkpoint_every)
 
 
-def _fit_and_write(job: FitJob, out_dir: str) -> dict:
+def _fit_and_write(job: FitJob, out_dir: str, checkpoint_every: int | None = None) -> dict:
     """Fit ``job`` and write ``out_dir/<name>.nc`` atomically; return its summary row. Runs
-    on the worker. If the file exists (an earlier attempt of this task finished), read it."""
+    on the worker. If the file exists (an earlier attempt of this task finished), read it;
+    with ``checkpoint_every``, continue from the fit's checkpoint if an earlier attempt left one."""
     path = os.path.join(out_dir, f"{job.name}.nc")
     if os.path.exists(path):
         return _row_from_file(job.name, path)
     start = time.perf_counter()
+    kwargs = {"cores": 1, "progressbar": False, **job.sample_kwargs}
+    checkpoint = os.path.join(out_dir, CHECKPOINTS, job.name)
+    if checkpoint_every is not None:
+        if os.path.exists(os.path.join(checkpoint, "checkpoint.json")):
+            kwargs["resume"] = checkpoint
+        else:  # none, or a directory made by an attempt killed before it wrote anything
+            shutil.rmtree(checkpoint, ignore_errors=True)
+            kwargs |= {"checkpoint": checkpoint, "checkpoint_every": checkpoint_every}
     model, lock, reused = _model_for(job)
     with lock:
         if job.data:
             pm.set_data(dict(job.data), model=model)
-        idata = sample(model=model, **{"cores": 1, "progressbar": False, **job.sample_kwargs})
+        idata = sample(model=model, **kwargs)
     seconds = time.perf_counter() - start
     idata.attrs[_ATTR] = json.dumps({"seconds": seconds, "model_reused": reused,
                                      "host": socket.gethostname(), "pid": os.getpid()})
@@ -290,6 +315,7 @@ def _fit_and_write(job: FitJob, out_dir: str) -> dict:
     finally:
         if os.path.exists(part):  # the write failed
             os.remove(part)
+    shutil.rmtree(checkpoint, ignore_errors=True)  # the fit is in its file now
     return _row(job.name, path, idata)
 
 

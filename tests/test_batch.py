@@ -8,6 +8,7 @@ process spends ~10-20 s importing and compiling before its first fit).
 """
 
 import concurrent.futures
+import json
 import multiprocessing
 import os
 import signal
@@ -46,6 +47,26 @@ def logged_beta_binomial(log, name, first_sleep=0.0):
         f.write(f"{name} {os.getpid()}\n")
     if first:
         time.sleep(first_sleep)
+    return beta_binomial()
+
+
+def slowly_saved_beta_binomial(log, name):
+    """beta_binomial() after appending "name pid" to ``log``, in a process whose checkpoint
+    saves of fits named ``name`` take 0.3 s more (a slow disk), so the fit is surely running
+    when the test kills it."""
+    from dpinfer.inference import checkpoint as checkpoints
+
+    with open(log, "a") as f:
+        f.write(f"{name} {os.getpid()}\n")
+    save = getattr(checkpoints.Checkpoint.save, "undelayed", checkpoints.Checkpoint.save)
+
+    def slow_save(self, chain, state):
+        save(self, chain, state)
+        if self.path.name == name:
+            time.sleep(0.3)
+
+    slow_save.undelayed = save
+    checkpoints.Checkpoint.save = slow_save
     return beta_binomial()
 
 
@@ -195,6 +216,37 @@ def test_a_killed_worker_costs_only_its_own_fit(tmp_path, client, direct):
         assert posterior_of(out / f"{job.name}.nc").sizes["draw"] == SAMPLE["draws"]
     assert not list(out.glob(".*"))
     assert_same_draws(out / "slow.nc", direct(612, 12))
+
+
+def test_a_killed_workers_fit_continues_from_its_checkpoint(tmp_path, client):
+    """With checkpoint_every, kill (SIGKILL) the worker once the fit has saved a checkpoint:
+    Dask runs the fit again on a worker that resumes it (the file's sample_stats say at which
+    iteration), its draws are those of a direct fit, and the checkpoint is removed."""
+    log = tmp_path / "builds.log"
+    log.touch()
+    out = tmp_path / "fits"
+    settings = {"draws": 2000, "tune": 200, "chains": 1, "random_seed": 5}
+    job = dp.FitJob("long", partial(slowly_saved_beta_binomial, str(log), "long"), settings)
+    result = {}
+    runner = threading.Thread(target=lambda: result.update(
+        table=dp.fit_many([job], out, executor=client, progressbar=False, checkpoint_every=200)))
+    runner.start()
+    deadline = time.monotonic() + 120
+    while not (out / ".checkpoints" / "long" / "chain-0.nc").exists():
+        assert time.monotonic() < deadline and runner.is_alive(), "the fit saved no checkpoint"
+        time.sleep(0.02)
+    victim = int(log.read_text().split()[1])
+    os.kill(victim, signal.SIGKILL)
+    runner.join(timeout=180)
+    assert not runner.is_alive()
+    pids = [int(line.split()[1]) for line in log.read_text().splitlines()]
+    assert len(pids) == 2 and pids[0] == victim != pids[1]
+    with xr.open_datatree(out / "long.nc", engine="h5netcdf") as idata:
+        resumed_at = json.loads(idata.sample_stats.attrs["resumed_at_iterations"])
+    assert 200 <= resumed_at[0] < 2200
+    direct = dp.sample(**settings, cores=1, progressbar=False, model=beta_binomial(612))
+    assert_same_draws(out / "long.nc", direct.posterior.to_dataset())
+    assert not (out / ".checkpoints").exists()
 
 
 class RecordingExecutor:

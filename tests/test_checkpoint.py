@@ -95,6 +95,7 @@ def test_ctrl_c_saves_the_chains_and_the_resumed_fit_gives_the_uninterrupted_dra
     assert min(done) < 300, done  # stopped before the end
     resumed = dp.sample(model=model(), resume=path, **(SETTINGS | {"random_seed": None}))
     _same_draws(uninterrupted, resumed)
+    assert json.loads(resumed.sample_stats.attrs["resumed_at_iterations"]) == done
 
 
 def test_a_killed_process_resumes_from_its_last_checkpoint(tmp_path, uninterrupted):

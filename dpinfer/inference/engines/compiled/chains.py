@@ -264,6 +264,7 @@ class ChainResult:
     counts: np.ndarray
     stats: dict = field(default_factory=dict)
     seconds: float = 0.0
+    resumed_at: int = 0  # iterations a checkpoint had done before this process continued it
 
 
 class SamplingError(RuntimeError):
@@ -439,6 +440,7 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
         states.append(saved if saved is not None else fresh_state(
             model, n_stats, tune=tune, draws=draws, rng=seeds[c], q0=q0, counts0=counts0,
             target_accept=target_accept))
+    resumed_at = [s.done for s in states]
     total = chains * (tune + draws)
     progress = Progress(total, "dpinfer: sampling", progressbar, done=sum(s.done for s in states))
     stop = threading.Event()
@@ -456,6 +458,9 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
         else:
             with ThreadPoolExecutor(max_workers=min(cores, chains)) as pool:
                 results = list(pool.map(one, range(chains)))
+    for result, done in zip(results, resumed_at):
+        if result is not None:
+            result.resumed_at = done
     if any(r is None for r in results):  # stopped by Ctrl-C before the end
         path = checkpoint.path if checkpoint is not None else None
         raise Interrupted(interrupted_message(path, sum(s.done for s in states), total))

@@ -20,6 +20,7 @@ their constrained space, Deterministics, latent counts, with the model's dims an
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -279,6 +280,8 @@ def _datatree(model, compiled, results, *, tune: int, seconds: float,
         stats["reached_max_treedepth"] = (("chain", "draw"), stats["tree_depth"][1] >= max_tree_depth)
     attrs = {"sampling_time": seconds, "tuning_steps": tune, "inference_library": "dpinfer",
              "nuts_per_sweep": nuts_per_sweep, "counts_per_sweep": counts_per_sweep}
+    if any(r.resumed_at for r in results):  # continued from a checkpoint: iterations done there, per chain
+        attrs["resumed_at_iterations"] = json.dumps([r.resumed_at for r in results])
     return xr.DataTree.from_dict({
         "posterior": xr.Dataset(posterior, coords=coords, attrs=attrs),
         "sample_stats": xr.Dataset(stats, coords={"chain": coords["chain"], "draw": coords["draw"]},
