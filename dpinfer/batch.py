@@ -87,6 +87,7 @@ import pymc as pm
 import xarray as xr
 
 from dpinfer.inference import sample
+from dpinfer.inference.checkpoint import resume_or_start
 
 SUMMARY = "summary.csv"
 CHECKPOINTS = ".checkpoints"  # out_dir's directory of unfinished fits' checkpoints
@@ -295,11 +296,7 @@ def _fit_and_write(job: FitJob, out_dir: str, checkpoint_every: int | None = Non
     kwargs = {"cores": 1, "progressbar": False, **job.sample_kwargs}
     checkpoint = os.path.join(out_dir, CHECKPOINTS, job.name)
     if checkpoint_every is not None:
-        if os.path.exists(os.path.join(checkpoint, "checkpoint.json")):
-            kwargs["resume"] = checkpoint
-        else:  # none, or a directory made by an attempt killed before it wrote anything
-            shutil.rmtree(checkpoint, ignore_errors=True)
-            kwargs |= {"checkpoint": checkpoint, "checkpoint_every": checkpoint_every}
+        kwargs |= resume_or_start(checkpoint, checkpoint_every)
     model, lock, reused = _model_for(job)
     with lock:
         if job.data:

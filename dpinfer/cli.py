@@ -66,11 +66,23 @@ def nmf_main(argv) -> None:
     parser.add_argument("--chains", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--truth", default=None, help="a synthetic file's truth.parquet: adds the truth to the outputs")
+    parser.add_argument("--checkpoint-every", type=int, default=100, metavar="N",
+                        help="save the chains every N iterations in OUT/checkpoint; after Ctrl-C or a "
+                             "killed run, the same command continues from there (default 100; 0: off)")
     args = parser.parse_args(argv)
+    from dpinfer.inference.checkpoint import Interrupted
     from dpinfer.io.nmf.fit import fit_nmf
 
-    out = fit_nmf(args.root, args.state, leaves=args.leaves, cells=args.cells, out=args.out,
-                  draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed, truth=args.truth)
+    if args.checkpoint_every < 0:
+        parser.error(f"--checkpoint-every must be >= 0 (0: no checkpoints), got {args.checkpoint_every}")
+    try:
+        out = fit_nmf(args.root, args.state, leaves=args.leaves, cells=args.cells, out=args.out,
+                      draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed, truth=args.truth,
+                      checkpoint_every=args.checkpoint_every or None)
+    except Interrupted as err:
+        again = ("; run the same command again to continue" if args.checkpoint_every else "")
+        print(f"dpinfer nmf: {err}{again}", file=sys.stderr)
+        raise SystemExit(130) from None
     print(f"dpinfer nmf: wrote {out}/report.md, summary.csv, posterior.nc and the figures")
     print((out / "report.md").read_text().splitlines()[2])
 

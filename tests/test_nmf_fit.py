@@ -2,6 +2,7 @@
 level (against the geocodes' own nesting and the shipped truth file), and the command end to
 end on the shipped synthetic state."""
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -108,6 +109,44 @@ def test_dpinfer_nmf_writes_the_report_the_csv_and_the_figures(tmp_path):
     covered = ((summary.q05 <= summary.truth) & (summary.truth <= summary.q95)).groupby(summary.level).mean()
     for level, value in covered.items():
         assert f"| {level} | {int((summary.level == level).sum())} | {value:.3f} |" in report
+
+
+@pytest.mark.validation
+def test_an_interrupted_dpinfer_nmf_continues_when_run_again(tmp_path, monkeypatch):
+    """Validation tier (a new model to compile): Ctrl-C (SIGINT) after the command's second
+    checkpoint save exits with status 130 saying how to continue; the same command run again
+    continues from OUT/checkpoint, removes it, and writes the posterior an uninterrupted run
+    writes."""
+    import os
+    import signal
+
+    from dpinfer.cli import main
+    from dpinfer.inference import checkpoint as checkpoints
+
+    args = [str(SHIPPED), "--state", "19", "--leaves", "County", "--draws", "60", "--tune", "60",
+            "--checkpoint-every", "20"]
+    save, calls = checkpoints.Checkpoint.save, []
+
+    def save_then_ctrl_c(self, chain, state):
+        save(self, chain, state)
+        calls.append(state.done)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+
+    monkeypatch.setattr(checkpoints.Checkpoint, "save", save_then_ctrl_c)
+    out = tmp_path / "fit"
+    with pytest.raises(SystemExit) as stopped:
+        main(["nmf", *args, "--out", str(out)])
+    assert stopped.value.code == 130
+    assert (out / "checkpoint" / "checkpoint.json").exists() and not (out / "posterior.nc").exists()
+    monkeypatch.setattr(checkpoints.Checkpoint, "save", save)
+    main(["nmf", *args, "--out", str(out)])
+    assert not (out / "checkpoint").exists()
+    main(["nmf", *args[:-1], "0", "--out", str(tmp_path / "whole")])
+    with xr.open_datatree(out / "posterior.nc") as resumed, xr.open_datatree(tmp_path / "whole" / "posterior.nc") as whole:
+        assert "resumed_at_iterations" in resumed.sample_stats.attrs
+        np.testing.assert_array_equal(resumed.posterior["counts"].values, whole.posterior["counts"].values)
 
 
 def test_the_pilot_is_the_bounded_least_squares_solution(truth_long):

@@ -253,6 +253,19 @@ class FitCheckpoint:
             self.checkpoint.record_widening(failed)
 
 
+def resume_or_start(path, every: int) -> dict:
+    """``dpinfer.sample``'s keyword arguments for a fit that checkpoints in ``path`` and, if an
+    earlier run of it left a checkpoint there, continues from it: ``resume=path``, else
+    ``checkpoint=path, checkpoint_every=every`` (the temporary files of a run killed while
+    writing its first file are removed first)."""
+    path = Path(path)
+    if (path / _IDENTITY_FILE).exists():
+        return {"resume": path}
+    for f in path.glob("*.tmp"):
+        f.unlink()
+    return {"checkpoint": path, "checkpoint_every": every}
+
+
 class Interrupted(KeyboardInterrupt):
     """``dpinfer.sample`` was interrupted; its checkpoint (if any) holds the chains' state."""
 

@@ -47,6 +47,7 @@ The release is every usable measurement and constraint of the files
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -173,13 +174,18 @@ def summaries(table: CensusTable, idata, *, name: str = "counts", truth=None) ->
 
 
 def fit_nmf(root, state, *, leaves: str = "Tract", cells="pl94-28", out=None, draws: int = 1000,
-            tune: int = 1000, chains: int = 2, seed: int = 0, truth=None, progressbar: bool = True) -> Path:
+            tune: int = 1000, chains: int = 2, seed: int = 0, truth=None, progressbar: bool = True,
+            checkpoint_every: int | None = None) -> Path:
     """Read ``state``'s files under ``root`` down to ``leaves``, fit :func:`census_model` with
     ``dpinfer.sample`` and write ``summary.csv``, ``report.md``, one figure per level and
     ``posterior.nc`` into ``out`` (default ``nmf-<state>-<leaves>``). ``truth``: a parquet file
     of the true histogram (geocode, cell, count; a synthetic file's ``truth.parquet``), added
-    to the summaries and the figures. Returns ``out``."""
+    to the summaries and the figures. ``checkpoint_every``: save the chains every this many
+    iterations in ``out/checkpoint`` (``dpinfer.sample(checkpoint=...)``), and continue from
+    there if an earlier run of the same fit was interrupted; removed once the outputs are
+    written. Returns ``out``."""
     import dpinfer as dp
+    from dpinfer.inference.checkpoint import resume_or_start
 
     out = Path(out or f"nmf-{state}-{leaves}")
     out.mkdir(parents=True, exist_ok=True)
@@ -195,8 +201,10 @@ def fit_nmf(root, state, *, leaves: str = "Tract", cells="pl94-28", out=None, dr
         t = pd.read_parquet(truth)
         true_counts = table.aggregate(t["geocode"], t["cell"], t["count"])
     model = census_model(table)
+    checkpoint = out / "checkpoint"
     idata = dp.sample(model=model, draws=draws, tune=tune, chains=chains, random_seed=seed,
-                      progressbar=progressbar)
+                      progressbar=progressbar,
+                      **(resume_or_start(checkpoint, checkpoint_every) if checkpoint_every else {}))
     seconds = time.perf_counter() - start
     summary = summaries(table, idata, truth=true_counts)
     summary.to_csv(out / "summary.csv", index=False)
@@ -205,6 +213,7 @@ def fit_nmf(root, state, *, leaves: str = "Tract", cells="pl94-28", out=None, dr
     verdict = json.loads(idata.posterior.attrs["dpinfer_convergence"])
     (out / "report.md").write_text(_report(root, state, nmf, table, summary, verdict, figures,
                                            read_seconds, seconds))
+    shutil.rmtree(checkpoint, ignore_errors=True)  # the fit is in posterior.nc now
     return out
 
 
