@@ -31,7 +31,9 @@ transition's, except the tree depth (the largest), the leapfrog steps (summed) a
 (any).
 
 The sweeps run inside one compiled function (numba, cached on disk per combination of block
-kinds), called in chunks so that progress can be reported; all state lives in arrays. Chains
+kinds), called in chunks of about half a second (at most 1/40 of the run) so that progress can
+be reported and a stop (Ctrl-C) waits little; all state lives in arrays, so a chain saved
+between two calls continues exactly (:mod:`dpinfer.inference.checkpoint`). Chains
 run in threads: the function releases the GIL, so two chains use two cores. Each chain has its
 own random stream (xoshiro256**) seeded from the caller's ``numpy.random.Generator``, so a
 seed gives the same draws whatever the thread scheduling.
