@@ -171,3 +171,42 @@ def test_the_progress_line_gives_the_rate_and_the_time_left():
                                    "about 1 min 40 s left")
     progress.advance(2500)
     assert progress.line(4000.0) == "dpinfer: sampling: 4000/4000 iterations, 1 h 06 min"
+
+
+def test_a_fit_that_widened_its_windows_resumes_with_the_same_widenings(tmp_path, monkeypatch):
+    """A release far from the prior (test_inference's widening case): the first fit holds a
+    cell, its windows are widened and the model refitted. Ctrl-C during the refit; the resume
+    replays the recorded widening without refitting (the same windows, the same draws from the
+    seed) and ends with the uninterrupted fit's draws and report."""
+
+    def far():
+        with pm.Model() as m:
+            lam = pm.Gamma("lam", 50.0, 5.0)
+            x = pm.Poisson("x", lam, shape=2)
+            dp.DoubleGeometric(epsilon=0.5).observe("release", x, observed=[10, 100])
+        return m
+
+    settings = dict(draws=300, tune=300, chains=2, random_seed=1, progressbar=False)
+    whole = dp.sample(model=far(), **settings)
+    report = json.loads(whole.posterior.attrs["dpinfer"])["x"]
+    assert report["widenings"] >= 1
+    save, calls = checkpoints.Checkpoint.save, []
+
+    def save_then_ctrl_c(self, chain, state):  # in the fit after the first widening
+        save(self, chain, state)
+        if self.identity["widenings"]:
+            calls.append(state.done)
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)
+
+    monkeypatch.setattr(checkpoints.Checkpoint, "save", save_then_ctrl_c)
+    path = tmp_path / "fit"
+    with pytest.raises(Interrupted):
+        dp.sample(model=far(), checkpoint=path, checkpoint_every=20, cores=1, **settings)
+    monkeypatch.setattr(checkpoints.Checkpoint, "save", save)
+    assert len(checkpoints.read_identity(path)["widenings"]) >= 1
+    resumed = dp.sample(model=far(), resume=path, **settings)
+    for name in ("lam", "x"):
+        np.testing.assert_array_equal(resumed.posterior[name].values, whole.posterior[name].values)
+    assert json.loads(resumed.posterior.attrs["dpinfer"])["x"] == report
