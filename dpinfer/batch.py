@@ -166,7 +166,8 @@ def fit_many(jobs: Iterable[FitJob], out_dir, *, executor=None, progressbar: boo
         ``concurrent.futures`` futures (e.g. ``ProcessPoolExecutor``), or a
         ``distributed.Client`` (module docstring).
     progressbar
-        Print a line per finished job: done/total, its fit seconds, time elapsed.
+        Print a line per finished job: done/total, its fit seconds, time elapsed, the time
+        left at the rate so far, and (on Dask) the workers alive.
     checkpoint_every
         Checkpoint each fit every this many iterations in ``out_dir/.checkpoints/<name>``
         (``dpinfer.sample(checkpoint=...)``; fits on the compiled engine only): a fit whose
@@ -226,12 +227,12 @@ def fit_many(jobs: Iterable[FitJob], out_dir, *, executor=None, progressbar: boo
             failures[job.name] = outcome
             if progressbar:
                 print(f"fit_many: {done}/{len(todo)} {job.name} FAILED: {outcome!r} "
-                      f"({elapsed:.0f} s elapsed)", flush=True)
+                      f"({_progress(elapsed, done, len(todo), executor)})", flush=True)
             continue
         _append(summary, outcome)
         if progressbar:
             print(f"fit_many: {done}/{len(todo)} {job.name} in {outcome['seconds']:.1f} s "
-                  f"({elapsed:.0f} s elapsed)", flush=True)
+                  f"({_progress(elapsed, done, len(todo), executor)})", flush=True)
     for part in out.glob(".*.part"):  # left by workers killed while writing
         part.unlink(missing_ok=True)
     if (out / CHECKPOINTS).is_dir() and not any((out / CHECKPOINTS).iterdir()):
@@ -244,6 +245,18 @@ def fit_many(jobs: Iterable[FitJob], out_dir, *, executor=None, progressbar: boo
         ) from next(iter(failures.values()))
     table = _read_summary(summary).drop_duplicates("name", keep="last").set_index("name")
     return table.loc[names].reset_index()
+
+
+def _progress(elapsed: float, done: int, total: int, executor) -> str:
+    """"12 s elapsed, about 40 s left, 2 workers": the time left at the rate so far, and the
+    workers alive when the executor is a Dask client."""
+    text = f"{elapsed:.0f} s elapsed"
+    if done < total:
+        text += f", about {elapsed / done * (total - done):.0f} s left"
+    distributed = sys.modules.get("distributed")
+    if distributed is not None and isinstance(executor, distributed.Client):
+        text += f", {len(executor.scheduler_info().get('workers', {}))} workers"
+    return text
 
 
 def _completed(executor, jobs: list[FitJob], out_dir: str, checkpoint_every: int | None):

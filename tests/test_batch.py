@@ -11,6 +11,7 @@ import concurrent.futures
 import json
 import multiprocessing
 import os
+import re
 import signal
 import threading
 import time
@@ -150,7 +151,8 @@ def test_dask_cluster_streams_files_and_reuses_one_model_per_worker(tmp_path, cl
     table = dp.fit_many(jobs_for(releases), tmp_path, executor=client)
     out = capsys.readouterr().out
     assert "fit_many: 4 jobs, 0 already in" in out
-    assert "fit_many: 4/4 " in out and "s elapsed)" in out
+    assert "fit_many: 4/4 " in out and "s elapsed, 2 workers)" in out
+    assert re.search(r"fit_many: 1/4 rep\d in [\d.]+ s \(\d+ s elapsed, about \d+ s left, 2 workers\)", out), out
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"rep{i}.nc" for i in range(4)] + ["summary.csv"]
     assert len(pd.read_csv(tmp_path / "summary.csv")) == 4
     for i, release in enumerate(releases):  # each job's own release reached the shared model
