@@ -12,3 +12,34 @@ import pytest
 def _mpmath_precision(request):
     with mpmath.workdps(getattr(request.module, "MPMATH_DPS", 15)):
         yield
+
+
+@pytest.fixture
+def ctrl_c_after_saves(monkeypatch):
+    """ctrl_c_after_saves(n, when=None): from now on, Ctrl-C (SIGINT to this process) right
+    after the n-th checkpoint save for which ``when(checkpoint)`` holds (every save if None),
+    then a 0.2 s pause so that the main thread's handler runs before the saving chain's next
+    compiled call. Returns a function that restores the plain save."""
+    import os
+    import signal
+    import time
+
+    from dpinfer.inference import checkpoint as checkpoints
+
+    save = checkpoints.Checkpoint.save
+
+    def arm(n: int, when=None):
+        calls = []
+
+        def save_then_ctrl_c(self, chain, state):
+            save(self, chain, state)
+            if when is None or when(self):
+                calls.append(state.done)
+                if len(calls) == n:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(0.2)
+
+        monkeypatch.setattr(checkpoints.Checkpoint, "save", save_then_ctrl_c)
+        return lambda: monkeypatch.setattr(checkpoints.Checkpoint, "save", save)
+
+    return arm

@@ -4,7 +4,6 @@ the uninterrupted fit's, bit for bit; a checkpoint of another fit is refused; ch
 data only and are readable by their owner only."""
 
 import json
-import os
 import signal
 import stat
 import subprocess
@@ -70,26 +69,16 @@ def test_a_checkpointed_fit_draws_as_a_plain_one_and_keeps_data_only_for_its_own
 
 
 @pytest.mark.parametrize("cores", [1, 2])
-def test_ctrl_c_saves_the_chains_and_the_resumed_fit_gives_the_uninterrupted_draws(tmp_path, monkeypatch,
+def test_ctrl_c_saves_the_chains_and_the_resumed_fit_gives_the_uninterrupted_draws(tmp_path, ctrl_c_after_saves,
                                                                                     uninterrupted, cores):
     """Ctrl-C (SIGINT to the process) after the second save: the chains stop after their
     running call, are saved, and Interrupted says how to resume; resuming (without the seed:
     it is in the checkpoint) gives the uninterrupted fit's draws."""
     path = tmp_path / "fit"
-    save = checkpoints.Checkpoint.save
-    calls = []
-
-    def save_then_ctrl_c(self, chain, state):
-        save(self, chain, state)
-        calls.append(state.done)
-        if len(calls) == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.2)  # the main thread's handler runs before this chain's next call
-
-    monkeypatch.setattr(checkpoints.Checkpoint, "save", save_then_ctrl_c)
+    disarm = ctrl_c_after_saves(2)
     with pytest.raises(Interrupted, match=f"resume='{path}'"):
         dp.sample(model=model(), checkpoint=path, checkpoint_every=20, cores=cores, **SETTINGS)
-    monkeypatch.setattr(checkpoints.Checkpoint, "save", save)
+    disarm()
     ident = checkpoints.read_identity(path)
     done = [checkpoints.Checkpoint(path, ident, 20).load(c).done for c in range(2)]
     assert min(done) < 300, done  # stopped before the end
@@ -173,7 +162,7 @@ def test_the_progress_line_gives_the_rate_and_the_time_left():
     assert progress.line(4000.0) == "dpinfer: sampling: 4000/4000 iterations, 1 h 06 min"
 
 
-def test_a_fit_that_widened_its_windows_resumes_with_the_same_widenings(tmp_path, monkeypatch):
+def test_a_fit_that_widened_its_windows_resumes_with_the_same_widenings(tmp_path, ctrl_c_after_saves):
     """A release far from the prior (test_inference's widening case): the first fit holds a
     cell, its windows are widened and the model refitted. Ctrl-C during the refit; the resume
     replays the recorded widening without refitting (the same windows, the same draws from the
@@ -186,25 +175,15 @@ def test_a_fit_that_widened_its_windows_resumes_with_the_same_widenings(tmp_path
             dp.DoubleGeometric(epsilon=0.5).observe("release", x, observed=[10, 100])
         return m
 
-    settings = dict(draws=300, tune=300, chains=2, random_seed=1, progressbar=False)
+    settings = dict(draws=150, tune=150, chains=2, random_seed=1, progressbar=False)
     whole = dp.sample(model=far(), **settings)
     report = json.loads(whole.posterior.attrs["dpinfer"])["x"]
     assert report["widenings"] >= 1
-    save, calls = checkpoints.Checkpoint.save, []
-
-    def save_then_ctrl_c(self, chain, state):  # in the fit after the first widening
-        save(self, chain, state)
-        if self.identity["widenings"]:
-            calls.append(state.done)
-            if len(calls) == 2:
-                os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(0.2)
-
-    monkeypatch.setattr(checkpoints.Checkpoint, "save", save_then_ctrl_c)
+    disarm = ctrl_c_after_saves(2, when=lambda checkpoint: checkpoint.identity["widenings"])  # in the refit
     path = tmp_path / "fit"
     with pytest.raises(Interrupted):
         dp.sample(model=far(), checkpoint=path, checkpoint_every=20, cores=1, **settings)
-    monkeypatch.setattr(checkpoints.Checkpoint, "save", save)
+    disarm()
     assert len(checkpoints.read_identity(path)["widenings"]) >= 1
     resumed = dp.sample(model=far(), resume=path, **settings)
     for name in ("lam", "x"):

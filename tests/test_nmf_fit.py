@@ -2,7 +2,6 @@
 level (against the geocodes' own nesting and the shipped truth file), and the command end to
 end on the shipped synthetic state."""
 
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -112,35 +111,22 @@ def test_dpinfer_nmf_writes_the_report_the_csv_and_the_figures(tmp_path):
 
 
 @pytest.mark.validation
-def test_an_interrupted_dpinfer_nmf_continues_when_run_again(tmp_path, monkeypatch):
+def test_an_interrupted_dpinfer_nmf_continues_when_run_again(tmp_path, ctrl_c_after_saves):
     """Validation tier (a new model to compile): Ctrl-C (SIGINT) after the command's second
     checkpoint save exits with status 130 saying how to continue; the same command run again
     continues from OUT/checkpoint, removes it, and writes the posterior an uninterrupted run
     writes."""
-    import os
-    import signal
-
     from dpinfer.cli import main
-    from dpinfer.inference import checkpoint as checkpoints
 
     args = [str(SHIPPED), "--state", "19", "--leaves", "County", "--draws", "60", "--tune", "60",
             "--checkpoint-every", "20"]
-    save, calls = checkpoints.Checkpoint.save, []
-
-    def save_then_ctrl_c(self, chain, state):
-        save(self, chain, state)
-        calls.append(state.done)
-        if len(calls) == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.2)
-
-    monkeypatch.setattr(checkpoints.Checkpoint, "save", save_then_ctrl_c)
+    disarm = ctrl_c_after_saves(2)
     out = tmp_path / "fit"
     with pytest.raises(SystemExit) as stopped:
         main(["nmf", *args, "--out", str(out)])
     assert stopped.value.code == 130
     assert (out / "checkpoint" / "checkpoint.json").exists() and not (out / "posterior.nc").exists()
-    monkeypatch.setattr(checkpoints.Checkpoint, "save", save)
+    disarm()
     main(["nmf", *args, "--out", str(out)])
     assert not (out / "checkpoint").exists()
     main(["nmf", *args[:-1], "0", "--out", str(tmp_path / "whole")])
