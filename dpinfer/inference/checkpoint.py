@@ -30,6 +30,7 @@ differs from the fit asked for.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -147,14 +148,15 @@ class Checkpoint:
         for name, value in ident["settings"].items():
             if stored["settings"].get(name) != value:
                 differences.append(f"{name}={stored['settings'].get(name)!r} there, {value!r} now")
-        if ident["entropy"] != "None" and stored["entropy"] != ident["entropy"]:
+        if stored["entropy"] != ident["entropy"]:
             differences.append(f"random_seed: its seed's entropy is {stored['entropy']}, now {ident['entropy']}")
         if differences:
             raise CheckpointMismatchError(f"resume={str(path)!r} cannot continue this fit: " + "; ".join(differences))
         return cls(path, stored, every)
 
     def _write_identity(self) -> None:
-        _write_private(self.path / _IDENTITY_FILE, json.dumps(self.identity, indent=1).encode())
+        with _replaced_privately(self.path / _IDENTITY_FILE) as tmp:
+            tmp.write_text(json.dumps(self.identity, indent=1))
 
     def record_widening(self, failed: dict) -> None:
         """Note that the windows of ``failed`` (latent -> bound) were widened and the fit
@@ -175,13 +177,8 @@ class Checkpoint:
         arrays["stream"] = (("stream_word",), state.stream.view(np.int64))  # netCDF-4 has no portable uint64
         ds = xr.Dataset(arrays, attrs={"done": int(state.done), "seconds": float(state.seconds),
                                        "model": self.identity["model"]})
-        final = self.chain_file(chain)
-        tmp = final.with_name(final.name + ".tmp")
-        tmp.unlink(missing_ok=True)
-        os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        ds.to_netcdf(tmp, engine="h5netcdf")
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, final)
+        with _replaced_privately(self.chain_file(chain)) as tmp:
+            ds.to_netcdf(tmp, engine="h5netcdf")
 
     def load(self, chain: int) -> ChainState | None:
         """Chain ``chain``'s saved state, or None if it had not saved one."""
@@ -209,13 +206,15 @@ def read_identity(path) -> dict:
     return json.loads(file.read_text())
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` readable by its owner only, atomically."""
+@contextlib.contextmanager
+def _replaced_privately(path: Path):
+    """A temporary file beside ``path``, readable by its owner only, renamed onto ``path`` when
+    the block ends (so ``path`` is always a whole file)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    yield tmp
+    os.chmod(tmp, 0o600)  # whatever the writer did to it
     os.replace(tmp, path)
 
 
@@ -230,7 +229,6 @@ class FitCheckpoint:
         self.path, self.every, self.resume = Path(path), int(every), resume
         self.settings, self.entropy = settings, entropy
         self.checkpoint: Checkpoint | None = None
-        self._hash: str | None = None
 
     def widenings_to_replay(self) -> list[dict]:
         """The widenings a resumed fit had made before its checkpointed fit (latent -> bound each)."""
@@ -239,13 +237,8 @@ class FitCheckpoint:
     def __call__(self, hash_: str) -> Checkpoint:
         if self.checkpoint is None:
             ident = identity(model_hash=hash_, settings=self.settings, entropy=self.entropy, widenings=[])
-            if self.resume:
-                self.checkpoint = Checkpoint.open(self.path, ident, self.every)
-            else:
-                self.checkpoint = Checkpoint.create(self.path, ident, self.every)
-            self._hash = hash_
-        elif hash_ != self._hash:
-            raise CheckpointMismatchError("the model changed between two fits of one dpinfer.sample call")
+            opened = Checkpoint.open if self.resume else Checkpoint.create
+            self.checkpoint = opened(self.path, ident, self.every)
         return self.checkpoint
 
     def widened(self, failed: dict) -> None:

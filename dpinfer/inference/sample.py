@@ -41,7 +41,7 @@ from dpinfer.inference.engines import closed_form
 from dpinfer.inference.engines import nutpie as nutpie_engine
 from dpinfer.inference.engines.compiled import engine as compiled_engine
 from dpinfer.inference.engines.compiled.cache import describe
-from dpinfer.inference.engines.compiled.chains import COUNTS_PER_SWEEP, NUTS_PER_SWEEP
+from dpinfer.inference.engines.compiled.chains import NUTS_PER_SWEEP
 from dpinfer.inference.engines.pymc import engine as pymc_engine
 from dpinfer.inference.latents import NotMarginalisableError
 from dpinfer.mechanisms.records import releases_of
@@ -183,10 +183,8 @@ def _fit_checkpoint(engine: str, checkpoint, every, resume, seed, sample_kwargs:
     if engine != "compiled":
         raise ValueError(f"checkpoint= and resume= need the compiled engine; this model is fitted by "
                          f"the {engine} engine (posterior.attrs['dpinfer'] says why)")
-    options = {"target_accept": 0.8, "max_treedepth": compiled_engine.MAX_TREE_DEPTH,
-               "nuts_per_sweep": NUTS_PER_SWEEP} | sample_kwargs
-    options.setdefault("counts_per_sweep", min(COUNTS_PER_SWEEP, options["nuts_per_sweep"]))
-    if "initvals" in options:
+    options = compiled_engine.settings(sample_kwargs)
+    if options["initvals"] is not None:
         options["initvals"] = hashlib.sha256(repr(describe(options["initvals"])).encode()).hexdigest()
     return checkpoints.FitCheckpoint(resume if resume is not None else checkpoint, every=every,
                                      resume=resume is not None, settings=settings | options,

@@ -282,7 +282,7 @@ def _stat_columns(blocks) -> tuple[list, list]:
     return names, starts
 
 
-def fresh_state(model, n_stats: int, *, tune: int, draws: int, rng: np.random.Generator,
+def fresh_state(model, n_stats: int, *, draws: int, rng: np.random.Generator,
                 q0: np.ndarray, counts0: np.ndarray, target_accept: float) -> ChainState:
     """A chain before its first iteration: at (q0, counts0), its stream drawn from ``rng``."""
     n = model.n
@@ -324,10 +324,13 @@ def run_chain(model, blocks, state: ChainState, *, tune: int, draws: int,
     longest = max(1, math.ceil(total / _CHUNKS))
     chunk = 1
 
-    def saved():
+    saved_at = [-1]
+
+    def saved():  # once per iteration count: a stop right after a periodic save writes nothing more
         state.seconds = time.perf_counter() - start_time
-        if save is not None:
+        if save is not None and saved_at[0] != state.done:
             save(state)
+            saved_at[0] = state.done
 
     while state.done < total:
         if stop is not None and stop.is_set():
@@ -400,7 +403,6 @@ class Progress:
                 else:
                     print(line, file=sys.stderr, flush=True)
 
-
     def line(self, seconds: float) -> str:
         """"<label>: done/total iterations, elapsed, iterations per second over all chains and
         the time left at that rate" (the rate of this process: a resumed fit's earlier
@@ -440,11 +442,11 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
         saved = checkpoint.load(c) if checkpoint is not None else None
         q0, counts0 = starts[c]
         states.append(saved if saved is not None else fresh_state(
-            model, n_stats, tune=tune, draws=draws, rng=seeds[c], q0=q0, counts0=counts0,
+            model, n_stats, draws=draws, rng=seeds[c], q0=q0, counts0=counts0,
             target_accept=target_accept))
     resumed_at = [s.done for s in states]
     total = chains * (tune + draws)
-    progress = Progress(total, "dpinfer: sampling", progressbar, done=sum(s.done for s in states))
+    progress = Progress(total, "dpinfer: sampling", progressbar, done=sum(resumed_at))
     stop = threading.Event()
 
     def one(c):

@@ -20,6 +20,7 @@ their constrained space, Deterministics, latent counts, with the model's dims an
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import time
@@ -27,6 +28,7 @@ import time
 import numpy as np
 import xarray as xr
 
+from dpinfer.inference.checkpoint import model_hash
 from dpinfer.inference.engines.compiled.chains import (
     COUNTS_PER_SWEEP,
     MAX_TREE_DEPTH,
@@ -40,7 +42,6 @@ from dpinfer.inference.engines.compiled.count_blocks import (
     IndependentCells,
     NestedCounts,
 )
-from dpinfer.inference.checkpoint import model_hash
 from dpinfer.inference.engines.compiled.model import NotCompilableError, compile_model
 from dpinfer.inference.report import window_entry
 
@@ -113,8 +114,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
     ``counts_per_sweep`` defaults to min(COUNTS_PER_SWEEP, nuts_per_sweep). ``checkpoint``: a
     function of the model's hash returning the fit's
     :class:`~dpinfer.inference.checkpoint.Checkpoint` (or None)."""
-    if counts_per_sweep is None:
-        counts_per_sweep = min(COUNTS_PER_SWEEP, nuts_per_sweep)
+    counts_per_sweep = _counts_per_sweep(counts_per_sweep, nuts_per_sweep)
     blocks = [_block(plan, compiled) for plan in plans]
     starts = {plan.latent_name: plan.start for plan in plans}
     try:
@@ -130,6 +130,19 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
         if bound is not None:
             failed[plan.latent_name] = bound
     return idata, report, failed
+
+
+def _counts_per_sweep(counts_per_sweep: int | None, nuts_per_sweep: int) -> int:
+    return min(COUNTS_PER_SWEEP, nuts_per_sweep) if counts_per_sweep is None else counts_per_sweep
+
+
+def settings(sample_kwargs: dict) -> dict:
+    """The sampler settings a fit with ``sample_kwargs`` (:data:`OPTIONS`) runs with: the
+    given ones over :func:`run`'s defaults."""
+    defaults = {name: p.default for name, p in inspect.signature(run).parameters.items() if name in OPTIONS}
+    out = defaults | sample_kwargs
+    out["counts_per_sweep"] = _counts_per_sweep(out["counts_per_sweep"], out["nuts_per_sweep"])
+    return out
 
 
 def _block(plan, compiled):
