@@ -296,30 +296,72 @@ def fresh_state(model, n_stats: int, *, draws: int, rng: np.random.Generator,
                       draws_stats=np.zeros((draws, n_stats)))
 
 
+class Stepper:
+    """One chain's compiled kernel, its count blocks' data and scratch, advanced from its
+    ``state`` a given number of iterations at a time (:func:`run_chain`; the shards of
+    :mod:`dpinfer.inference.sharded`, one iteration at a time). ``model`` is a
+    :class:`dpinfer.inference.engines.compiled.model.CompiledModel`, ``blocks`` the count
+    blocks (objects with ``kind`` ("cells", "totals" or "nested"), ``native(column)`` giving
+    the kernel's data tuple with fresh scratch, and ``stat_names``)."""
+
+    def __init__(self, model, blocks, state: ChainState, *, tune: int, draws: int,
+                 max_tree_depth: int = MAX_TREE_DEPTH, nuts_per_sweep: int = NUTS_PER_SWEEP,
+                 counts_per_sweep: int = COUNTS_PER_SWEEP):
+        self.model, self.state, self.tune, self.total = model, state, tune, tune + draws
+        self.env = model.environment(state.counts)  # the model functions' view of the counts and the data
+        self.names, columns = _stat_columns(blocks)
+        cells = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "cells")
+        totals = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "totals")
+        nested = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "nested")
+        self.cells = cells or (IndependentCells.placeholder(),)
+        self.totals = totals or (GroupTotals.placeholder(),)
+        self.nested = nested or None  # no nested block: the kernels' nested branch is pruned
+        self.row = np.zeros(len(self.names))
+        self.grad = np.empty(model.n)
+        self.window_ends = np.asarray(metric_windows(tune) or [-1], dtype=np.int64)
+        self.max_tree_depth, self.nuts_per_sweep, self.counts_per_sweep = (
+            max_tree_depth, nuts_per_sweep, counts_per_sweep)
+
+    def advance(self, last: int) -> None:
+        """Run iterations ``state.done`` .. ``last`` - 1 (raises :class:`SamplingError`)."""
+        s = self.state
+        code = _sweeps(s.done, last, self.tune, self.model.logp_grad_address, s.q, self.grad, s.counts, self.env,
+                       s.inv_mass, s.adapt, s.metric_count, s.metric_mean, s.metric_m2, self.window_ends,
+                       self.max_tree_depth, self.cells, self.totals, self.nested, s.stream, s.draws_q,
+                       s.draws_counts, s.draws_stats, self.row, self.nuts_per_sweep, self.counts_per_sweep)
+        if code == 1:
+            raise SamplingError("a count block's window holds no mass (a release far outside "
+                                "its window without exact tails)")
+        if code == 2:
+            raise SamplingError("the parameters' log density is not finite at the current point; "
+                                "check the model's initial values and priors")
+        s.done = last
+
+    def log_density(self) -> float:
+        """The parameters' log density (the model with the counts as data) at the state."""
+        return float(log_density_at(self.model.logp_grad_address, self.state.q, self.grad, self.env))
+
+    def result(self, seconds: float) -> ChainResult:
+        """The chain's stored draws and statistics (after its last iteration)."""
+        stats = {name: self.state.draws_stats[:, j] for j, name in enumerate(self.names)}
+        if not self.model.n:
+            for name in NUTS_STATS:
+                del stats[name]
+        return ChainResult(self.state.draws_q, self.state.draws_counts, stats, seconds)
+
+
 def run_chain(model, blocks, state: ChainState, *, tune: int, draws: int,
               max_tree_depth: int = MAX_TREE_DEPTH, nuts_per_sweep: int = NUTS_PER_SWEEP,
               counts_per_sweep: int = COUNTS_PER_SWEEP, progress=None, save=None,
               save_every: int = 0, stop: threading.Event | None = None) -> ChainResult | None:
     """Run a chain (module docstring) from ``state`` (:func:`fresh_state`, or a checkpoint's)
-    to its ``tune + draws`` iterations. ``model`` is a
-    :class:`dpinfer.inference.engines.compiled.model.CompiledModel`, ``blocks`` the count blocks (objects
-    with ``kind`` ("cells", "totals" or "nested"), ``native(column)`` giving the kernel's data
-    tuple with fresh scratch, and ``stat_names``). ``save(state)`` is called every
-    ``save_every`` iterations, at the end and when the chain stops early: when ``stop`` is
-    set, after the compiled call running (returning None). Calls take about half a second
-    each (sized from the last one), so a stop is prompt."""
+    to its ``tune + draws`` iterations (``model`` and ``blocks`` as :class:`Stepper`'s).
+    ``save(state)`` is called every ``save_every`` iterations, at the end and when the chain
+    stops early: when ``stop`` is set, after the compiled call running (returning None).
+    Calls take about half a second each (sized from the last one), so a stop is prompt."""
     start_time = time.perf_counter() - state.seconds
-    env = model.environment(state.counts)  # the model functions' view of the counts and the data
-    names, columns = _stat_columns(blocks)
-    cells = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "cells")
-    totals = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "totals")
-    nested = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "nested")
-    cells = cells or (IndependentCells.placeholder(),)
-    totals = totals or (GroupTotals.placeholder(),)
-    nested = nested or None  # no nested block: the kernels' nested branch is pruned
-    row = np.zeros(len(names))
-    grad = np.empty(model.n)
-    window_ends = np.asarray(metric_windows(tune) or [-1], dtype=np.int64)
+    stepper = Stepper(model, blocks, state, tune=tune, draws=draws, max_tree_depth=max_tree_depth,
+                      nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep)
     total = tune + draws
     longest = max(1, math.ceil(total / _CHUNKS))
     chunk = 1
@@ -341,28 +383,14 @@ def run_chain(model, blocks, state: ChainState, *, tune: int, draws: int,
         if save_every:
             last = min(last, (first // save_every + 1) * save_every)
         began = time.perf_counter()
-        code = _sweeps(first, last, tune, model.logp_grad_address, state.q, grad, state.counts, env,
-                       state.inv_mass, state.adapt, state.metric_count, state.metric_mean, state.metric_m2,
-                       window_ends, max_tree_depth, cells, totals, nested, state.stream, state.draws_q,
-                       state.draws_counts, state.draws_stats, row, nuts_per_sweep, counts_per_sweep)
-        if code == 1:
-            raise SamplingError("a count block's window holds no mass (a release far outside "
-                                "its window without exact tails)")
-        if code == 2:
-            raise SamplingError("the parameters' log density is not finite at the current point; "
-                                "check the model's initial values and priors")
-        state.done = last
+        stepper.advance(last)
         seconds = time.perf_counter() - began
         chunk = int(min(longest, max(1, (last - first) * _CALL_SECONDS / max(seconds, 1e-3))))
         if progress is not None:
             progress.advance(last - first)
         if (save_every and last % save_every == 0) or last == total:
             saved()
-    stats = {name: state.draws_stats[:, j] for j, name in enumerate(names)}
-    if not model.n:
-        for name in NUTS_STATS:
-            del stats[name]
-    return ChainResult(state.draws_q, state.draws_counts, stats, time.perf_counter() - start_time)
+    return stepper.result(time.perf_counter() - start_time)
 
 
 def _kernels_on_disk() -> bool:
