@@ -31,6 +31,9 @@ _EXPORTS = {
     "dpinfer.inference": (
         "marginal_model", "sample"
     ),
+    "dpinfer.inference.sharded": (
+        "sample_sharded",
+    ),
     "dpinfer.io": (
         "NoisyMeasurements", "Release", "ReleaseFileError", "UnsupportedMechanismError",
         "from_diffprivlib", "from_opendp", "read_noisy_measurements", "read_release",

@@ -273,7 +273,7 @@ class SamplingError(RuntimeError):
     """A chain could not continue (a window without mass, a non-finite log density)."""
 
 
-def _stat_columns(blocks) -> tuple[list, list]:
+def stat_columns(blocks) -> tuple[list, list]:
     """Names of the statistics columns, and each block's first column."""
     names, starts = list(NUTS_STATS), []
     for b in blocks:
@@ -309,7 +309,7 @@ class Stepper:
                  counts_per_sweep: int = COUNTS_PER_SWEEP):
         self.model, self.state, self.tune, self.total = model, state, tune, tune + draws
         self.env = model.environment(state.counts)  # the model functions' view of the counts and the data
-        self.names, columns = _stat_columns(blocks)
+        self.names, columns = stat_columns(blocks)
         cells = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "cells")
         totals = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "totals")
         nested = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "nested")
@@ -406,8 +406,8 @@ class Progress:
     line every 10 s otherwise (logs). The first call compiles the sampler's kernels once per
     machine (numba's cache); that is announced, since it takes tens of seconds."""
 
-    def __init__(self, total: int, label: str, enabled: bool, done: int = 0):
-        self.total, self.label, self.enabled = total, label, enabled
+    def __init__(self, total: int, label: str, enabled: bool, done: int = 0, status=None):
+        self.total, self.label, self.enabled, self.status = total, label, enabled, status
         self.tty = enabled and sys.stderr.isatty()
         self.every = 1.0 if self.tty else 10.0
         self.done = self._resumed = done  # iterations done before (a resumed fit)
@@ -434,11 +434,13 @@ class Progress:
     def line(self, seconds: float) -> str:
         """"<label>: done/total iterations, elapsed, iterations per second over all chains and
         the time left at that rate" (the rate of this process: a resumed fit's earlier
-        iterations are not counted in it)."""
+        iterations are not counted in it), then ``status()`` if given (a cluster's workers)."""
         text = f"{self.label}: {self.done}/{self.total} iterations, {_duration(seconds)}"
         rate = (self.done - self._resumed) / seconds if seconds > 0 else 0.0
         if rate > 0 and self.done < self.total:
             text += f", {rate:.3g} it/s, about {_duration((self.total - self.done) / rate)} left"
+        if self.status is not None:
+            text += f", {self.status()}"
         return text
 
 
@@ -464,7 +466,7 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
     where there is one and saves its state every ``checkpoint.every`` iterations; Ctrl-C
     stops every chain after its running call, saves them, and raises
     :class:`~dpinfer.inference.checkpoint.Interrupted` saying how to resume."""
-    n_stats = len(_stat_columns(blocks)[0])
+    n_stats = len(stat_columns(blocks)[0])
     states = []
     for c in range(chains):
         saved = checkpoint.load(c) if checkpoint is not None else None

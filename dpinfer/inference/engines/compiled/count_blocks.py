@@ -78,7 +78,27 @@ class CellTables:
                    np.asarray(log_eta, dtype=float).reshape(-1))
 
 
-class IndependentCells:
+class _HoistedTerms:
+    """The grid-only terms of a block's prior table (:class:`~dpinfer.inference.engines.compiled.model.PriorTable`),
+    computed from the model's data when the block is built and again by :meth:`refresh_hoisted`
+    when data they may depend on change (a sharded fit's shared parameters)."""
+
+    def _hoist(self, prepare) -> None:
+        self._prepare = prepare
+        self._hoisted, self.hoisted = prepare()
+
+    def refresh_hoisted(self) -> bool:
+        """Recompute the terms from the model's data now, in place (the kernels keep their
+        addresses); True if any changed."""
+        changed = False
+        for old, new in zip(self._hoisted, self._prepare()[0]):
+            if not np.array_equal(old, new):
+                old[...] = new
+                changed = True
+        return changed
+
+
+class IndependentCells(_HoistedTerms):
     """Cells drawn independently given the parameters (a release of the counts themselves,
     its only child): :func:`dpinfer.inference.engines.compiled.exact_counts.draw_independent`."""
 
@@ -86,7 +106,7 @@ class IndependentCells:
 
     def __init__(self, name: str, offset: int, tables: CellTables, prior_table):
         self.name, self.offset, self.tables = name, offset, tables
-        self._hoisted, self.hoisted = prior_table.prepare(tables.grid)
+        self._hoist(lambda: prior_table.prepare(tables.grid))
         # the table functions' addresses (compiled here, not in a chain's thread)
         self.prior_address, self.point_address = prior_table.full_address, prior_table.point_address
         self.stat_names = (f"{name}_neglected_mass_bound", f"{name}_held_cells")
@@ -107,7 +127,7 @@ class IndependentCells:
                 np.zeros(0), f, np.zeros(0), np.zeros(0), np.zeros(4), 0)
 
 
-class GroupTotals:
+class GroupTotals(_HoistedTerms):
     """Cells tied by group totals (a release conditioned on totals), drawn jointly and exactly
     on the fibre given the parameters: :func:`dpinfer.inference.engines.compiled.exact_counts.draw_given_totals`."""
 
@@ -122,7 +142,7 @@ class GroupTotals:
         self.group_ptr = np.concatenate([[0], np.cumsum(np.bincount(codes))]).astype(np.int64)
         self.targets = np.asarray(targets, dtype=np.int64)
         self.name, self.offset, self.tables = name, offset, tables
-        self._hoisted, self.hoisted = prior_table.prepare(tables.grid)
+        self._hoist(lambda: prior_table.prepare(tables.grid))
         self.prior_address, self.point_address = prior_table.full_address, prior_table.point_address
         self.stat_names = (f"{name}_total_tries", f"{name}_held_cells", f"{name}_blocks_kept")
 
@@ -144,7 +164,7 @@ class GroupTotals:
                 np.zeros(0, np.int64), f, f, f, np.zeros((4, 0)), np.zeros(4), 0)
 
 
-class NestedCounts:
+class NestedCounts(_HoistedTerms):
     """Counts on the leaves of a tree of areas measured at every level (a nested release),
     moved by exact sum-tree draws given the parameters: :func:`dpinfer.lattice.nested.directions.sweep_products`
     on the plan's boxes, with the prior's table (and a GroupedNegativeBinomial's group factors)
@@ -161,7 +181,7 @@ class NestedCounts:
         without one."""
         self.name, self.offset, self.gibbs, self.mixing = name, offset, gibbs, mixing
         self.grid, self.rows = gibbs.grid(), gibbs.rows()  # the flat table's candidates
-        self._hoisted, self.hoisted = prior_table.prepare_flat(self.grid, self.rows)
+        self._hoist(lambda: prior_table.prepare_flat(self.grid, self.rows))
         self.prior_address = prior_table.flat_address  # compiled here, not in a chain's thread
         self.stat_names = (f"{name}_trimmed_edges_hit", f"{name}_box_edges_hit",
                            f"{name}_moves_without_mass")

@@ -115,7 +115,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
     function of the model's hash returning the fit's
     :class:`~dpinfer.inference.checkpoint.Checkpoint` (or None)."""
     counts_per_sweep = _counts_per_sweep(counts_per_sweep, nuts_per_sweep)
-    blocks = [_block(plan, compiled) for plan in plans]
+    blocks = [count_block(plan, compiled) for plan in plans]
     starts = {plan.latent_name: plan.start for plan in plans}
     try:
         idata = _fit(model, compiled, blocks, starts, draws=draws, tune=tune, chains=chains,
@@ -126,7 +126,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
         raise RuntimeError(f"dpinfer.sample: {err}") from err
     report, failed = {}, {}
     for plan, block in zip(plans, blocks):
-        report[plan.latent_name], bound = _report(plan, idata, block, tol)
+        report[plan.latent_name], bound = plan_report(plan, idata, block, tol)
         if bound is not None:
             failed[plan.latent_name] = bound
     return idata, report, failed
@@ -145,7 +145,7 @@ def settings(sample_kwargs: dict) -> dict:
     return out
 
 
-def _block(plan, compiled):
+def count_block(plan, compiled):
     """The count block of a plan: its window's tables (a nested plan: its boxes) and the prior's."""
     offset = compiled.latent_slices[plan.latent_name].start
     if plan.kind == "nested":
@@ -164,7 +164,7 @@ def _block(plan, compiled):
     return IndependentCells(plan.latent_name, offset, tables, prior)
 
 
-def _report(plan, idata, block, tol: float) -> tuple[dict, float | None]:
+def plan_report(plan, idata, block, tol: float) -> tuple[dict, float | None]:
     """(the plan's report entry, the largest neglected-mass bound if it exceeds tol, else None;
     infinite when cells were held too often: :func:`held_too_often`, or, for a nested plan,
     when a draw after tuning reached an edge of its box: :func:`_nested_report`)."""
@@ -250,7 +250,7 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
     seconds = time.perf_counter() - start
     if checkpoint is not None:
         seconds = max(seconds, max(r.seconds for r in results))  # a resumed fit: its chains' whole time
-    return _datatree(model, compiled, results, tune=tune, seconds=seconds,
+    return datatree(model, compiled, results, tune=tune, seconds=seconds,
                      max_tree_depth=max_tree_depth, nuts_per_sweep=nuts_per_sweep,
                      counts_per_sweep=counts_per_sweep)
 
@@ -262,7 +262,7 @@ def chain_seeds(rng: np.random.Generator, chains: int) -> tuple[list, list]:
     return [int(rng.integers(2**31)) for _ in range(chains)], rng.spawn(chains)
 
 
-def _datatree(model, compiled, results, *, tune: int, seconds: float,
+def datatree(model, compiled, results, *, tune: int, seconds: float,
               max_tree_depth: int, nuts_per_sweep: int, counts_per_sweep: int) -> xr.DataTree:
     chains, draws = len(results), results[0].q.shape[0]
     q = np.stack([r.q for r in results]).reshape(chains * draws, compiled.n)

@@ -305,7 +305,10 @@ def _build(thawed, sources: dict, latent_names: list, excluded: list, mixing: di
         for name, graph in zip(mixing_names, mixing_graphs)}
     q_batch = pt.dmatrix("q_batch")
     counts_batch = pt.lmatrix("counts_batch")
-    outputs = vectorize_graph(outputs, replace={q: q_batch, counts: counts_batch})
+    batched = vectorize_graph(outputs, replace={q: q_batch, counts: counts_batch})
+    # a value that depends on neither (a constant Deterministic) is repeated over the batch
+    outputs = [b if b.ndim > v.ndim else pt.broadcast_to(b, (q_batch.shape[0], *b.shape))
+               for v, b in zip(outputs, batched)]
     # the Python backend: compiles at once and runs vectorised numpy over the whole batch
     expand_fn = pytensor.function([q_batch, counts_batch, *inputs], outputs,
                                   on_unused_input="ignore", mode="FAST_COMPILE")
@@ -372,6 +375,11 @@ class ModelData:
         for j, source in enumerate(self._sources):
             if source is not None:
                 self.values[j][...] = source.get_value()
+
+    def positions(self, name: str) -> list[int]:
+        """Where the model's ``pm.Data`` variable ``name`` is among :attr:`values` (none if the
+        functions do not use it)."""
+        return [j for j, source in enumerate(self._sources) if source is not None and source.name == name]
 
     def matches(self) -> bool:
         """True while every ``pm.Data`` the functions use keeps the shape compiled for."""

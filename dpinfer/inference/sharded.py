@@ -1,0 +1,374 @@
+"""One posterior on many workers: ``dpinfer.sample_sharded`` fits one model whose latent
+counts are split into groups the model makes conditionally independent given a few shared
+parameters (states given national hyperparameters, counties given a state's), each shard
+of groups held by a worker (a Dask actor) for the whole fit.
+
+The analyst writes the model in two parts:
+
+* ``build_shard(groups)`` returns the PyMC model of those groups: their counts, releases and
+  local parameters, each shared parameter a ``pm.Data`` of its name, and the *summaries*
+  the shared parameters' conditional needs, as Deterministics with a leading axis over the
+  groups (for a normal hierarchy log_rate_i ~ N(mu_g, sigma): each group's mu_g, number of
+  cells and sum of (log_rate_i - mu_g)^2);
+* ``shared_model``, a PyMC model of the shared parameters theta with their priors and one
+  ``pm.Data`` per summary (leading axis over all groups), whose log density as a function of
+  theta must be log p(theta) + sum_g log p(local_g | theta) up to a constant.
+
+Each sweep is one scan of a Gibbs sampler on (theta, every shard's local parameters and
+counts): the driver moves theta by NUTS given the summaries (the compiled engine's kernel on
+``shared_model``), sends theta to every shard, each shard makes one iteration of the
+one-machine engine on its groups given theta (exact count draws, NUTS on the local
+parameters; :mod:`dpinfer.inference.shard`) and returns its summaries. Both steps leave the
+joint posterior invariant, so the chain targets the one-machine engine's posterior; only
+theta and the summaries cross the network each sweep (``bytes_per_sweep`` in
+``sample_stats.attrs``), the counts once at the end.
+
+That the shared model is the right conditional is the analyst's claim; it is checked before
+sampling: with the local parameters at two states, the change of the shared model's log
+density between two values of theta, less the change of the shards' log densities, must be
+the same (it is the change of log p(theta), which the local state cannot alter). A summary
+missing from the shared model, a term dropped or a wrong factor fails this check.
+
+Chains advance in lock step (each shard runs every chain's iteration in one call). With a
+seed the draws are the same whatever the workers, for the same ``shards``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+import numpy as np
+import pymc as pm
+import xarray as xr
+
+from dpinfer._validation import check_probability
+from dpinfer.inference import convergence
+from dpinfer.inference.engines.compiled import engine as compiled_engine
+from dpinfer.inference.engines.compiled.chains import (
+    NUTS_STATS,
+    Progress,
+    Stepper,
+    fresh_state,
+    log_density_at,
+)
+from dpinfer.inference.shard import Shard
+from dpinfer.mechanisms.records import releases_of
+
+CHECK_RTOL = 1e-6  # the shared model's check (module docstring), relative to the terms' size
+METHOD = ("sharded exact Gibbs: the shared parameters by NUTS given the shards' summaries, each "
+          "shard's local parameters and counts by the compiled engine's sweep given them")
+
+
+def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune: int = 1000,
+                   chains: int = 2, client=None, shards: int | None = None, weights=None,
+                   random_seed: int | None = None, tol: float = 1e-10, progressbar: bool = True,
+                   **sample_kwargs) -> xr.DataTree:
+    """Sample one model's posterior with its groups sharded over workers (module docstring).
+
+    Parameters
+    ----------
+    build_shard
+        ``build_shard(groups) -> pymc.Model`` for a list of groups (items of ``groups``),
+        called on the worker that holds them (so it must be importable or picklable there).
+    shared_model
+        The shared parameters' model (``pymc.Model``): their priors and a ``pm.Data`` per
+        summary, of shape (len(groups), ...), in the order of ``groups``.
+    groups
+        The groups, in order (e.g. state codes); each shard holds a contiguous run of them.
+    client
+        A ``distributed.Client``: each shard is an actor on one of its workers (round robin).
+        None: the shards run in this process, one after another (for tests and small fits).
+    shards
+        Number of shards (default: the client's workers, or 1 without a client).
+    weights
+        A weight per group (e.g. its cells) for balancing the shards (default: equal).
+    draws, tune, chains, random_seed, progressbar, tol, sample_kwargs
+        As ``dpinfer.sample`` with the compiled engine (``target_accept``, ``max_treedepth``,
+        ``nuts_per_sweep``, ``counts_per_sweep``, for the shared parameters and every shard).
+
+    Returns
+    -------
+    xarray.DataTree: ``posterior`` with the shared parameters and every shard's variables
+    joined along their first dimension (the groups' cells), ``sample_stats`` with the shared
+    parameters' NUTS statistics (``diverging`` also counts the shards'), each shard's as
+    ``shard_<name>`` (chain, draw, shard), and in its attrs ``bytes_per_sweep``, ``shards``
+    (groups, cells, build time, process memory per shard) and the time spent.
+    ``posterior.attrs["dpinfer"]`` holds each latent's report per shard and
+    ``["dpinfer_convergence"]`` R-hat and ESS over everything.
+    """
+    tol = check_probability(tol, "tol")
+    for name, value, least in (("draws", draws, 1), ("tune", tune, 0), ("chains", chains, 1)):
+        if int(value) != value or value < least:
+            raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+    groups = list(groups)
+    if not groups or len(set(map(repr, groups))) != len(groups):
+        raise ValueError("groups must be a non-empty list of distinct groups")
+    if not isinstance(shared_model, pm.Model):
+        raise TypeError(f"shared_model must be a pymc.Model, got {type(shared_model).__name__}")
+    workers = _workers(client)
+    n_shards = int(shards) if shards is not None else max(1, len(workers))
+    if not 1 <= n_shards <= len(groups):
+        raise ValueError(f"shards must be between 1 and the number of groups ({len(groups)}), got {shards!r}")
+    settings = compiled_engine.settings(_checked_options(sample_kwargs))
+    began = time.perf_counter()
+
+    driver = _Driver(shared_model, len(groups))
+    seeds = np.random.SeedSequence(random_seed)
+    driver_seed, probe_seed, *shard_seeds = seeds.spawn(2 + n_shards)
+    starts_q = [driver.compiled.initial_q(int(s.generate_state(1)[0]), shared_model)
+                for s in driver_seed.spawn(chains)]
+    probe_q = driver.compiled.initial_q(int(probe_seed.generate_state(1)[0]), shared_model)
+    starts = [driver.theta(q) for q in starts_q]
+    probe = driver.theta(probe_q)
+
+    parts = _partition(groups, n_shards, weights)
+    options = dict(shared=driver.shapes, summaries=driver.summary_names, chains=chains, tune=tune,
+                   draws=draws, starts=starts, probe=probe, tol=tol, settings=settings)
+    if progressbar:
+        print(f"dpinfer: building {n_shards} shard{'s' * (n_shards > 1)} of {len(groups)} groups"
+              f"{f' on {len(workers)} workers' if client is not None else ''}", file=sys.stderr, flush=True)
+    shard_list = _start_shards(client, workers, build_shard, parts, options,
+                               [[int(s.generate_state(1)[0]) for s in seq.spawn(chains)] for seq in shard_seeds])
+    infos = _call(shard_list, "info")
+    check_shared_model(driver, shard_list, (starts_q[0], probe_q), (starts[0], probe),
+                       int(probe_seed.generate_state(2)[1]))
+
+    steppers = [Stepper(driver.compiled, [], fresh_state(
+        driver.compiled, len(NUTS_STATS), draws=draws, rng=np.random.default_rng(s), q0=q,
+        counts0=np.zeros(0, np.int64), target_accept=settings["target_accept"]),
+        tune=tune, draws=draws, max_tree_depth=settings["max_treedepth"],
+        nuts_per_sweep=settings["nuts_per_sweep"], counts_per_sweep=settings["counts_per_sweep"])
+        for s, q in zip(driver_seed.spawn(chains), starts_q)]
+    summaries = _joined(_call(shard_list, "start", starts))
+    bytes_per_sweep = (n_shards * sum(np.asarray(v).nbytes for v in starts[0].values())
+                       + sum(np.asarray(v).nbytes for v in summaries[0].values())) * chains
+    progress = Progress(tune + draws, "dpinfer: sharded sampling", progressbar,
+                        status=lambda: _alive(client, n_shards))
+    sampling = time.perf_counter()
+    for _ in range(tune + draws):
+        thetas = []
+        for c, stepper in enumerate(steppers):
+            driver.set_summaries(summaries[c])
+            stepper.advance(stepper.state.done + 1)
+            thetas.append(driver.theta(stepper.state.q))
+        summaries = _joined(_call(shard_list, "sweep", thetas))
+        progress.advance()
+    sampling = time.perf_counter() - sampling
+    outputs = _call(shard_list, "finish")
+    failed = {k: o["failed"] for k, o in enumerate(outputs) if o["failed"]}
+    if failed:
+        raise RuntimeError(f"cells were held (not updated) in most draws in shards {failed} "
+                           f"(groups {[_short(parts[k]) for k in failed]}): at the parameters the chains "
+                           "visit, their windows hold almost none of the counts' conditional law. Either "
+                           "the chains have not reached the posterior (raise tune) or the model puts the "
+                           "counts far from the releases - check the model")
+    idata = _datatree(driver, steppers, outputs, infos, tune=tune, chains=chains)
+    idata.sample_stats.attrs.update(
+        bytes_per_sweep=int(bytes_per_sweep), sampling_time=sampling,
+        total_time=time.perf_counter() - began, n_shards=n_shards,
+        shards=json.dumps([dict(info, sweep_seconds=o["sweep_seconds"], peak_memory_MB=o["peak_memory_MB"])
+                           for info, o in zip(infos, outputs)]))
+    report = {}
+    for k, o in enumerate(outputs):
+        for latent, entry in o["report"].items():
+            report.setdefault(latent, {"engine": "sharded", "method": METHOD, "shards": []})["shards"].append(
+                dict(entry, groups=_short(parts[k])))
+    idata.posterior.attrs["dpinfer"] = json.dumps(report)
+    names = [rv.name for rv in shared_model.free_RVs] + [n for n in outputs[0]["free"] if n in idata.posterior]
+    result = convergence.check(idata, names)
+    idata.posterior.attrs["dpinfer_convergence"] = json.dumps(result.as_dict())
+    convergence.report(result, show=progressbar)
+    return idata
+
+
+class _Driver:
+    """The shared model compiled (the compiled engine, no counts): theta's names and shapes,
+    the summaries' places in its data, theta's constrained values from q."""
+
+    def __init__(self, model, n_groups: int):
+        if releases_of(model):
+            raise ValueError("shared_model must hold the shared parameters only: its releases belong "
+                             "in the shards' models")
+        discrete = [rv.name for rv in model.free_RVs if rv.type.dtype.startswith(("int", "uint", "bool"))]
+        if discrete:
+            raise ValueError(f"shared_model's free variables must be continuous; {discrete} are not")
+        if not model.free_RVs:
+            raise ValueError("shared_model has no free variables: nothing is shared")
+        self.model = model
+        self.compiled = compiled_engine.compiled_model_for(model, [], [])
+        self.env = self.compiled.environment(np.zeros(0, np.int64))
+        self.grad = np.empty(self.compiled.n)
+        values = self.compiled.expand(np.zeros((1, self.compiled.n)), np.zeros((1, 0), np.int64))
+        self.shapes = {rv.name: np.shape(values[rv.name][0]) for rv in model.free_RVs}
+        self.summary_names = [d.name for d in model.data_vars]
+        if not self.summary_names:
+            raise ValueError("shared_model has no pm.Data: the shards' summaries it conditions on "
+                             "must be pm.Data of the Deterministics' names")
+        self._positions = {}
+        for name in self.summary_names:
+            positions = self.compiled.data.positions(name)
+            if not positions:
+                raise ValueError(f"shared_model's log density does not use its pm.Data {name!r}")
+            shape = self.compiled.data.values[positions[0]].shape
+            if not shape or shape[0] != n_groups:
+                raise ValueError(f"shared_model's pm.Data {name!r} has shape {shape}; its first axis "
+                                 f"must run over the {n_groups} groups")
+            self._positions[name] = positions
+
+    def theta(self, q: np.ndarray) -> dict:
+        """The shared parameters' constrained values at q (name -> array)."""
+        values = self.compiled.expand(q[None, :], np.zeros((1, 0), np.int64))
+        return {name: np.asarray(values[name][0], dtype=float) for name in self.shapes}
+
+    def set_summaries(self, summaries: dict) -> None:
+        data = self.compiled.data.values
+        for name, positions in self._positions.items():
+            value = summaries[name]
+            if value.shape != data[positions[0]].shape:
+                raise ValueError(f"the shards' summary {name!r} joins to shape {value.shape}; shared_model's "
+                                 f"pm.Data has {data[positions[0]].shape}")
+            for j in positions:
+                data[j][...] = value
+
+    def log_density(self, q: np.ndarray) -> float:
+        return float(log_density_at(self.compiled.logp_grad_address, np.array(q, dtype=float), self.grad,
+                                    self.env))
+
+
+def check_shared_model(driver: _Driver, shard_list: list, qs: tuple, thetas: tuple, seed: int) -> None:
+    """Refuse a shared model that is not theta's conditional given the summaries (module
+    docstring): its change between ``thetas`` (at the unconstrained ``qs``) less the shards'
+    must not depend on the local parameters' state."""
+    logs = _call(shard_list, "log_densities", list(thetas), seed)
+    gaps, scale = [], 1.0
+    for k in (0, 1):
+        driver.set_summaries(_joined_one([log["summaries"][k] for log in logs]))
+        shared = driver.log_density(qs[0]) - driver.log_density(qs[1])
+        local = sum(log["log_density"][k][0] - log["log_density"][k][1] for log in logs)
+        gaps.append(shared - local)
+        scale = max(scale, abs(shared), abs(local))
+    if not all(map(math.isfinite, gaps)):
+        raise ValueError("the shared model's check found a log density that is not finite (the shared "
+                         "parameters' starts must be in every shard model's support)")
+    if abs(gaps[0] - gaps[1]) > CHECK_RTOL * scale:
+        raise ValueError(
+            "shared_model is not the shared parameters' conditional given the summaries: between two "
+            f"values of them its log density changes by {gaps[0]:.6g} more than the shards' at one state "
+            f"of the local parameters and by {gaps[1]:.6g} more at another, and the two must agree (both "
+            "are the change of the prior of the shared parameters). Check that every term of the "
+            "local parameters' prior that involves the shared parameters is in shared_model, written "
+            f"through the summaries {driver.summary_names}, and that the summaries are sufficient")
+
+
+def _checked_options(options: dict) -> dict:
+    unknown = sorted(set(options) - {"target_accept", "max_treedepth", "nuts_per_sweep", "counts_per_sweep"})
+    if unknown:
+        raise TypeError(f"sample_sharded got {unknown}; it takes target_accept, max_treedepth, "
+                        "nuts_per_sweep and counts_per_sweep")
+    if "target_accept" in options:
+        check_probability(options["target_accept"], "target_accept")
+    for name in ("max_treedepth", "nuts_per_sweep", "counts_per_sweep"):
+        value = options.get(name, 1)
+        if int(value) != value or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    return options
+
+
+def _partition(groups: list, n_shards: int, weights) -> list[list]:
+    """Contiguous runs of ``groups``, each split where the cumulative weight comes nearest to
+    an equal share (every shard at least one group)."""
+    w = np.ones(len(groups)) if weights is None else np.asarray(weights, dtype=float)
+    if w.shape != (len(groups),) or np.any(~np.isfinite(w)) or np.any(w <= 0):
+        raise ValueError(f"weights must be {len(groups)} positive numbers, one per group")
+    cum = np.concatenate([[0.0], np.cumsum(w)])
+    bounds = [0]
+    for k in range(1, n_shards):
+        split = int(np.argmin(np.abs(cum - k * cum[-1] / n_shards)))
+        bounds.append(min(max(split, bounds[-1] + 1), len(groups) - (n_shards - k)))
+    bounds.append(len(groups))
+    return [groups[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _workers(client) -> list:
+    if client is None:
+        return []
+    workers = sorted(client.scheduler_info().get("workers", {}))
+    if not workers:
+        raise ValueError("the Dask client has no workers")
+    return workers
+
+
+def _start_shards(client, workers, build_shard, parts, options, seeds) -> list:
+    if client is None:
+        return [Shard(build_shard, part, seeds=s, **options) for part, s in zip(parts, seeds)]
+    futures = [client.submit(Shard, build_shard, part, seeds=s, actor=True, workers=[workers[k % len(workers)]],
+                             allow_other_workers=False, **options)
+               for k, (part, s) in enumerate(zip(parts, seeds))]
+    return [f.result() for f in futures]
+
+
+def _call(shard_list: list, method: str, *args) -> list:
+    """Every shard's ``method(*args)``, concurrently on actors."""
+    results = [getattr(s, method)(*args) for s in shard_list]
+    return [r.result() if hasattr(r, "result") else r for r in results]
+
+
+def _joined(per_shard: list) -> list[dict]:
+    """Per chain, the summaries of every shard joined along the groups."""
+    return [_joined_one([shard[c] for shard in per_shard]) for c in range(len(per_shard[0]))]
+
+
+def _joined_one(parts: list[dict]) -> dict:
+    return {name: np.concatenate([np.atleast_1d(p[name]) for p in parts]) for name in parts[0]}
+
+
+def _alive(client, n_shards: int) -> str:
+    if client is None:
+        return f"{n_shards} shard{'s' * (n_shards > 1)} in this process"
+    return f"{n_shards} shards, {len(client.scheduler_info().get('workers', {}))} workers alive"
+
+
+def _short(groups: list) -> str:
+    return repr(groups) if len(groups) <= 6 else f"{groups[0]!r} .. {groups[-1]!r} ({len(groups)})"
+
+
+def _datatree(driver: _Driver, steppers: list, outputs: list, infos: list, *, tune: int, chains: int):
+    q = np.stack([s.state.draws_q for s in steppers])
+    draws = q.shape[1]
+    values = driver.compiled.expand(q.reshape(chains * draws, -1), np.zeros((chains * draws, 0), np.int64))
+    coords = {"chain": np.arange(chains), "draw": np.arange(draws)}
+    posterior = {}
+    for name, value in values.items():
+        if name in driver.summary_names:
+            continue
+        value = np.asarray(value).reshape((chains, draws, *np.shape(value)[1:]))
+        dims = list(driver.model.named_vars_to_dims.get(name) or [f"{name}_dim_{i}" for i in range(value.ndim - 2)])
+        for dim in dims:
+            if driver.model.coords.get(dim) is not None:
+                coords[dim] = np.asarray(driver.model.coords[dim])
+        posterior[name] = xr.DataArray(value, dims=("chain", "draw", *dims))
+    shared = xr.Dataset(posterior, coords=coords)
+    local = [o["posterior"] for o in outputs]
+    joined = {}
+    for name in local[0].data_vars:
+        arrays = [d[name] for d in local]
+        dim = arrays[0].dims[2] if arrays[0].ndim > 2 else "shard"
+        joined[name] = xr.concat(arrays, dim=dim, coords="minimal", compat="override", join="override")
+    posterior = xr.merge([shared, xr.Dataset(joined)], compat="override", join="override")
+    posterior.attrs = {"inference_library": "dpinfer", "tuning_steps": tune}
+    stats = {}
+    for j, name in enumerate(NUTS_STATS):
+        stats[name] = (("chain", "draw"), np.stack([s.state.draws_stats[:, j] for s in steppers]))
+    stats["diverging"] = (("chain", "draw"), stats["diverging"][1].astype(bool))
+    for name in outputs[0]["sample_stats"].data_vars:
+        value = np.stack([o["sample_stats"][name].values for o in outputs], axis=-1)
+        stats[f"shard_{name}"] = (("chain", "draw", "shard"), value)
+    if "shard_diverging" in stats:
+        stats["diverging"] = (("chain", "draw"), stats["diverging"][1] | stats["shard_diverging"][1].any(axis=-1))
+    return xr.DataTree.from_dict({
+        "posterior": posterior,
+        "sample_stats": xr.Dataset(stats, coords={"chain": coords["chain"], "draw": coords["draw"]}),
+    })
