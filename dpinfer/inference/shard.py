@@ -84,6 +84,7 @@ class Shard:
                 raise ValueError(f"the shard model of the groups {_short(self.groups)} has no "
                                  f"Deterministic {name!r}, a summary the shared model takes as data")
         self.summary_names = list(summaries)
+        self._summaries = compiled.values_function(self.summary_names)
         one = compiled.expand(np.zeros((1, compiled.n)), np.zeros((1, compiled.n_counts), np.int64))
         for name in summaries:
             shape = np.shape(one[name])[1:]
@@ -131,8 +132,7 @@ class Shard:
     def summaries(self, c: int) -> dict:
         """Chain ``c``'s summaries at its state (the shared values in the data: chain c's)."""
         s = self.steppers[c].state
-        values = self.compiled.expand(s.q[None, :], s.counts[None, :])
-        return {name: np.asarray(values[name][0], dtype=float) for name in self.summary_names}
+        return {name: np.asarray(v, dtype=float) for name, v in zip(self.summary_names, self._summaries(s.q, s.counts))}
 
     def start(self, thetas: list) -> list:
         """Every chain's summaries at its start, given its shared values."""

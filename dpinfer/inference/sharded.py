@@ -203,6 +203,7 @@ class _Driver:
         self.grad = np.empty(self.compiled.n)
         values = self.compiled.expand(np.zeros((1, self.compiled.n)), np.zeros((1, 0), np.int64))
         self.shapes = {rv.name: np.shape(values[rv.name][0]) for rv in model.free_RVs}
+        self._theta, self._no_counts = self.compiled.values_function(list(self.shapes)), np.zeros(0, np.int64)
         self.summary_names = [d.name for d in model.data_vars]
         if not self.summary_names:
             raise ValueError("shared_model has no pm.Data: the shards' summaries it conditions on "
@@ -220,8 +221,7 @@ class _Driver:
 
     def theta(self, q: np.ndarray) -> dict:
         """The shared parameters' constrained values at q (name -> array)."""
-        values = self.compiled.expand(q[None, :], np.zeros((1, 0), np.int64))
-        return {name: np.asarray(values[name][0], dtype=float) for name in self.shapes}
+        return {name: np.asarray(v, dtype=float) for name, v in zip(self.shapes, self._theta(q, self._no_counts))}
 
     def set_summaries(self, summaries: dict) -> None:
         data = self.compiled.data.values

@@ -96,6 +96,7 @@ class Structure:
     start_fn: object  # PyTensor function (*jitters, *data) -> transformed initial point
     data_index: list  # the model's data (thaw_literals order) handed to the functions
     data_inputs: list = field(repr=False, default_factory=list)
+    value_graphs: tuple = field(repr=False, default=())  # (q, counts, the expand_names' values: graphs)
     key: str | None = None  # the model cache's structure key (None: not cacheable)
 
     @property
@@ -158,6 +159,20 @@ class CompiledModel:
                                            np.ascontiguousarray(counts, dtype=np.int64),
                                            *self.data.values)
         return dict(zip(self.expand_names, outputs))
+
+    def values_function(self, names: list):
+        """A function of one state (q, counts) returning the named values (free variables in
+        their constrained space, Deterministics) of ``names``, in that order, computed from
+        this model's data as it is when called: what :meth:`expand` gives for a batch of
+        one, without the other values (compiled by numba, for values asked for at every
+        iteration)."""
+        q, counts, graphs = self.structure.value_graphs
+        chosen = [graphs[self.expand_names.index(name)] for name in names]
+        fn = pytensor.function([q, counts, *self.structure.data_inputs], chosen, on_unused_input="ignore",
+                               mode="NUMBA")
+        fn.trust_input = True
+        values = self.data.values
+        return lambda q_value, counts_value: fn(q_value, counts_value, *values)
 
     def matches(self, model) -> bool:
         """True while ``model`` has the variables compiled for and its ``pm.Data`` keep the
@@ -305,6 +320,7 @@ def _build(thawed, sources: dict, latent_names: list, excluded: list, mixing: di
         for name, graph in zip(mixing_names, mixing_graphs)}
     q_batch = pt.dmatrix("q_batch")
     counts_batch = pt.lmatrix("counts_batch")
+    unbatched = outputs
     batched = vectorize_graph(outputs, replace={q: q_batch, counts: counts_batch})
     # a value that depends on neither (a constant Deterministic) is repeated over the batch
     outputs = [b if b.ndim > v.ndim else pt.broadcast_to(b, (q_batch.shape[0], *b.shape))
@@ -319,7 +335,7 @@ def _build(thawed, sources: dict, latent_names: list, excluded: list, mixing: di
         latent_slices=latent_slices, latent_shapes=latent_shapes, logp_grad=logp_grad,
         prior_tables=prior_tables, group_mixing=group_mixing, expand_fn=expand_fn,
         expand_names=[v.name for v in expand_vars],
-        start_fn=start_fn, data_index=index, data_inputs=inputs,
+        start_fn=start_fn, data_index=index, data_inputs=inputs, value_graphs=(q, counts, unbatched),
     )
 
 

@@ -1,0 +1,218 @@
+"""dp.sample_sharded: one posterior with its groups sharded over workers.
+
+The reference model is small enough for its exact posterior by quadrature and enumeration:
+    mu0 ~ N(0, 1)                                   (shared)
+    m_g ~ N(mu0, 1), g = 0..3                        (a group's local parameter)
+    x_gj ~ Poisson(exp(m_g)), j = 0, 1
+    r_g = x_g + double geometric noise (epsilon 1) conditioned on each group's total
+Given the release, x_g0 + x_g1 = T_g, and the likelihood of x_g is proportional to
+a^(|r_g0 - x_g0| + |r_g1 - x_g1|), a = e^-1 (the conditioning's normaliser does not depend
+on x). The exact means come from a grid over mu0 and m (trapezoid rule) with x_g0 summed
+over 0..T_g; the sharded draws must agree within 5 Monte Carlo standard errors (ArviZ's
+mcse), on 2 shards in this process and on a 2-worker LocalCluster (the same draws as in
+this process for the same seed).
+"""
+
+import json
+import re
+
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+import pytest
+from scipy import stats
+from scipy.special import gammaln
+
+import dpinfer as dp
+from dpinfer.inference.sharded import _partition
+
+distributed = pytest.importorskip("distributed")
+
+EPSILON = 1.0
+RELEASE = np.array([[3, 6], [1, 2], [9, 4], [0, 5]])  # group g's two cells
+TOTALS = RELEASE.sum(axis=1)
+GROUPS = [0, 1, 2, 3]
+
+
+def build_shard(groups, drop_prior_term=False):
+    groups = np.asarray(groups)
+    release = RELEASE[groups].ravel()
+    local = np.repeat(np.arange(len(groups)), 2)
+    mechanism = dp.Conditioned(dp.DoubleGeometric(epsilon=EPSILON), dp.Invariants.groups(local))
+    with pm.Model() as model:
+        mu0 = pm.Data("mu0", 0.0)
+        m = pm.Normal("m", mu0, 1.0, shape=len(groups))
+        x = pm.Poisson("x", pm.math.exp(m[local]))
+        mechanism.observe("release", x, observed=release)
+        pm.Deterministic("m_g", m)
+    return model
+
+
+def shared_model(scale=1.0):
+    """The shared conditional (scale=1); another scale is a wrong one (for the refusal)."""
+    with pm.Model() as model:
+        mu0 = pm.Normal("mu0", 0.0, 1.0)
+        m_g = pm.Data("m_g", np.zeros(len(GROUPS)))
+        pm.Potential("groups", scale * pm.logp(pm.Normal.dist(mu0, 1.0), m_g).sum())
+    return model
+
+
+def exact_means(groups=GROUPS):
+    """E[mu0], E[m_g] and E[x_g0] given the releases of ``groups``, by quadrature over
+    (mu0, m) and enumeration of x_g0."""
+    mu0 = np.linspace(-5.0, 6.0, 441)
+    m = np.linspace(-6.0, 6.0, 961)
+    log_a = -EPSILON
+    log_f, ex = [], []  # per group: log of sum_x p(x | m) L(x), and E[x_g0 | m, release]
+    for (r0, r1), total in zip(RELEASE[groups], TOTALS[groups]):
+        x0 = np.arange(total + 1)
+        lam = np.exp(m)[:, None]
+        terms = (x0 * np.log(lam) - lam - gammaln(x0 + 1) + (total - x0) * np.log(lam) - lam
+                 - gammaln(total - x0 + 1) + log_a * (np.abs(r0 - x0) + np.abs(r1 - (total - x0))))
+        top = terms.max(axis=1, keepdims=True)
+        w = np.exp(terms - top)
+        log_f.append(np.log(w.sum(axis=1)) + top[:, 0])
+        ex.append((w * x0).sum(axis=1) / w.sum(axis=1))
+    # joint weight on the (mu0, m_g) grid for each group, then the mu0 posterior
+    kern = stats.norm.logpdf(m[None, :], mu0[:, None], 1.0)  # (mu0, m)
+    group_mass, m_post, x_post = [], [], []
+    for g in range(len(groups)):
+        logw = kern + log_f[g][None, :]
+        top = logw.max()
+        w = np.exp(logw - top)
+        mass = np.trapezoid(w, m, axis=1)
+        group_mass.append(np.log(mass) + top)
+        m_post.append(np.trapezoid(w * m[None, :], m, axis=1) / mass)
+        x_post.append(np.trapezoid(w * ex[g][None, :], m, axis=1) / mass)
+    log_post = stats.norm.logpdf(mu0, 0.0, 1.0) + np.sum(group_mass, axis=0)
+    p = np.exp(log_post - log_post.max())
+    p /= np.trapezoid(p, mu0)
+    out = {"mu0": np.trapezoid(p * mu0, mu0)}
+    for k, g in enumerate(groups):
+        out[f"m[{g}]"] = np.trapezoid(p * m_post[k], mu0)
+        out[f"x[{g}]"] = np.trapezoid(p * x_post[k], mu0)
+    return out
+
+
+def assert_matches_exact(idata):
+    import arviz as az
+
+    exact = exact_means()
+    post = idata.posterior
+    checks = [("mu0", post["mu0"])]
+    checks += [(f"m[{g}]", post["m"][..., g]) for g in GROUPS]
+    checks += [(f"x[{g}]", post["x"][..., 2 * g]) for g in GROUPS]  # each group's first cell
+    for name, draws in checks:
+        se = float(az.mcse(draws, method="mean"))
+        assert abs(float(draws.mean()) - exact[name]) < 5 * se, (name, float(draws.mean()), exact[name], se)
+    x = post["x"].values.reshape(-1, len(GROUPS), 2)
+    assert np.all(x.sum(axis=2) == TOTALS)  # every draw keeps every group's total
+
+
+@pytest.mark.parametrize("group", [0, 2])
+def test_the_exact_means_are_right(group):
+    """The reference itself, given one group's release (where the prior's draws match its
+    total often enough), against a Monte Carlo of the law weighted by the likelihood."""
+    rng = np.random.default_rng(group)
+    n = 1_000_000
+    mu0 = rng.standard_normal(n)
+    m = mu0 + rng.standard_normal(n)
+    x0, x1 = rng.poisson(np.exp(m)), rng.poisson(np.exp(m))
+    (r0, r1), total = RELEASE[group], TOTALS[group]
+    w = np.where(x0 + x1 == total, np.exp(-EPSILON * (np.abs(r0 - x0) + np.abs(r1 - x1))), 0.0)
+    ess = w.sum() ** 2 / (w ** 2).sum()
+    assert ess > 1000  # enough for the check to bite: 5 standard errors of a few percent
+    exact = exact_means([group])
+    for name, values in [("mu0", mu0), (f"m[{group}]", m), (f"x[{group}]", x0)]:
+        mean = np.sum(w * values) / w.sum()
+        sd = np.sqrt(np.sum(w * (values - mean) ** 2) / w.sum())
+        assert abs(mean - exact[name]) < 5 * sd / np.sqrt(ess), (name, mean, exact[name])
+
+
+def test_sharded_draws_have_the_exact_posterior():
+    idata = dp.sample_sharded(build_shard, shared_model(), GROUPS, shards=2, draws=1500, tune=500,
+                              chains=2, random_seed=3, progressbar=False)
+    assert_matches_exact(idata)
+    attrs = idata.sample_stats.attrs
+    # per sweep, per chain: mu0 to each of 2 shards (8 bytes each), the 4 m_g back (32)
+    assert attrs["bytes_per_sweep"] == 2 * (2 * 8 + 4 * 8)
+    assert [s["groups"] for s in json.loads(attrs["shards"])] == [2, 2]
+    report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
+    assert report["engine"] == "sharded" and len(report["shards"]) == 2
+    assert idata.sample_stats["shard_diverging"].shape == (2, 1500, 2)
+
+
+@pytest.fixture(scope="module")
+def client():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as cluster:
+        with distributed.Client(cluster) as c:
+            yield c
+
+
+def test_on_a_cluster_the_draws_are_those_of_this_process(client, capsys):
+    options = dict(draws=150, tune=150, chains=2, random_seed=5)
+    here = dp.sample_sharded(build_shard, shared_model(), GROUPS, shards=2, progressbar=False, **options)
+    there = dp.sample_sharded(build_shard, shared_model(), GROUPS, client=client, progressbar=True, **options)
+    for name in ("mu0", "m", "x"):
+        np.testing.assert_array_equal(here.posterior[name].values, there.posterior[name].values)
+    pids = {s["pid"] for s in json.loads(there.sample_stats.attrs["shards"])}
+    assert len(pids) == 2  # one shard on each worker process
+    err = capsys.readouterr().err
+    assert "building 2 shards of 4 groups on 2 workers" in err
+    assert re.search(r"sharded sampling: 300/300 iterations, .*2 shards, 2 workers alive", err)
+
+
+def test_a_shared_model_that_is_not_the_conditional_is_refused():
+    with pytest.raises(ValueError, match="shared_model is not the shared parameters' conditional"):
+        dp.sample_sharded(build_shard, shared_model(scale=0.5), GROUPS, shards=2, draws=10, tune=10,
+                          progressbar=False)
+
+
+def shard_without_summary(groups):
+    model = build_shard(groups)
+    del model.named_vars["m_g"]
+    model.deterministics.pop()
+    return model
+
+
+def shard_without_shared(groups):
+    release = RELEASE[np.asarray(groups)].ravel()
+    with pm.Model() as model:
+        m = pm.Normal("m", 0.0, 1.0, shape=len(groups))
+        x = pm.Poisson("x", pm.math.exp(m[np.repeat(np.arange(len(groups)), 2)]))
+        dp.DoubleGeometric(epsilon=EPSILON).observe("release", x, observed=release)
+        pm.Deterministic("m_g", m)
+    return model
+
+
+def shard_with_pooled_summary(groups):
+    model = build_shard(groups)
+    with model:
+        model.deterministics.pop()
+        del model.named_vars["m_g"]
+        pm.Deterministic("m_g", pt.stack([model["m"].sum()]))
+    return model
+
+
+@pytest.mark.parametrize("builder, shared, kwargs, error", [
+    (shard_without_summary, shared_model(), {}, "has no Deterministic 'm_g'"),
+    (shard_without_shared, shared_model(), {}, "does not use the shared parameter 'mu0'"),
+    (shard_with_pooled_summary, shared_model(), {}, "first axis must run over the shard's 2 groups"),
+    (lambda groups: "not a model", shared_model(), {}, "build_shard must return a pymc.Model"),
+    (build_shard, shared_model(), {"shards": 5}, "shards must be between 1 and the number of groups"),
+    (build_shard, shared_model(), {"weights": [1, 1, 0, 1]}, "weights must be 4 positive numbers"),
+    (build_shard, shared_model(), {"thin": 2}, "sample_sharded got \\['thin'\\]"),
+    (build_shard, "model", {}, "shared_model must be a pymc.Model"),
+])
+def test_bad_input_is_refused_by_name(builder, shared, kwargs, error):
+    options = dict(shards=2, draws=10, tune=10, progressbar=False) | kwargs
+    with pytest.raises((ValueError, TypeError), match=error):
+        dp.sample_sharded(builder, shared, GROUPS, **options)
+
+
+def test_groups_are_split_in_runs_of_nearly_equal_weight():
+    assert _partition(list("abcdef"), 3, None) == [["a", "b"], ["c", "d"], ["e", "f"]]
+    assert _partition(list("abcd"), 2, [10, 1, 1, 1]) == [["a"], ["b", "c", "d"]]
+    assert _partition(list("abc"), 3, [100, 1, 1]) == [["a"], ["b"], ["c"]]  # every shard a group
+    assert _partition(list("abcde"), 1, None) == [list("abcde")]
