@@ -14,7 +14,11 @@ this process for the same seed).
 """
 
 import json
+import os
 import re
+import signal
+import threading
+import time
 
 import numpy as np
 import pymc as pm
@@ -161,6 +165,39 @@ def test_on_a_cluster_the_draws_are_those_of_this_process(client, capsys):
     err = capsys.readouterr().err
     assert "building 2 shards of 4 groups on 2 workers" in err
     assert re.search(r"sharded sampling: 300/300 iterations, .*2 shards, 2 workers alive", err)
+
+
+def test_a_worker_killed_mid_fit_costs_only_the_sweeps_since_the_checkpoint(client, tmp_path, capsys):
+    """A worker process of a LocalCluster killed (SIGKILL) once the first checkpoint is
+    written: the fit carries on from the checkpoint on the workers alive, and its draws are
+    those of the uninterrupted fit (same seed, same shards)."""
+    options = dict(draws=300, tune=300, chains=2, random_seed=7)
+    reference = dp.sample_sharded(build_shard, shared_model(), GROUPS, shards=2, progressbar=False, **options)
+    path = tmp_path / "checkpoint"
+    killed = []
+    pids = client.run(os.getpid)  # (the cluster's nannies start a new worker in its place)
+
+    def kill_after_the_first_checkpoint():
+        deadline = time.monotonic() + 300
+        while not (path / "latest.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        victim = pids[sorted(pids)[1]]
+        os.kill(victim, signal.SIGKILL)
+        killed.append(victim)
+
+    killer = threading.Thread(target=kill_after_the_first_checkpoint)
+    killer.start()
+    idata = dp.sample_sharded(build_shard, shared_model(), GROUPS, client=client, checkpoint=path,
+                              checkpoint_every=50, **options)
+    killer.join()
+    assert killed
+    err = capsys.readouterr().err
+    assert re.search(r"lost the workers \['tcp://[^']+'\]; carrying on from the checkpoint at sweep [1-9]\d*0 ", err)
+    for name in ("mu0", "m", "x"):
+        np.testing.assert_array_equal(reference.posterior[name].values, idata.posterior[name].values)
+    assert sorted(os.listdir(path)) == ["checkpoint.json", "latest.json", f"sweep-{550:09d}"]
+    assert oct(os.stat(path).st_mode & 0o777) == "0o700"
+    assert sorted(os.listdir(path / f"sweep-{550:09d}")) == ["shard-0", "shard-1", "shared"]
 
 
 def test_a_shared_model_that_is_not_the_conditional_is_refused():

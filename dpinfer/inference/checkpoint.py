@@ -155,7 +155,7 @@ class Checkpoint:
         return cls(path, stored, every)
 
     def _write_identity(self) -> None:
-        with _replaced_privately(self.path / _IDENTITY_FILE) as tmp:
+        with replaced_privately(self.path / _IDENTITY_FILE) as tmp:
             tmp.write_text(json.dumps(self.identity, indent=1))
 
     def record_widening(self, failed: dict) -> None:
@@ -177,7 +177,7 @@ class Checkpoint:
         arrays["stream"] = (("stream_word",), state.stream.view(np.int64))  # netCDF-4 has no portable uint64
         ds = xr.Dataset(arrays, attrs={"done": int(state.done), "seconds": float(state.seconds),
                                        "model": self.identity["model"]})
-        with _replaced_privately(self.chain_file(chain)) as tmp:
+        with replaced_privately(self.chain_file(chain)) as tmp:
             ds.to_netcdf(tmp, engine="h5netcdf")
 
     def load(self, chain: int) -> ChainState | None:
@@ -207,7 +207,7 @@ def read_identity(path) -> dict:
 
 
 @contextlib.contextmanager
-def _replaced_privately(path: Path):
+def replaced_privately(path: Path):
     """A temporary file beside ``path``, readable by its owner only, renamed onto ``path`` when
     the block ends (so ``path`` is always a whole file)."""
     tmp = path.with_name(path.name + ".tmp")

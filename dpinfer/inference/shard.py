@@ -21,11 +21,13 @@ import json
 import os
 import resource
 import time
+from pathlib import Path
 
 import numpy as np
 import pymc as pm
 
 from dpinfer.inference import planning
+from dpinfer.inference.checkpoint import Checkpoint, model_hash
 from dpinfer.inference.engines.compiled import engine as compiled_engine
 from dpinfer.inference.engines.compiled.chains import Stepper, fresh_state, stat_columns
 from dpinfer.mechanisms.records import releases_of
@@ -39,11 +41,14 @@ class Shard:
     ``probe`` are shared parameter values (name -> array): each chain's start, and a second
     point at which the terms a count block precomputes from the data are checked for a
     dependence on them. ``seeds``: an int per chain (its jittered start and its random
-    stream)."""
+    stream). ``widenings``: the failed latents (name -> bound) of each earlier fit of the
+    shard, whose windows are widened as ``dpinfer.sample`` widens them. ``restore``: a
+    directory written by :meth:`save` to continue the chains from (the same shard of the same
+    fit: its model hash is checked)."""
 
     def __init__(self, build_shard, groups: list, shared: dict, summaries: list, *, chains: int,
                  tune: int, draws: int, seeds: list, starts: list, probe: dict, tol: float,
-                 settings: dict):
+                 settings: dict, widenings: list = (), restore: str | None = None):
         began = time.perf_counter()
         self.groups = list(groups)
         model = build_shard(self.groups)
@@ -93,11 +98,14 @@ class Shard:
                                  f"has shape {shape}; its first axis must run over the shard's "
                                  f"{len(self.groups)} groups")
         planning.first_windows(self.plans, tol, exact_tails=True, at_least={})
+        for failed in widenings:  # an earlier fit's: dpinfer.sample's widening, replayed
+            planning.widen(self.plans, failed, tol)
         self.set_shared(probe)
         self.blocks = [compiled_engine.count_block(p, compiled) for p in self.plans]
         self.set_shared(starts[0])
         self._rehoist = [b for b in self.blocks if b.refresh_hoisted()]  # terms that depend on theta
         counts0 = compiled.counts_vector({p.latent_name: p.start for p in self.plans})
+        self.hash = model_hash(compiled.key, compiled.data.values, counts0)  # theta at chain 0's start
         n_stats = len(stat_columns(self.blocks)[0])
         self.steppers = []
         for c in range(chains):
@@ -106,12 +114,16 @@ class Shard:
             q0 = compiled.initial_q(int(rng.integers(2**31)), model)
             state = fresh_state(compiled, n_stats, draws=draws, rng=rng, q0=q0, counts0=counts0,
                                 target_accept=settings["target_accept"])
+            if restore is not None:
+                state = Checkpoint(restore, {"model": self.hash}, 0).load(c)
+                if state is None:
+                    raise FileNotFoundError(f"{restore} holds no state of chain {c}")
             self.steppers.append(Stepper(compiled, self.blocks, state, tune=tune, draws=draws,
                                          max_tree_depth=settings["max_treedepth"],
                                          nuts_per_sweep=settings["nuts_per_sweep"],
                                          counts_per_sweep=settings["counts_per_sweep"]))
         self.seconds = time.perf_counter() - began  # building and compiling
-        self.sweep_seconds = 0.0
+        self.sweep_seconds = self.steppers[0].state.seconds if restore is not None else 0.0
 
     def info(self) -> dict:
         """What the driver reports: cells, local parameters, build time, the process's memory."""
@@ -119,6 +131,16 @@ class Shard:
                 "local_parameters": int(self.compiled.n), "build_seconds": self.seconds,
                 "pid": os.getpid(), "peak_memory_MB": _peak_memory_mb(),
                 "theta_in_count_tables": [b.name for b in self._rehoist]}
+
+    def save(self, path: str) -> None:
+        """Write every chain's state to the directory ``path`` (created owner-only;
+        :class:`~dpinfer.inference.checkpoint.Checkpoint`'s netCDF files, data only)."""
+        path = Path(path)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        checkpoint = Checkpoint(path, {"model": self.hash}, 0)
+        for c, stepper in enumerate(self.steppers):
+            stepper.state.seconds = self.sweep_seconds
+            checkpoint.save(c, stepper.state)
 
     def set_shared(self, values: dict) -> None:
         """Write the shared parameters' values (name -> array) into the model's data."""

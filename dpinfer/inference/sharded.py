@@ -37,8 +37,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pymc as pm
@@ -46,7 +49,9 @@ import xarray as xr
 
 from dpinfer._validation import check_probability
 from dpinfer.inference import convergence
+from dpinfer.inference.checkpoint import Checkpoint, model_hash, replaced_privately, versions
 from dpinfer.inference.engines.compiled import engine as compiled_engine
+from dpinfer.inference.sample import MAX_WIDENINGS
 from dpinfer.inference.engines.compiled.chains import (
     NUTS_STATS,
     Progress,
@@ -57,6 +62,9 @@ from dpinfer.inference.engines.compiled.chains import (
 from dpinfer.inference.shard import Shard
 from dpinfer.mechanisms.records import releases_of
 
+MAX_RECOVERIES = 3  # lost workers survived per fit (as Dask's allowed-failures)
+WORKER_WAIT = 120.0  # seconds to wait for a worker after losing them
+LOSS_WAIT = 5.0
 CHECK_RTOL = 1e-6  # the shared model's check (module docstring), relative to the terms' size
 METHOD = ("sharded exact Gibbs: the shared parameters by NUTS given the shards' summaries, each "
           "shard's local parameters and counts by the compiled engine's sweep given them")
@@ -65,7 +73,7 @@ METHOD = ("sharded exact Gibbs: the shared parameters by NUTS given the shards' 
 def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune: int = 1000,
                    chains: int = 2, client=None, shards: int | None = None, weights=None,
                    random_seed: int | None = None, tol: float = 1e-10, progressbar: bool = True,
-                   **sample_kwargs) -> xr.DataTree:
+                   checkpoint=None, checkpoint_every: int = 100, **sample_kwargs) -> xr.DataTree:
     """Sample one model's posterior with its groups sharded over workers (module docstring).
 
     Parameters
@@ -85,6 +93,14 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
         Number of shards (default: the client's workers, or 1 without a client).
     weights
         A weight per group (e.g. its cells) for balancing the shards (default: equal).
+    checkpoint, checkpoint_every
+        A new (or empty) directory, on a file system the workers share, where every
+        ``checkpoint_every`` sweeps the driver and each shard write their chains' states
+        (``sweep-<n>/shared`` and ``sweep-<n>/shard-<k>``, netCDF, owner-only; the previous
+        sweep's removed once the new one is whole, named in ``latest.json``). A worker lost
+        during the fit: the shards are started again on the workers alive from the last
+        checkpoint and the fit carries on (at most MAX_RECOVERIES times); the draws are those
+        of an uninterrupted fit.
     draws, tune, chains, random_seed, progressbar, tol, sample_kwargs
         As ``dpinfer.sample`` with the compiled engine (``target_accept``, ``max_treedepth``,
         ``nuts_per_sweep``, ``counts_per_sweep``, for the shared parameters and every shard).
@@ -127,44 +143,84 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
     parts = _partition(groups, n_shards, weights)
     options = dict(shared=driver.shapes, summaries=driver.summary_names, chains=chains, tune=tune,
                    draws=draws, starts=starts, probe=probe, tol=tol, settings=settings)
-    if progressbar:
-        print(f"dpinfer: building {n_shards} shard{'s' * (n_shards > 1)} of {len(groups)} groups"
-              f"{f' on {len(workers)} workers' if client is not None else ''}", file=sys.stderr, flush=True)
-    shard_list = _start_shards(client, workers, build_shard, parts, options,
-                               [[int(s.generate_state(1)[0]) for s in seq.spawn(chains)] for seq in shard_seeds])
-    infos = _call(shard_list, "info")
-    check_shared_model(driver, shard_list, (starts_q[0], probe_q), (starts[0], probe),
-                       int(probe_seed.generate_state(2)[1]))
+    seeds = [[int(s.generate_state(1)[0]) for s in seq.spawn(chains)] for seq in shard_seeds]
+    store = None if checkpoint is None else _SweepCheckpoints(checkpoint, checkpoint_every, driver, parts,
+                                                             settings | {"draws": draws, "tune": tune, "chains": chains})
+    steppers_seeds = driver_seed.spawn(chains)
 
-    steppers = [Stepper(driver.compiled, [], fresh_state(
-        driver.compiled, len(NUTS_STATS), draws=draws, rng=np.random.default_rng(s), q0=q,
-        counts0=np.zeros(0, np.int64), target_accept=settings["target_accept"]),
-        tune=tune, draws=draws, max_tree_depth=settings["max_treedepth"],
-        nuts_per_sweep=settings["nuts_per_sweep"], counts_per_sweep=settings["counts_per_sweep"])
-        for s, q in zip(driver_seed.spawn(chains), starts_q)]
-    summaries = _joined(_call(shard_list, "start", starts))
-    bytes_per_sweep = (n_shards * sum(np.asarray(v).nbytes for v in starts[0].values())
-                       + sum(np.asarray(v).nbytes for v in summaries[0].values())) * chains
-    progress = Progress(tune + draws, "dpinfer: sharded sampling", progressbar,
-                        status=lambda: _alive(client, n_shards))
-    sampling = time.perf_counter()
-    for _ in range(tune + draws):
-        thetas = []
-        for c, stepper in enumerate(steppers):
-            driver.set_summaries(summaries[c])
-            stepper.advance(stepper.state.done + 1)
-            thetas.append(driver.theta(stepper.state.q))
-        summaries = _joined(_call(shard_list, "sweep", thetas))
-        progress.advance()
-    sampling = time.perf_counter() - sampling
-    outputs = _call(shard_list, "finish")
-    failed = {k: o["failed"] for k, o in enumerate(outputs) if o["failed"]}
-    if failed:
-        raise RuntimeError(f"cells were held (not updated) in most draws in shards {failed} "
-                           f"(groups {[_short(parts[k]) for k in failed]}): at the parameters the chains "
-                           "visit, their windows hold almost none of the counts' conditional law. Either "
-                           "the chains have not reached the posterior (raise tune) or the model puts the "
-                           "counts far from the releases - check the model")
+    def driver_steppers(states=None):
+        return [Stepper(driver.compiled, [], states[c] if states else fresh_state(
+            driver.compiled, len(NUTS_STATS), draws=draws, rng=np.random.default_rng(steppers_seeds[c]),
+            q0=starts_q[c], counts0=np.zeros(0, np.int64), target_accept=settings["target_accept"]),
+            tune=tune, draws=draws, max_tree_depth=settings["max_treedepth"],
+            nuts_per_sweep=settings["nuts_per_sweep"], counts_per_sweep=settings["counts_per_sweep"])
+            for c in range(chains)]
+
+    widenings = [[] for _ in parts]  # per shard, each refit's failed latents (name -> bound)
+    for attempt in range(MAX_WIDENINGS + 1):
+        if progressbar:
+            print(f"dpinfer: building {n_shards} shard{'s' * (n_shards > 1)} of {len(groups)} groups"
+                  f"{f' on {len(workers)} workers' if client is not None else ''}", file=sys.stderr, flush=True)
+        shard_list = _start_shards(client, workers, build_shard, parts, options, seeds, widenings)
+        infos = _call(shard_list, "info")
+        if attempt == 0:
+            check_shared_model(driver, shard_list, (starts_q[0], probe_q), (starts[0], probe),
+                               int(probe_seed.generate_state(2)[1]))
+        steppers = driver_steppers()
+        summaries = _joined(_call(shard_list, "start", starts))
+        bytes_per_sweep = (n_shards * sum(np.asarray(v).nbytes for v in starts[0].values())
+                           + sum(np.asarray(v).nbytes for v in summaries[0].values())) * chains
+        progress = Progress(tune + draws, "dpinfer: sharded sampling", progressbar,
+                            status=lambda: _alive(client, n_shards))
+        sampling = time.perf_counter()
+        done, recoveries = 0, 0
+        while done < tune + draws:
+            try:
+                for _ in range(done, tune + draws):
+                    thetas = []
+                    for c, stepper in enumerate(steppers):
+                        driver.set_summaries(summaries[c])
+                        stepper.advance(stepper.state.done + 1)
+                        thetas.append(driver.theta(stepper.state.q))
+                    summaries = _joined(_call(shard_list, "sweep", thetas))
+                    done += 1
+                    progress.advance()
+                    if store is not None and done % store.every == 0 and done < tune + draws:
+                        store.save(shard_list, steppers, done)
+            except Exception as err:  # a lost worker: carry on from the last checkpoint
+                lost = _lost_workers(client, workers)
+                if store is None or not lost or recoveries == MAX_RECOVERIES:
+                    if lost and store is None:
+                        raise RuntimeError(f"dpinfer.sample_sharded: the workers {lost} were lost at sweep {done} "
+                                           "(pass checkpoint= to carry on from a checkpoint)") from err
+                    raise
+                recoveries += 1
+                workers = _workers(client, wait=True)
+                done = store.latest()
+                if progressbar:
+                    print(f"\ndpinfer: lost the workers {lost}; carrying on from the checkpoint at sweep {done} "
+                          f"on the {len(workers)} workers alive", file=sys.stderr, flush=True)
+                shard_list = _start_shards(client, workers, build_shard, parts, options, seeds, widenings,
+                                           restore=store.shard_paths(done))
+                steppers = driver_steppers(store.driver_states(done))
+                summaries = _joined(_call(shard_list, "start", [driver.theta(s.state.q) for s in steppers]))
+                progress.done = done
+        sampling = time.perf_counter() - sampling
+        outputs = _call(shard_list, "finish")
+        failed = {k: o["failed"] for k, o in enumerate(outputs) if o["failed"]}
+        if not failed:
+            break
+        where = "; ".join(f"{sorted(f)} of the groups {_short(parts[k])}" for k, f in failed.items())
+        if attempt == MAX_WIDENINGS:
+            raise RuntimeError(
+                f"cells of {where} were held (not updated) in most draws after {MAX_WIDENINGS} widenings "
+                "of their windows: at the parameters the chains visit, their windows hold almost none of "
+                "the counts' conditional law. Either the chains have not reached the posterior (raise "
+                "tune) or the model puts the counts far from the releases - check the model")
+        for k, f in failed.items():
+            widenings[k].append(f)
+        if progressbar:
+            print(f"dpinfer: widening the windows of {where} and refitting", file=sys.stderr, flush=True)
     idata = _datatree(driver, steppers, outputs, infos, tune=tune, chains=chains)
     idata.sample_stats.attrs.update(
         bytes_per_sweep=int(bytes_per_sweep), sampling_time=sampling,
@@ -175,7 +231,7 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
     for k, o in enumerate(outputs):
         for latent, entry in o["report"].items():
             report.setdefault(latent, {"engine": "sharded", "method": METHOD, "shards": []})["shards"].append(
-                dict(entry, groups=_short(parts[k])))
+                dict(entry, groups=_short(parts[k]), widenings=len(widenings[k])))
     idata.posterior.attrs["dpinfer"] = json.dumps(report)
     names = [rv.name for rv in shared_model.free_RVs] + [n for n in outputs[0]["free"] if n in idata.posterior]
     result = convergence.check(idata, names)
@@ -238,6 +294,63 @@ class _Driver:
                                     self.env))
 
 
+class _SweepCheckpoints:
+    """A sharded fit's checkpoint directory (``sample_sharded``'s ``checkpoint``): every
+    ``every`` sweeps a ``sweep-<n>`` directory with the driver's chains (``shared``) and each
+    shard's (``shard-<k>``), :class:`~dpinfer.inference.checkpoint.Checkpoint`'s files; then
+    ``latest.json`` names it and the older one is removed. ``checkpoint.json`` records what
+    the fit was (versions, settings, the shards' groups)."""
+
+    def __init__(self, path, every: int, driver: "_Driver", parts: list, settings: dict):
+        if int(every) != every or every < 1:
+            raise ValueError(f"checkpoint_every must be a whole number >= 1, got {every!r}")
+        self.path, self.every = Path(path), int(every)
+        if self.path.exists() and any(self.path.iterdir()):
+            raise FileExistsError(f"checkpoint={str(path)!r} is not empty; give a new or empty directory")
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.path, 0o700)
+        self.n_shards = len(parts)
+        self.driver_hash = model_hash(driver.compiled.key, driver.compiled.data.values, np.zeros(0, np.int64))
+        with replaced_privately(self.path / "checkpoint.json") as tmp:
+            tmp.write_text(json.dumps({"versions": versions(), "settings": settings,
+                                       "shards": [[repr(g) for g in part] for part in parts]}, indent=1))
+
+    def _sweep_dir(self, sweep: int) -> Path:
+        return self.path / f"sweep-{sweep:09d}"
+
+    def shard_paths(self, sweep: int) -> list | None:
+        return None if sweep == 0 else [str(self._sweep_dir(sweep) / f"shard-{k}") for k in range(self.n_shards)]
+
+    def save(self, shard_list: list, steppers: list, sweep: int) -> None:
+        """Every shard's chains (each written by its own worker), then the driver's."""
+        _call_each(shard_list, "save", self.shard_paths(sweep))
+        shared = self._sweep_dir(sweep) / "shared"
+        shared.mkdir(mode=0o700, parents=True, exist_ok=True)
+        checkpoint = Checkpoint(shared, {"model": self.driver_hash}, 0)
+        for c, stepper in enumerate(steppers):
+            checkpoint.save(c, stepper.state)
+        with replaced_privately(self.path / "latest.json") as tmp:
+            tmp.write_text(json.dumps({"sweep": sweep}))
+        for old in self.path.glob("sweep-*"):
+            if old != self._sweep_dir(sweep):
+                shutil.rmtree(old)
+
+    def latest(self) -> int:
+        """The sweep of the last whole checkpoint (0: none yet)."""
+        latest = self.path / "latest.json"
+        return json.loads(latest.read_text())["sweep"] if latest.exists() else 0
+
+    def driver_states(self, sweep: int) -> list | None:
+        if sweep == 0:
+            return None
+        checkpoint = Checkpoint(self._sweep_dir(sweep) / "shared", {"model": self.driver_hash}, 0)
+        states, c = [], 0
+        while checkpoint.chain_file(c).exists():
+            states.append(checkpoint.load(c))
+            c += 1
+        return states
+
+
 def check_shared_model(driver: _Driver, shard_list: list, qs: tuple, thetas: tuple, seed: int) -> None:
     """Refuse a shared model that is not theta's conditional given the summaries (module
     docstring): its change between ``thetas`` (at the unconstrained ``qs``) less the shards'
@@ -292,27 +405,52 @@ def _partition(groups: list, n_shards: int, weights) -> list[list]:
     return [groups[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _workers(client) -> list:
+def _workers(client, wait: bool = False) -> list:
+    """The client's workers' addresses (sorted); ``wait``: up to WORKER_WAIT seconds for one."""
     if client is None:
         return []
-    workers = sorted(client.scheduler_info().get("workers", {}))
+    if wait:
+        client.wait_for_workers(1, timeout=WORKER_WAIT)
+    workers = sorted(client.scheduler_info(n_workers=-1).get("workers", {}))
     if not workers:
         raise ValueError("the Dask client has no workers")
     return workers
 
 
-def _start_shards(client, workers, build_shard, parts, options, seeds) -> list:
+def _lost_workers(client, workers: list) -> list:
+    """Those of ``workers`` the scheduler no longer has (asked for up to LOSS_WAIT seconds: it
+    notices a dead worker when its connection closes)."""
     if client is None:
-        return [Shard(build_shard, part, seeds=s, **options) for part, s in zip(parts, seeds)]
-    futures = [client.submit(Shard, build_shard, part, seeds=s, actor=True, workers=[workers[k % len(workers)]],
-                             allow_other_workers=False, **options)
-               for k, (part, s) in enumerate(zip(parts, seeds))]
+        return []
+    deadline = time.monotonic() + LOSS_WAIT
+    while True:
+        alive = set(client.scheduler_info(n_workers=-1).get("workers", {}))
+        lost = [w for w in workers if w not in alive]
+        if lost or time.monotonic() > deadline:
+            return lost
+        time.sleep(0.2)
+
+
+def _start_shards(client, workers, build_shard, parts, options, seeds, widenings, restore=None) -> list:
+    restore = restore or [None] * len(parts)
+    if client is None:
+        return [Shard(build_shard, part, seeds=s, widenings=w, restore=r, **options)
+                for part, s, w, r in zip(parts, seeds, widenings, restore)]
+    futures = [client.submit(Shard, build_shard, part, seeds=s, widenings=w, restore=r, actor=True,
+                             workers=[workers[k % len(workers)]], allow_other_workers=False, **options)
+               for k, (part, s, w, r) in enumerate(zip(parts, seeds, widenings, restore))]
     return [f.result() for f in futures]
 
 
 def _call(shard_list: list, method: str, *args) -> list:
     """Every shard's ``method(*args)``, concurrently on actors."""
     results = [getattr(s, method)(*args) for s in shard_list]
+    return [r.result() if hasattr(r, "result") else r for r in results]
+
+
+def _call_each(shard_list: list, method: str, args: list) -> list:
+    """Shard k's ``method(args[k])``, concurrently on actors."""
+    results = [getattr(s, method)(a) for s, a in zip(shard_list, args)]
     return [r.result() if hasattr(r, "result") else r for r in results]
 
 
