@@ -5,9 +5,10 @@ cores), each in a fresh process (cold: the model built and compiled in the timed
 workers compile their shards in parallel).
 
 Reported per run: seconds in all and sampling alone, the speedup of the sampling against one
-worker, the slowest shard's own sweep seconds and what the sweeps cost beyond it per sweep
-(synchronisation: the driver's NUTS on the shared parameters, the round trips to the actors
-and waiting for the slowest shard), the bytes of parameters and summaries sent per sweep,
+worker, the first sweep (when every process loads or compiles the sampler's kernels), then per
+later sweep: its time, the slowest shard's own time and what the sweep costs beyond it
+(synchronisation: the driver's NUTS on the shared parameters and the round trips to the
+actors), the shards' time per cell, the bytes of parameters and summaries sent per sweep,
 each worker's peak memory (resident set of its process) and the smallest bulk ESS over the
 hyperparameters. From the measured parts, ``--cost-model`` prints the time of a fit on N
 machines for larger tables (benchmarks/README.md works the national tract and block-group
@@ -58,12 +59,14 @@ def one_run(cells: int, workers: int, draws: int, tune: int) -> dict:
     attrs = idata.sample_stats.attrs
     shards = json.loads(attrs["shards"])
     sweeps = draws + tune
-    slowest = max(s["sweep_seconds"] for s in shards)
+    steady = [(s["sweep_seconds"] - s["first_sweep_seconds"]) / (sweeps - 1) for s in shards]  # per sweep
+    wall = (attrs["sampling_time"] - attrs["first_sweep_time"]) / (sweeps - 1)
     ess = az.ess(idata, var_names=list(sharded_nation.HYPER), method="bulk")
     return {"run": f"sharded, {workers} worker{'s' * (workers > 1)}", "workers": workers, "total_s": round(total, 1),
-            "sampling_s": round(attrs["sampling_time"], 1), "slowest_shard_s": round(slowest, 1),
-            "sync_ms_per_sweep": round(1000 * (attrs["sampling_time"] - slowest) / sweeps, 1),
-            "shard_ms_per_cell_sweep": round(1000 * sum(s["sweep_seconds"] for s in shards) / sweeps / cells, 5),
+            "sampling_s": round(attrs["sampling_time"], 1), "first_sweep_s": round(attrs["first_sweep_time"], 1),
+            "ms_per_sweep": round(1000 * wall, 1), "slowest_shard_ms_per_sweep": round(1000 * max(steady), 1),
+            "sync_ms_per_sweep": round(1000 * (wall - max(steady)), 1),
+            "shard_us_per_cell_sweep": round(1e6 * sum(steady) / cells, 3),
             "bytes_per_sweep": attrs["bytes_per_sweep"],
             "worker_peak_MB": round(max(s["peak_memory_MB"] for s in shards)),
             "cells_per_shard": max(s["cells"] for s in shards),
@@ -77,7 +80,7 @@ def cost_model(rows: list, cells: list, machines: list) -> None:
     import pandas as pd
 
     sharded = [r for r in rows if r["workers"] > 0]
-    per_cell = min(r["shard_ms_per_cell_sweep"] for r in sharded) / 1000  # s per cell per sweep, 2 chains
+    per_cell = min(r["shard_us_per_cell_sweep"] for r in sharded) / 1e6  # s per cell per sweep, 2 chains
     sync = max(r["sync_ms_per_sweep"] for r in sharded) / 1000
     big, small = max(sharded, key=lambda r: r["cells_per_shard"]), min(sharded, key=lambda r: r["cells_per_shard"])
     slope = (big["worker_peak_MB"] - small["worker_peak_MB"]) / max(big["cells_per_shard"] - small["cells_per_shard"], 1)

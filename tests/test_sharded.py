@@ -165,6 +165,8 @@ def test_on_a_cluster_the_draws_are_those_of_this_process(client, capsys):
     err = capsys.readouterr().err
     assert "building 2 shards of 4 groups on 2 workers" in err
     assert re.search(r"sharded sampling: 300/300 iterations, .*2 shards, 2 workers alive", err)
+    assert re.fullmatch(r"dpinfer: sharded sampling: 300/300 iterations, .*2 shards, 2 workers alive",
+                        there.sample_stats.attrs["progress"])
 
 
 def test_a_worker_killed_mid_fit_costs_only_the_sweeps_since_the_checkpoint(client, tmp_path, capsys):

@@ -124,6 +124,7 @@ class Shard:
                                          counts_per_sweep=settings["counts_per_sweep"]))
         self.seconds = time.perf_counter() - began  # building and compiling
         self.sweep_seconds = self.steppers[0].state.seconds if restore is not None else 0.0
+        self.first_sweep_seconds = 0.0
 
     def info(self) -> dict:
         """What the driver reports: cells, local parameters, build time, the process's memory."""
@@ -173,7 +174,10 @@ class Shard:
             stepper = self.steppers[c]
             stepper.advance(stepper.state.done + 1)
             out.append(self.summaries(c))
-        self.sweep_seconds += time.perf_counter() - began
+        seconds = time.perf_counter() - began
+        if not self.sweep_seconds:  # the first: it loads (or compiles) the sampler's kernels
+            self.first_sweep_seconds = seconds
+        self.sweep_seconds += seconds
         return out
 
     def log_densities(self, thetas: list, jitter_seed: int) -> dict:
@@ -216,7 +220,8 @@ class Shard:
         return {"posterior": posterior, "sample_stats": idata.sample_stats.to_dataset(),
                 "free": [rv.name for rv in self.model.free_RVs],
                 "report": json.loads(json.dumps(report, default=float)), "failed": failed,
-                "sweep_seconds": self.sweep_seconds, "peak_memory_MB": _peak_memory_mb()}
+                "sweep_seconds": self.sweep_seconds, "first_sweep_seconds": self.first_sweep_seconds,
+                "peak_memory_MB": _peak_memory_mb()}
 
 
 def _peak_memory_mb() -> float:

@@ -111,7 +111,9 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
     joined along their first dimension (the groups' cells), ``sample_stats`` with the shared
     parameters' NUTS statistics (``diverging`` also counts the shards'), each shard's as
     ``shard_<name>`` (chain, draw, shard), and in its attrs ``bytes_per_sweep``, ``shards``
-    (groups, cells, build time, process memory per shard) and the time spent.
+    (groups, cells, build time, sweep seconds, process memory per shard), the time spent (with
+    ``first_sweep_time``, when every process loads the sampler's kernels) and ``progress``,
+    the progress line at the end (sweeps, rate, shards and workers alive).
     ``posterior.attrs["dpinfer"]`` holds each latent's report per shard and
     ``["dpinfer_convergence"]`` R-hat and ESS over everything.
     """
@@ -143,70 +145,18 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
     parts = _partition(groups, n_shards, weights)
     options = dict(shared=driver.shapes, summaries=driver.summary_names, chains=chains, tune=tune,
                    draws=draws, starts=starts, probe=probe, tol=tol, settings=settings)
-    seeds = [[int(s.generate_state(1)[0]) for s in seq.spawn(chains)] for seq in shard_seeds]
     store = None if checkpoint is None else _SweepCheckpoints(checkpoint, checkpoint_every, driver, parts,
                                                              settings | {"draws": draws, "tune": tune, "chains": chains})
-    steppers_seeds = driver_seed.spawn(chains)
-
-    def driver_steppers(states=None):
-        return [Stepper(driver.compiled, [], states[c] if states else fresh_state(
-            driver.compiled, len(NUTS_STATS), draws=draws, rng=np.random.default_rng(steppers_seeds[c]),
-            q0=starts_q[c], counts0=np.zeros(0, np.int64), target_accept=settings["target_accept"]),
-            tune=tune, draws=draws, max_tree_depth=settings["max_treedepth"],
-            nuts_per_sweep=settings["nuts_per_sweep"], counts_per_sweep=settings["counts_per_sweep"])
-            for c in range(chains)]
-
+    fit = _Fit(driver, build_shard, parts, options, client=client, workers=workers, store=store,
+               shard_seeds=[[int(s.generate_state(1)[0]) for s in seq.spawn(chains)] for seq in shard_seeds],
+               driver_seeds=driver_seed.spawn(chains), starts_q=starts_q, progressbar=progressbar)
     widenings = [[] for _ in parts]  # per shard, each refit's failed latents (name -> bound)
     for attempt in range(MAX_WIDENINGS + 1):
-        if progressbar:
-            print(f"dpinfer: building {n_shards} shard{'s' * (n_shards > 1)} of {len(groups)} groups"
-                  f"{f' on {len(workers)} workers' if client is not None else ''}", file=sys.stderr, flush=True)
-        shard_list = _start_shards(client, workers, build_shard, parts, options, seeds, widenings)
-        infos = _call(shard_list, "info")
+        fit.start(widenings)
         if attempt == 0:
-            check_shared_model(driver, shard_list, (starts_q[0], probe_q), (starts[0], probe),
+            check_shared_model(driver, fit.shards, (starts_q[0], probe_q), (starts[0], probe),
                                int(probe_seed.generate_state(2)[1]))
-        steppers = driver_steppers()
-        summaries = _joined(_call(shard_list, "start", starts))
-        bytes_per_sweep = (n_shards * sum(np.asarray(v).nbytes for v in starts[0].values())
-                           + sum(np.asarray(v).nbytes for v in summaries[0].values())) * chains
-        progress = Progress(tune + draws, "dpinfer: sharded sampling", progressbar,
-                            status=lambda: _alive(client, n_shards))
-        sampling = time.perf_counter()
-        done, recoveries = 0, 0
-        while done < tune + draws:
-            try:
-                for _ in range(done, tune + draws):
-                    thetas = []
-                    for c, stepper in enumerate(steppers):
-                        driver.set_summaries(summaries[c])
-                        stepper.advance(stepper.state.done + 1)
-                        thetas.append(driver.theta(stepper.state.q))
-                    summaries = _joined(_call(shard_list, "sweep", thetas))
-                    done += 1
-                    progress.advance()
-                    if store is not None and done % store.every == 0 and done < tune + draws:
-                        store.save(shard_list, steppers, done)
-            except Exception as err:  # a lost worker: carry on from the last checkpoint
-                lost = _lost_workers(client, workers)
-                if store is None or not lost or recoveries == MAX_RECOVERIES:
-                    if lost and store is None:
-                        raise RuntimeError(f"dpinfer.sample_sharded: the workers {lost} were lost at sweep {done} "
-                                           "(pass checkpoint= to carry on from a checkpoint)") from err
-                    raise
-                recoveries += 1
-                workers = _workers(client, wait=True)
-                done = store.latest()
-                if progressbar:
-                    print(f"\ndpinfer: lost the workers {lost}; carrying on from the checkpoint at sweep {done} "
-                          f"on the {len(workers)} workers alive", file=sys.stderr, flush=True)
-                shard_list = _start_shards(client, workers, build_shard, parts, options, seeds, widenings,
-                                           restore=store.shard_paths(done))
-                steppers = driver_steppers(store.driver_states(done))
-                summaries = _joined(_call(shard_list, "start", [driver.theta(s.state.q) for s in steppers]))
-                progress.done = done
-        sampling = time.perf_counter() - sampling
-        outputs = _call(shard_list, "finish")
+        outputs = fit.run()
         failed = {k: o["failed"] for k, o in enumerate(outputs) if o["failed"]}
         if not failed:
             break
@@ -221,12 +171,13 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
             widenings[k].append(f)
         if progressbar:
             print(f"dpinfer: widening the windows of {where} and refitting", file=sys.stderr, flush=True)
-    idata = _datatree(driver, steppers, outputs, infos, tune=tune, chains=chains)
+    idata = _datatree(driver, fit.steppers, outputs, tune=tune, chains=chains)
     idata.sample_stats.attrs.update(
-        bytes_per_sweep=int(bytes_per_sweep), sampling_time=sampling,
-        total_time=time.perf_counter() - began, n_shards=n_shards,
-        shards=json.dumps([dict(info, sweep_seconds=o["sweep_seconds"], peak_memory_MB=o["peak_memory_MB"])
-                           for info, o in zip(infos, outputs)]))
+        bytes_per_sweep=fit.bytes_per_sweep, sampling_time=fit.sampling_seconds,
+        total_time=time.perf_counter() - began, n_shards=n_shards, progress=fit.progress_line,
+        first_sweep_time=fit.first_sweep_seconds,
+        shards=json.dumps([dict(info, sweep_seconds=o["sweep_seconds"], first_sweep_seconds=o["first_sweep_seconds"],
+                                peak_memory_MB=o["peak_memory_MB"]) for info, o in zip(fit.infos, outputs)]))
     report = {}
     for k, o in enumerate(outputs):
         for latent, entry in o["report"].items():
@@ -294,6 +245,101 @@ class _Driver:
                                     self.env))
 
 
+class _Fit:
+    """A sharded fit with given windows: its shards (actors or local objects), the driver's
+    chains, and the sweeps with their checkpoints and the recovery from a lost worker."""
+
+    def __init__(self, driver: "_Driver", build_shard, parts: list, options: dict, *, client, workers: list,
+                 store, shard_seeds: list, driver_seeds: list, starts_q: list, progressbar: bool):
+        self.driver, self.build_shard, self.parts, self.options = driver, build_shard, parts, options
+        self.client, self.workers, self.store = client, workers, store
+        self.shard_seeds, self.driver_seeds, self.starts_q = shard_seeds, driver_seeds, starts_q
+        self.progressbar = progressbar
+        self.total = options["tune"] + options["draws"]
+
+    def start(self, widenings: list, sweep: int = 0) -> None:
+        """Build the shards (on the workers alive) and the driver's chains, fresh or, for
+        ``sweep`` > 0, from the checkpoint of that sweep; the summaries at their states."""
+        self.widenings = widenings
+        if sweep == 0 and self.store is not None:
+            self.store.clear()  # an abandoned fit's (before a widening) must not be resumed
+        if self.progressbar and sweep == 0:
+            n, on = len(self.parts), f" on {len(self.workers)} workers" if self.client is not None else ""
+            print(f"dpinfer: building {n} shard{'s' * (n > 1)} of {sum(map(len, self.parts))} groups{on}",
+                  file=sys.stderr, flush=True)
+        restore = self.store.shard_paths(sweep) if sweep else [None] * len(self.parts)
+        if self.client is None:
+            self.shards = [Shard(self.build_shard, part, seeds=s, widenings=w, restore=r, **self.options)
+                           for part, s, w, r in zip(self.parts, self.shard_seeds, widenings, restore)]
+        else:
+            futures = [self.client.submit(Shard, self.build_shard, part, seeds=s, widenings=w, restore=r, actor=True,
+                                          workers=[self.workers[k % len(self.workers)]], allow_other_workers=False,
+                                          **self.options)
+                       for k, (part, s, w, r) in enumerate(zip(self.parts, self.shard_seeds, widenings, restore))]
+            self.shards = [f.result() for f in futures]
+        self.infos = _call(self.shards, "info")
+        states = self.store.driver_states(sweep) if sweep else [None] * len(self.driver_seeds)
+        settings = self.options["settings"]
+        self.steppers = [Stepper(self.driver.compiled, [], state or fresh_state(
+            self.driver.compiled, len(NUTS_STATS), draws=self.options["draws"], rng=np.random.default_rng(seed),
+            q0=q0, counts0=np.zeros(0, np.int64), target_accept=settings["target_accept"]),
+            tune=self.options["tune"], draws=self.options["draws"], max_tree_depth=settings["max_treedepth"],
+            nuts_per_sweep=settings["nuts_per_sweep"], counts_per_sweep=settings["counts_per_sweep"])
+            for state, seed, q0 in zip(states, self.driver_seeds, self.starts_q)]
+        self.summaries = _joined(_call(self.shards, "start", [self.driver.theta(s.state.q) for s in self.steppers]))
+        self.done = sweep
+
+    @property
+    def bytes_per_sweep(self) -> int:
+        """Shared values out to every shard and summaries back, every chain (array payload)."""
+        theta = self.driver.theta(self.steppers[0].state.q)
+        return int((len(self.shards) * sum(v.nbytes for v in theta.values())
+                    + sum(v.nbytes for v in self.summaries[0].values())) * len(self.steppers))
+
+    def run(self) -> list:
+        """The sweeps (module docstring), then every shard's :meth:`Shard.finish`."""
+        progress = Progress(self.total, "dpinfer: sharded sampling", self.progressbar,
+                            status=lambda: _alive(self.client, len(self.parts)))
+        began, recoveries = time.perf_counter(), 0
+        self._began, self.first_sweep_seconds = began, None
+        while self.done < self.total:
+            try:
+                self._sweeps(progress)
+            except Exception as err:  # a lost worker: carry on from the last checkpoint
+                lost = _lost_workers(self.client, self.workers)
+                if not lost or self.store is None or recoveries == MAX_RECOVERIES:
+                    if lost and self.store is None:
+                        raise RuntimeError(f"dpinfer.sample_sharded: the workers {lost} were lost at sweep "
+                                           f"{self.done} (pass checkpoint= to carry on from a checkpoint)") from err
+                    raise
+                recoveries += 1
+                self.workers = _workers(self.client, wait=True)
+                sweep = self.store.latest()
+                if self.progressbar:
+                    print(f"\ndpinfer: lost the workers {lost}; carrying on from the checkpoint at sweep {sweep} "
+                          f"on the {len(self.workers)} workers alive", file=sys.stderr, flush=True)
+                self.start(self.widenings, sweep)
+                progress.done = sweep
+        self.sampling_seconds = time.perf_counter() - began
+        self.progress_line = progress.line(self.sampling_seconds)  # the run's last, for the report
+        return _call(self.shards, "finish")
+
+    def _sweeps(self, progress) -> None:
+        while self.done < self.total:
+            thetas = []
+            for c, stepper in enumerate(self.steppers):
+                self.driver.set_summaries(self.summaries[c])
+                stepper.advance(stepper.state.done + 1)
+                thetas.append(self.driver.theta(stepper.state.q))
+            self.summaries = _joined(_call(self.shards, "sweep", thetas))
+            self.done += 1
+            if self.first_sweep_seconds is None:  # the first: kernels loaded (or compiled) everywhere
+                self.first_sweep_seconds = time.perf_counter() - self._began
+            progress.advance()
+            if self.store is not None and self.done % self.store.every == 0 and self.done < self.total:
+                self.store.save(self.shards, self.steppers, self.done)
+
+
 class _SweepCheckpoints:
     """A sharded fit's checkpoint directory (``sample_sharded``'s ``checkpoint``): every
     ``every`` sweeps a ``sweep-<n>`` directory with the driver's chains (``shared``) and each
@@ -334,6 +380,12 @@ class _SweepCheckpoints:
         for old in self.path.glob("sweep-*"):
             if old != self._sweep_dir(sweep):
                 shutil.rmtree(old)
+
+    def clear(self) -> None:
+        """Remove every checkpoint (a fit starting again)."""
+        (self.path / "latest.json").unlink(missing_ok=True)
+        for old in self.path.glob("sweep-*"):
+            shutil.rmtree(old)
 
     def latest(self) -> int:
         """The sweep of the last whole checkpoint (0: none yet)."""
@@ -431,17 +483,6 @@ def _lost_workers(client, workers: list) -> list:
         time.sleep(0.2)
 
 
-def _start_shards(client, workers, build_shard, parts, options, seeds, widenings, restore=None) -> list:
-    restore = restore or [None] * len(parts)
-    if client is None:
-        return [Shard(build_shard, part, seeds=s, widenings=w, restore=r, **options)
-                for part, s, w, r in zip(parts, seeds, widenings, restore)]
-    futures = [client.submit(Shard, build_shard, part, seeds=s, widenings=w, restore=r, actor=True,
-                             workers=[workers[k % len(workers)]], allow_other_workers=False, **options)
-               for k, (part, s, w, r) in enumerate(zip(parts, seeds, widenings, restore))]
-    return [f.result() for f in futures]
-
-
 def _call(shard_list: list, method: str, *args) -> list:
     """Every shard's ``method(*args)``, concurrently on actors."""
     results = [getattr(s, method)(*args) for s in shard_list]
@@ -473,7 +514,7 @@ def _short(groups: list) -> str:
     return repr(groups) if len(groups) <= 6 else f"{groups[0]!r} .. {groups[-1]!r} ({len(groups)})"
 
 
-def _datatree(driver: _Driver, steppers: list, outputs: list, infos: list, *, tune: int, chains: int):
+def _datatree(driver: _Driver, steppers: list, outputs: list, *, tune: int, chains: int):
     q = np.stack([s.state.draws_q for s in steppers])
     draws = q.shape[1]
     values = driver.compiled.expand(q.reshape(chains * draws, -1), np.zeros((chains * draws, 0), np.int64))
