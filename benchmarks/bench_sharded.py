@@ -15,7 +15,9 @@ machines for larger tables (benchmarks/README.md works the national tract and bl
 tables through).
 
 Run:  .venv/bin/python benchmarks/bench_sharded.py [--cells 30000] [--workers 1 2 4]
-      [--draws 150 --tune 150]
+      [--draws 150 --tune 150] [--no-baseline] [--us-per-cell-sweep 9.9]
+(about 20 minutes with the baseline; --rows FILE reprints the table and cost model of the
+JSON rows a run printed, without running anything)
 """
 
 from __future__ import annotations
@@ -73,14 +75,18 @@ def one_run(cells: int, workers: int, draws: int, tune: int) -> dict:
             "min_ess_hyper": round(min(float(ess[v]) for v in sharded_nation.HYPER))}
 
 
-def cost_model(rows: list, cells: list, machines: list) -> None:
-    """Time of 2 x (1000 + 1000) sweeps on N machines (2 cores each, 2 shards per machine)
-    from the measured per-cell sweep cost and synchronisation; memory per worker from the
-    measured peak at the measured cells per shard (linear in cells above the process's base)."""
+def cost_model(rows: list, cells: list, machines: list, us_per_cell_sweep: float | None) -> None:
+    """Time of 2 x (1000 + 1000) sweeps on N machines (2 cores each, 2 shards per machine):
+    sweeps x (cost per cell-sweep x cells per shard + synchronisation per sweep), the
+    synchronisation the largest measured; memory per worker from the measured peaks against
+    cells per shard (linear above the process's base). ``us_per_cell_sweep``: the shards' cost
+    per cell and sweep (2 chains) to project with; default the smallest measured here, which
+    in short runs is dominated by tuning's deep trees (a long run's is several times less)."""
     import pandas as pd
 
     sharded = [r for r in rows if r["workers"] > 0]
-    per_cell = min(r["shard_us_per_cell_sweep"] for r in sharded) / 1e6  # s per cell per sweep, 2 chains
+    measured = min(r["shard_us_per_cell_sweep"] for r in sharded)
+    per_cell = (us_per_cell_sweep or measured) / 1e6  # s per cell per sweep, 2 chains
     sync = max(r["sync_ms_per_sweep"] for r in sharded) / 1000
     big, small = max(sharded, key=lambda r: r["cells_per_shard"]), min(sharded, key=lambda r: r["cells_per_shard"])
     slope = (big["worker_peak_MB"] - small["worker_peak_MB"]) / max(big["cells_per_shard"] - small["cells_per_shard"], 1)
@@ -104,6 +110,9 @@ def main(argv=None):
     parser.add_argument("--draws", type=int, default=150)
     parser.add_argument("--tune", type=int, default=150)
     parser.add_argument("--no-baseline", action="store_true", help="skip the one-machine run")
+    parser.add_argument("--us-per-cell-sweep", type=float,
+                        help="the cost per cell and sweep (2 chains) for the cost model (default: measured)")
+    parser.add_argument("--rows", help="a file of the JSON rows a run printed: reprint, run nothing")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # run one config, print JSON
     args = parser.parse_args(argv)
     if args.one is not None:
@@ -112,7 +121,10 @@ def main(argv=None):
     import pandas as pd
 
     rows = []
-    for workers in ([] if args.no_baseline else [0]) + args.workers:
+    if args.rows:
+        with open(args.rows) as f:
+            rows = [json.loads(line) for line in f if line.startswith("{")]
+    for workers in [] if args.rows else ([] if args.no_baseline else [0]) + args.workers:
         out = subprocess.run([sys.executable, __file__, "--one", str(workers), "--cells", str(args.cells),
                               "--draws", str(args.draws), "--tune", str(args.tune)],
                              capture_output=True, text=True, check=True)
@@ -127,7 +139,7 @@ def main(argv=None):
           f"{__import__('os').cpu_count()}")
     print(table.to_string())
     if any(r["workers"] > 0 for r in rows):
-        cost_model(rows, [30000, 85000, 240000], [1, 2, 4, 8])
+        cost_model(rows, [30000, 85000, 240000], [1, 2, 4, 8, 16], args.us_per_cell_sweep)
 
 
 if __name__ == "__main__":
