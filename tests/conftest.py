@@ -1,4 +1,4 @@
-"""Shared test set-up: mpmath's working precision per test module.
+"""Shared test set-up: mpmath's working precision per test module; a Dask LocalCluster per module.
 
 A module that needs more digits than mpmath's default 15 sets ``MPMATH_DPS``; every test runs
 inside ``mpmath.workdps`` of it, so a precision set by one module (or changed inside a test)
@@ -43,3 +43,13 @@ def ctrl_c_after_saves(monkeypatch):
         return lambda: monkeypatch.setattr(checkpoints.Checkpoint, "save", save)
 
     return arm
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A LocalCluster of 2 one-thread worker processes and its client, per test module."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as cluster:
+        with distributed.Client(cluster) as c:
+            yield c

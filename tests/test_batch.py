@@ -96,14 +96,6 @@ def direct():
     return fit
 
 
-@pytest.fixture(scope="module")
-def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=":0") as cluster:
-        with distributed.Client(cluster) as c:
-            yield c
-
-
 def posterior_of(path):
     with xr.open_datatree(path, engine="h5netcdf") as idata:
         return idata.posterior.to_dataset().load()

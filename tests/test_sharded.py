@@ -146,14 +146,6 @@ def test_sharded_draws_have_the_exact_posterior():
     assert idata.sample_stats["shard_diverging"].shape == (2, 1500, 2)
 
 
-@pytest.fixture(scope="module")
-def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=":0") as cluster:
-        with distributed.Client(cluster) as c:
-            yield c
-
-
 def test_on_a_cluster_the_draws_are_those_of_this_process(client, capsys):
     options = dict(draws=150, tune=150, chains=2, random_seed=5)
     here = dp.sample_sharded(build_shard, shared_model(), GROUPS, shards=2, progressbar=False, **options)

@@ -28,14 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validation"))
 pytestmark = pytest.mark.validation
 
 
-@pytest.fixture(scope="module")
-def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=":0") as cluster:
-        with distributed.Client(cluster) as c:
-            yield c
-
-
 def test_the_nation_sharded_by_state_has_the_one_machine_posterior(client):
     import sharded_nation
 

@@ -233,6 +233,13 @@ def _check_options(options: dict, allowed: tuple, engine: str) -> None:
     if unknown:
         raise TypeError(f"dpinfer.sample got {unknown}, which {engine} does not take (it takes "
                         f"{allowed}); pass method='marginal' to run PyMC's pm.sample with them")
+    check_sampler_options(options)
+
+
+def check_sampler_options(options: dict) -> None:
+    """The values of the NUTS and sweep options given: ``target_accept`` a probability,
+    ``max_treedepth``, ``nuts_per_sweep`` and ``counts_per_sweep`` whole numbers >= 1, and
+    ``counts_per_sweep`` at most ``nuts_per_sweep``."""
     if "target_accept" in options:
         check_probability(options["target_accept"], "target_accept")
     for name in ("max_treedepth", "nuts_per_sweep", "counts_per_sweep"):

@@ -51,7 +51,7 @@ from dpinfer._validation import check_probability
 from dpinfer.inference import convergence
 from dpinfer.inference.checkpoint import Checkpoint, model_hash, replaced_privately, versions
 from dpinfer.inference.engines.compiled import engine as compiled_engine
-from dpinfer.inference.sample import MAX_WIDENINGS
+from dpinfer.inference.sample import MAX_WIDENINGS, check_sampler_options
 from dpinfer.inference.engines.compiled.chains import (
     NUTS_STATS,
     Progress,
@@ -433,12 +433,7 @@ def _checked_options(options: dict) -> dict:
     if unknown:
         raise TypeError(f"sample_sharded got {unknown}; it takes target_accept, max_treedepth, "
                         "nuts_per_sweep and counts_per_sweep")
-    if "target_accept" in options:
-        check_probability(options["target_accept"], "target_accept")
-    for name in ("max_treedepth", "nuts_per_sweep", "counts_per_sweep"):
-        value = options.get(name, 1)
-        if int(value) != value or value < 1:
-            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    check_sampler_options(options)
     return options
 
 
