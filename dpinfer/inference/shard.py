@@ -54,11 +54,11 @@ class Shard:
         model = build_shard(self.groups)
         if not isinstance(model, pm.Model):
             raise TypeError(f"build_shard must return a pymc.Model, got {type(model).__name__} "
-                            f"for the groups {_short(self.groups)}")
+                            f"for the groups {short(self.groups)}")
         self.model, self.tune, self.draws = model, tune, draws
         records = releases_of(model)
         if not records:
-            raise ValueError(f"the shard model of the groups {_short(self.groups)} has no release "
+            raise ValueError(f"the shard model of the groups {short(self.groups)} has no release "
                              "registered with Mechanism.observe(...)")
         plan = planning.plan_model(model, records, method="auto")
         reason = compiled_engine.refusal(model, plan.latents, "auto")
@@ -69,13 +69,13 @@ class Shard:
             compiled, reason = compiled_engine.compile_for(model, plan.latents)
         if compiled is None:
             raise ValueError(f"a shard's model must be fitted by the compiled engine, and the model of "
-                             f"the groups {_short(self.groups)} cannot be: {reason}")
+                             f"the groups {short(self.groups)} cannot be: {reason}")
         self.compiled, self.plans, self.tol = compiled, plan.latents, tol
         self._positions = {}
         for name, shape in shared.items():
             positions = compiled.data.positions(name)
             if not positions:
-                raise ValueError(f"the shard model of the groups {_short(self.groups)} does not use the "
+                raise ValueError(f"the shard model of the groups {short(self.groups)} does not use the "
                                  f"shared parameter {name!r}: it must be a pm.Data named {name!r} that "
                                  "the model's local parameters or counts depend on")
             for j in positions:
@@ -86,20 +86,21 @@ class Shard:
         names = set(compiled.expand_names)
         for name in summaries:
             if name not in names:
-                raise ValueError(f"the shard model of the groups {_short(self.groups)} has no "
+                raise ValueError(f"the shard model of the groups {short(self.groups)} has no "
                                  f"Deterministic {name!r}, a summary the shared model takes as data")
         self.summary_names = list(summaries)
         self._summaries = compiled.values_function(self.summary_names)
-        one = compiled.expand(np.zeros((1, compiled.n)), np.zeros((1, compiled.n_counts), np.int64))
-        for name in summaries:
-            shape = np.shape(one[name])[1:]
+        at_zero = self._summaries(np.zeros(compiled.n), np.zeros(compiled.n_counts, np.int64))
+        for name, value in zip(summaries, at_zero):
+            shape = np.shape(value)
             if not shape or shape[0] != len(self.groups):
-                raise ValueError(f"the summary {name!r} of the shard model of the groups {_short(self.groups)} "
+                raise ValueError(f"the summary {name!r} of the shard model of the groups {short(self.groups)} "
                                  f"has shape {shape}; its first axis must run over the shard's "
                                  f"{len(self.groups)} groups")
         planning.first_windows(self.plans, tol, exact_tails=True, at_least={})
         for failed in widenings:  # an earlier fit's: dpinfer.sample's widening, replayed
             planning.widen(self.plans, failed, tol)
+        self._rehoist = []  # blocks whose grid-only terms depend on theta (found below)
         self.set_shared(probe)
         self.blocks = [compiled_engine.count_block(p, compiled) for p in self.plans]
         self.set_shared(starts[0])
@@ -110,14 +111,15 @@ class Shard:
         self.steppers = []
         for c in range(chains):
             self.set_shared(starts[c])
-            rng = np.random.default_rng(seeds[c])
-            q0 = compiled.initial_q(int(rng.integers(2**31)), model)
-            state = fresh_state(compiled, n_stats, draws=draws, rng=rng, q0=q0, counts0=counts0,
-                                target_accept=settings["target_accept"])
             if restore is not None:
                 state = Checkpoint(restore, {"model": self.hash}, 0).load(c)
                 if state is None:
                     raise FileNotFoundError(f"{restore} holds no state of chain {c}")
+            else:
+                rng = np.random.default_rng(seeds[c])
+                q0 = compiled.initial_q(int(rng.integers(2**31)), model)
+                state = fresh_state(compiled, n_stats, draws=draws, rng=rng, q0=q0, counts0=counts0,
+                                    target_accept=settings["target_accept"])
             self.steppers.append(Stepper(compiled, self.blocks, state, tune=tune, draws=draws,
                                          max_tree_depth=settings["max_treedepth"],
                                          nuts_per_sweep=settings["nuts_per_sweep"],
@@ -149,7 +151,7 @@ class Shard:
         for name, positions in self._positions.items():
             for j in positions:
                 data[j][...] = values[name]
-        for block in getattr(self, "_rehoist", ()):
+        for block in self._rehoist:
             block.refresh_hoisted()
 
     def summaries(self, c: int) -> dict:
@@ -228,5 +230,6 @@ def _peak_memory_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _short(groups: list) -> str:
+def short(groups: list) -> str:
+    """A list of groups for a message: whole if short, else its ends and length."""
     return repr(groups) if len(groups) <= 6 else f"[{', '.join(map(repr, groups[:3]))}, ... {groups[-1]!r}] ({len(groups)})"

@@ -59,7 +59,7 @@ from dpinfer.inference.engines.compiled.chains import (
     fresh_state,
     log_density_at,
 )
-from dpinfer.inference.shard import Shard
+from dpinfer.inference.shard import Shard, short
 from dpinfer.mechanisms.records import releases_of
 
 MAX_RECOVERIES = 3  # lost workers survived per fit (as Dask's allowed-failures)
@@ -160,7 +160,7 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
         failed = {k: o["failed"] for k, o in enumerate(outputs) if o["failed"]}
         if not failed:
             break
-        where = "; ".join(f"{sorted(f)} of the groups {_short(parts[k])}" for k, f in failed.items())
+        where = "; ".join(f"{sorted(f)} of the groups {short(parts[k])}" for k, f in failed.items())
         if attempt == MAX_WIDENINGS:
             raise RuntimeError(
                 f"cells of {where} were held (not updated) in most draws after {MAX_WIDENINGS} widenings "
@@ -182,7 +182,7 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
     for k, o in enumerate(outputs):
         for latent, entry in o["report"].items():
             report.setdefault(latent, {"engine": "sharded", "method": METHOD, "shards": []})["shards"].append(
-                dict(entry, groups=_short(parts[k]), widenings=len(widenings[k])))
+                dict(entry, groups=short(parts[k]), widenings=len(widenings[k])))
     idata.posterior.attrs["dpinfer"] = json.dumps(report)
     names = [rv.name for rv in shared_model.free_RVs] + [n for n in outputs[0]["free"] if n in idata.posterior]
     result = convergence.check(idata, names)
@@ -504,9 +504,6 @@ def _alive(client, n_shards: int) -> str:
         return f"{n_shards} shard{'s' * (n_shards > 1)} in this process"
     return f"{n_shards} shards, {len(client.scheduler_info().get('workers', {}))} workers alive"
 
-
-def _short(groups: list) -> str:
-    return repr(groups) if len(groups) <= 6 else f"{groups[0]!r} .. {groups[-1]!r} ({len(groups)})"
 
 
 def _datatree(driver: _Driver, steppers: list, outputs: list, *, tune: int, chains: int):
