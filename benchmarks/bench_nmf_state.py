@@ -22,7 +22,7 @@ of the block-group cells against the truth.
 Also reported: leapfrog steps per stored draw (mean) and the largest tree depth after tuning.
 
 Run:  .venv/bin/python benchmarks/bench_nmf_state.py [--counties 1 10 99] [--draws 300] [--tune 300]
-      [--nuts-per-sweep 3] [--counts-per-sweep 2]
+      [--nuts-per-sweep 3] [--counts-per-sweep 2] [--leaf-sizes estimated|published]
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ import time
 import numpy as np
 from fresh_process import child_result, report
 
+LEAF_SIZES = ("estimated", "published")  # census_model's leaf_sizes (no dpinfer import in the parent process)
 HYPER = ("sd_leaf", "log_split")  # census_model's hyperparameters: the leaf sizes' scale, the concentrations
 
 
 def one_size(n_counties: int, draws: int, tune: int, seed: int, nuts_per_sweep: int = 3,
-             counts_per_sweep: int = 2) -> dict:
+             counts_per_sweep: int = 2, leaf_sizes: str = "estimated") -> dict:
     import pandas as pd
 
     import dpinfer as dp
@@ -63,7 +64,7 @@ def one_size(n_counties: int, draws: int, tune: int, seed: int, nuts_per_sweep: 
     truth = table.aggregate(truth_long["geocode"], truth_long["cell"], truth_long["count"])
     read = time.perf_counter() - start
     start = time.perf_counter()
-    model = census_model(table)
+    model = census_model(table, leaf_sizes=leaf_sizes)
     idata = dp.sample(model=model, draws=draws, tune=tune, chains=2, random_seed=seed, progressbar=True,
                       nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep)
     sampled = time.perf_counter() - start
@@ -80,7 +81,7 @@ def one_size(n_counties: int, draws: int, tune: int, seed: int, nuts_per_sweep: 
     verdict = json.loads(post.attrs["dpinfer_convergence"])
     leaves = summary[(summary.level == "Block_Group") & (summary.cell != "total")]
     return {
-        "counties": n_counties, "leaves": len(table.leaves), "counts": int(truth.size),
+        "counties": n_counties, "leaf_sizes": leaf_sizes, "leaves": len(table.leaves), "counts": int(truth.size),
         "terms": int(table.release.sums.term_value.size), "write_s": written, "read_s": read,
         "sample_s": sampled, "summaries_s": summarised,
         "min_ess_counts": ess["counts"], "min_ess_hyper": min(ess[n] for n in HYPER if n in ess),
@@ -106,9 +107,9 @@ def _reset_peak_rss() -> None:
 
 
 def child(argv) -> None:
-    n_counties, draws, tune, seed, nuts_per_sweep, counts_per_sweep = map(int, argv)
+    n_counties, draws, tune, seed, nuts_per_sweep, counts_per_sweep = map(int, argv[:6])
     start = time.perf_counter()
-    row = one_size(n_counties, draws, tune, seed, nuts_per_sweep, counts_per_sweep)
+    row = one_size(n_counties, draws, tune, seed, nuts_per_sweep, counts_per_sweep, argv[6])
     row["total_s"] = time.perf_counter() - start
     report(row)
 
@@ -121,16 +122,19 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--nuts-per-sweep", type=int, default=3, help="NUTS transitions per draw (dp.sample's 3)")
     parser.add_argument("--counts-per-sweep", type=int, default=2, help="count draws per draw (dp.sample's 2)")
-    parser.add_argument("--_child", nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument("--leaf-sizes", choices=LEAF_SIZES, default="estimated",
+                        help="census_model's leaf sizes: parameters (the command's model) or the published totals")
+    parser.add_argument("--_child", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._child:
         return child(args._child)
     rows = []
     for k in args.counties:
         print(f"--- {k} counties, 2 chains x ({args.tune} + {args.draws}), {args.nuts_per_sweep} NUTS transitions "
-              f"and {args.counts_per_sweep} count draws per draw, fresh process", flush=True)
+              f"and {args.counts_per_sweep} count draws per draw, leaf sizes {args.leaf_sizes}, fresh process",
+              flush=True)
         rows.append(child_result(__file__, [k, args.draws, args.tune, args.seed, args.nuts_per_sweep,
-                                            args.counts_per_sweep], f"the {k}-county run"))
+                                            args.counts_per_sweep, args.leaf_sizes], f"the {k}-county run"))
     head = ("| counties | leaves | counts | terms | read + table | dp.sample | in all | peak RSS (writing files) | "
             "min ESS counts | min ESS hyper | min ESS params | max R-hat | BG cells 90% cover | "
             "leapfrog steps per draw | max tree depth |")

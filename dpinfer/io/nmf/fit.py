@@ -63,19 +63,35 @@ from dpinfer.io.nmf.table import CensusTable, census_table
 ROOT_SHAPE = 0.5  # the nation's rate of a cell: Gamma(0.5, mean m0), log sd 2.2 (module docstring)
 
 
-def census_model(table: CensusTable, *, name: str = "counts"):
-    """The PyMC model of the module docstring, with ``table.release`` observed."""
+LEAF_SIZES = ("estimated", "published")
+
+
+def census_model(table: CensusTable, *, name: str = "counts", leaf_sizes: str = "estimated"):
+    """The PyMC model of the module docstring, with ``table.release`` observed.
+
+    ``leaf_sizes``: "estimated" (the default: the zero-sum leaf sizes v ~ ZeroSumNormal(s_v) of
+    the module docstring, parameters of the fit) or "published" (w_l ∝ max(T_l, 1), T_l the
+    leaf's most precise published total, :func:`published_leaf_totals`: an empirical-Bayes
+    plug-in, no leaf-size parameter; the totals then enter the prior and the likelihood,
+    which is immaterial where their noise is small against the leaves' size, e.g. sd 1.8
+    persons at block groups of ~760 and more, and is a study case of issue 23, not yet the
+    command's model)."""
     import pymc as pm
     import pytensor.tensor as pt
 
     import dpinfer as dp
 
+    if leaf_sizes not in LEAF_SIZES:
+        raise ValueError(f"leaf_sizes must be one of {LEAF_SIZES}, got {leaf_sizes!r}")
     groupings = spine_groupings(table)
     n_leaves = len(table.leaves)
     root_mean = max(float(np.mean(np.abs(table.release.values))) / 10.0, 1.0) * n_leaves
     with pm.Model(coords=table.coords | {"spine_level": groupings_levels(table)}) as model:
         share = pt.ones(1)
-        if n_leaves > 1:
+        if leaf_sizes == "published":
+            totals = np.maximum(published_leaf_totals(table), 1.0)
+            share = pt.as_tensor(totals / totals.sum())
+        elif n_leaves > 1:
             s_v = pm.HalfNormal("sd_leaf", 1.0)
             z = pm.Normal("leaf_effect_z", 0.0, s_v, shape=n_leaves - 1)
             share = pt.special.softmax(pm.Deterministic("leaf_effect", _zero_sum(z), dims="geocode"))
@@ -85,6 +101,26 @@ def census_model(table: CensusTable, *, name: str = "counts"):
                                             ROOT_SHAPE, groupings, dims=("geocode", "cell"))
         table.release.observe("nmf", counts)
     return model
+
+
+def published_leaf_totals(table: CensusTable) -> np.ndarray:
+    """Each leaf's published total population (n_leaves,): its exact total where a constraint
+    fixes it, else the value of its most precise measurement of all the cells (the smallest
+    noise variance, summed noises counted). Raises if a leaf has neither."""
+    sums = table.release.sums
+    leaf = sums.area_leaf[sums.term_area]
+    best = np.full(len(table.leaves), np.inf)
+    total = np.full(len(table.leaves), np.nan)
+    for r in np.flatnonzero((leaf >= 0) & sums.term_cells.all(axis=1)):
+        kind, sigma2, m = sums.tables.params(int(sums.term_table[r]))
+        variance = 0.0 if kind == "eq" else sigma2 * m if kind == "dg" else np.inf
+        if variance < best[leaf[r]]:
+            best[leaf[r]], total[leaf[r]] = variance, float(sums.term_value[r])
+    missing = np.flatnonzero(np.isnan(total))
+    if missing.size:
+        raise ValueError(f"leaf_sizes='published' needs every leaf's total; leaves "
+                         f"{list(table.leaves[missing[:5]])} have no measurement or equality of all the cells")
+    return total
 
 
 def _spine_parents(table: CensusTable) -> list[np.ndarray]:
