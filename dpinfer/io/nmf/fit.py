@@ -72,10 +72,10 @@ def census_model(table: CensusTable, *, name: str = "counts", leaf_sizes: str = 
     ``leaf_sizes``: "estimated" (the default: the zero-sum leaf sizes v ~ ZeroSumNormal(s_v) of
     the module docstring, parameters of the fit) or "published" (w_l ∝ max(T_l, 1), T_l the
     leaf's most precise published total, :func:`published_leaf_totals`: an empirical-Bayes
-    plug-in, no leaf-size parameter; the totals then enter the prior and the likelihood,
-    which is immaterial where their noise is small against the leaves' size, e.g. sd 1.8
-    persons at block groups of ~760 and more, and is a study case of issue 23, not yet the
-    command's model)."""
+    plug-in, no leaf-size parameter; the totals then enter both the prior and the
+    likelihood, which should matter little where their noise is small against the leaves'
+    size, e.g. sd 1.8 persons at block groups of several hundred, but is not yet checked by
+    SBC: a study case of issue 23 (benchmarks/README.md), not the command's model)."""
     import pymc as pm
     import pytensor.tensor as pt
 
