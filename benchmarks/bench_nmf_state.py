@@ -35,7 +35,8 @@ import time
 import numpy as np
 from fresh_process import child_result, report
 
-LEAF_SIZES = ("estimated", "published")  # census_model's leaf_sizes (no dpinfer import in the parent process)
+from dpinfer.io.nmf.fit import LEAF_SIZES  # census_model's leaf_sizes
+
 HYPER = ("sd_leaf", "log_split")  # census_model's hyperparameters: the leaf sizes' scale, the concentrations
 
 

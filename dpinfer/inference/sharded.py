@@ -505,7 +505,6 @@ def _alive(client, n_shards: int) -> str:
     return f"{n_shards} shards, {len(client.scheduler_info().get('workers', {}))} workers alive"
 
 
-
 def _datatree(driver: _Driver, steppers: list, outputs: list, *, tune: int, chains: int):
     q = np.stack([s.state.draws_q for s in steppers])
     draws = q.shape[1]
