@@ -261,7 +261,7 @@ def phases(g, truth, prior, repeats: int = 5) -> dict:
         dc, ds = np.array(cells, np.int64), np.array(signs, np.int64)
         K._up(dc, ds, x, tsum, g.box_lo, g.box_hi, prior, g.prior_start, s.order, s.child_ptr, s.child_area,
               s.area_leaf, ac_ptr, ac_terms, s.term_cells, s.term_value, s.term_table, meta, inv2v, values, g.trim, buf[0],
-              mstart, mlen, mlo, cut, pstart, plen, plo)  # a first pass to size the buffer
+              mstart, mlen, mlo, cut, pstart, plen, plo, False)  # a first pass to size the buffer
         calls = {
             "leaf messages": lambda dc=dc, ds=ds: leaves(
                 dc, ds, x, tsum, g.box_lo, g.box_hi, prior, g.prior_start, s.leaf_area, ac_ptr, ac_terms, s.term_cells,
@@ -269,7 +269,7 @@ def phases(g, truth, prior, repeats: int = 5) -> dict:
             "upward pass": lambda dc=dc, ds=ds: K._up(
                 dc, ds, x, tsum, g.box_lo, g.box_hi, prior, g.prior_start, s.order, s.child_ptr, s.child_area,
                 s.area_leaf, ac_ptr, ac_terms, s.term_cells, s.term_value, s.term_table, meta, inv2v, values,
-                g.trim, buf[0], mstart, mlen, mlo, cut, pstart, plen, plo),
+                g.trim, buf[0], mstart, mlen, mlo, cut, pstart, plen, plo, False),
             "downward split": lambda: K._down(buf[0], s.order, s.child_ptr, s.child_area, s.area_leaf, mstart,
                                               mlen, mlo, pstart, plen, plo, s_area, rng),
         }

@@ -11,7 +11,7 @@ from scipy import stats
 
 from dpinfer._random_stream import new_stream
 from dpinfer.lattice.nested.directions import sweep_products
-from dpinfer.lattice.nested.kernel import DEFAULT_TRIM, draw_direction
+from dpinfer.lattice.nested.kernel import DEFAULT_TRIM, draw_direction, log_mass_ratio, workspace
 from dpinfer.lattice.nested.sampler import NestedGibbs
 from dpinfer.lattice.nested.structure import NestedSums
 from dpinfer.lattice.nested.terms import TermTables, term_log
@@ -164,18 +164,46 @@ def _chi2_pvalue(observed, expected_p):
     return stats.chisquare(obs, exp).pvalue
 
 
+def reachable(states, x0, dcells, dsigns) -> np.ndarray:
+    """Which states are x0 + z (.) d, one integer z_l per leaf: those a move along the
+    direction (dcells, dsigns) reaches from x0."""
+    d = np.zeros(C, np.int64)
+    d[dcells] = dsigns
+    return np.array([np.all((s - x0) * (d == 0) == 0) and
+                     all(len(set(((s - x0)[leaf][dcells] * dsigns).tolist())) == 1 for leaf in range(2))
+                     for s in states])
+
+
+def check_log_mass_ratio(sums, g, prior, values, states, logp, direction):
+    """log_mass_ratio from several states equals the enumeration's log of (the posterior mass
+    of the states the move reaches / the state's), to round-off."""
+    dcells, dsigns = (np.array(v, np.int64) for v in direction)
+    meta, inv2v, _ = sums.tables.arrays()
+    work = workspace(sums.order, sums.child_area, sums.term_ptr, sums.term_cells, g.prior_start)
+    order = np.argsort(-logp)
+    for i in order[[0, 3, 10, 40, 200]]:
+        x0 = states[i]
+        reach = reachable(states, x0, dcells, dsigns)
+        want = np.logaddexp.reduce(logp[reach]) - logp[i]
+        got = log_mass_ratio(dcells, dsigns, x0.copy(), sums.term_sums(x0), g.box_lo, g.box_hi, prior,
+                             g.prior_start, sums.order, sums.child_ptr, sums.child_area, sums.area_leaf,
+                             sums.term_cells, sums.term_value, sums.term_table, meta, inv2v, values,
+                             DEFAULT_TRIM, work)
+        assert got == pytest.approx(want, abs=1e-9)
+        wide = log_mass_ratio(dcells, dsigns, x0.copy(), sums.term_sums(x0), g.box_lo, g.box_hi, prior,
+                             g.prior_start, sums.order, sums.child_ptr, sums.child_area, sums.area_leaf,
+                             sums.term_cells, sums.term_value, sums.term_table, meta, inv2v, values,
+                             600.0, work)
+        assert wide == pytest.approx(want, abs=1e-9)
+
+
 def check_one_move(sums, g, prior, values, states, p, direction, seed):
     """From the posterior's mode, one move along ``direction``, 20,000 times: the draws' law
     is the enumerated posterior p restricted to the states that move reaches (chi-square),
     and the sums kept stay the counts'."""
     x0 = states[np.argmax(p)]
     dcells, dsigns = (np.array(v, np.int64) for v in direction)
-    d = np.zeros(C, np.int64)
-    d[dcells] = dsigns
-    # the reachable states: x0 + z (.) d per leaf
-    reach = np.array([np.all((s - x0) * (d == 0) == 0) and
-                      all(len(set(((s - x0)[leaf][dcells] * dsigns).tolist())) == 1 for leaf in range(2))
-                      for s in states])
+    reach = reachable(states, x0, dcells, dsigns)
     target = p * reach
     target /= target.sum()
     index = {s.tobytes(): i for i, s in enumerate(states)}
@@ -206,6 +234,16 @@ def test_one_move_draws_the_exact_conditional(posterior, direction):
     g, prior = gibbs(sums)
     states, p, logp = posterior
     check_one_move(sums, g, prior, sums.tables.arrays()[2], states, p, direction, 1)
+
+
+@pytest.mark.parametrize("direction", [([0], [1]), ([2], [1]), ([1, 3], [1, -1]), ([0, 1], [1, -1])])
+def test_log_mass_ratio_is_the_enumerated_mass_along_the_direction(posterior, direction):
+    """The upward pass's normaliser: log (mass of the states a move reaches / the state's)
+    against the enumeration, from several states."""
+    sums, _ = small_table()
+    g, prior = gibbs(sums)
+    states, p, logp = posterior
+    check_log_mass_ratio(sums, g, prior, sums.tables.arrays()[2], states, logp, direction)
 
 
 @pytest.mark.parametrize("cell_shape", [(4,), (2, 2)])
@@ -353,6 +391,15 @@ def test_a_move_with_group_mixing_draws_the_exact_conditional(grouped_posterior,
     mixed, g, prior, values = grouped_table()
     states, p, logp = grouped_posterior
     check_one_move(mixed, g, prior, values, states, p, direction, 4)
+
+
+@pytest.mark.parametrize("direction", [([0], [1]), ([1, 3], [1, -1])])
+def test_log_mass_ratio_with_group_mixing(grouped_posterior, direction):
+    """As test_log_mass_ratio_is_the_enumerated_mass_along_the_direction, with the mixing
+    factor at the mid area."""
+    mixed, g, prior, values = grouped_table()
+    states, p, logp = grouped_posterior
+    check_log_mass_ratio(mixed, g, prior, values, states, logp, direction)
 
 
 def test_a_long_chain_with_group_mixing_reaches_the_posterior(grouped_posterior):

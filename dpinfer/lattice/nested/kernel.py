@@ -237,32 +237,36 @@ def _finish_log(buf, start, n, trim, out):
     """buf[start : start + n] holds log weights: keep the entries from the first to the last
     within ``trim`` of the maximum, as exp(log weight - maximum); the ends cut are left as
     they are (never read). out: (first kept, number kept, finite weights cut on the left, on
-    the right); 0 kept if every weight is zero."""
+    the right); 0 kept if every weight is zero. Returns the maximum (the log of the scale
+    divided out)."""
     m = -np.inf
     for i in range(start, start + n):
         m = max(m, buf[i])
     if m == -np.inf:
         out[1] = 0
-        return
+        return m
     _cut(buf, start, n, m - trim, -np.inf, out)
     for i in range(out[0], out[0] + out[1]):
         buf[i] = np.exp(buf[i] - m)
+    return m
 
 
 @numba.njit(cache=True, nogil=True)
 def _finish_linear(buf, start, n, trim, out):
     """buf[start : start + n] holds weights >= 0: divide them by their maximum and keep the
-    entries from the first to the last >= exp(-trim). out: as :func:`_finish_log`'s."""
+    entries from the first to the last >= exp(-trim). out: as :func:`_finish_log`'s. Returns
+    the maximum (the scale divided out; 0 if every weight is zero)."""
     m = 0.0
     for i in range(start, start + n):
         m = max(m, buf[i])
     if m == 0.0:
         out[1] = 0
-        return
+        return m
     inv = 1.0 / m
     for i in range(start, start + n):
         buf[i] *= inv
     _cut(buf, start, n, np.exp(-trim), 0.0, out)
+    return m
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
@@ -286,8 +290,8 @@ def _convolve(buf, a, na, b, nb, out):
 def _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, ac_ptr, ac_terms, term_cells,
                   term_value, term_table, meta, inv2v, values, trim, buf, used, kept):
     """Leaf ``leaf`` (area v): its log factor on the z its boxes allow, written at buf[used:]
-    and finished (:func:`_finish_log`). Returns (the z of its first entry, entries used), or
-    (zlo, -1) if ``buf`` is short."""
+    and finished (:func:`_finish_log`). Returns (the z of its first entry, entries used, the
+    log of the scale divided out), or (zlo, -1, 0) if ``buf`` is short."""
     n_cells = x.shape[1]
     zlo = -(2**62)
     zhi = 2**62
@@ -302,7 +306,7 @@ def _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior
             zhi = min(zhi, xv - box_lo[leaf, c])
     n = zhi - zlo + 1
     if used + n > buf.size:
-        return zlo, -1
+        return zlo, -1, 0.0
     seg = buf[used:used + n]  # (through a slice: the loops vectorise)
     seg[:] = 0.0
     for j in range(dcells.size):
@@ -314,8 +318,7 @@ def _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior
             seg[i] += row[col + step * i]
     _add_terms(v, buf, used, n, zlo, dcells, dsigns, tsum, ac_ptr, ac_terms, term_cells, term_value,
                term_table, meta, inv2v, values)
-    _finish_log(buf, used, n, trim, kept)
-    return zlo, n
+    return zlo, n, _finish_log(buf, used, n, trim, kept)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -324,26 +327,26 @@ def _area_terms(v, dcells, dsigns, tsum, ac_ptr, ac_terms, term_cells, term_valu
     """An inner area's message if the direction moves its terms: the convolution of its
     children buf[cs : cs + cn] (first sum lo) times the terms' weights, written at
     buf[used : used + cn] and finished (:func:`_finish_linear`); buf[used + cn : used + 2 cn]
-    is scratch (the terms' log weights, scaled by their maximum before exp). Returns False
-    (nothing written) if it moves none."""
+    is scratch (the terms' log weights, scaled by their maximum before exp). Returns (whether
+    it moves a term, the log and the linear factor of the scale divided out); (False, 0, 1)
+    and nothing written if it moves none."""
     lt = used + cn
     for i in range(cn):
         buf[lt + i] = 0.0
     if not _add_terms(v, buf, lt, cn, lo, dcells, dsigns, tsum, ac_ptr, ac_terms, term_cells, term_value,
                       term_table, meta, inv2v, values):
-        return False
+        return False, 0.0, 1.0
     m = -np.inf
     for i in range(cn):
         if buf[cs + i] > 0.0:
             m = max(m, buf[lt + i])
     if m == -np.inf:
         kept[1] = 0
-        return True
+        return True, m, 1.0
     for i in range(cn):
         w = buf[cs + i]
         buf[used + i] = w * np.exp(buf[lt + i] - m) if w > 0.0 else 0.0
-    _finish_linear(buf, used, cn, trim, kept)
-    return True
+    return True, m, _finish_linear(buf, used, cn, trim, kept)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -361,25 +364,31 @@ def _compact(buf, to, kept):
 @numba.njit(cache=True, nogil=True)
 def _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area, area_leaf,
         ac_ptr, ac_terms, term_cells, term_value, term_table, meta, inv2v, values, trim, buf, mstart,
-        mlen, mlo, cut, pstart, plen, plo):
+        mlen, mlo, cut, pstart, plen, plo, want_scale):
     """The upward pass: every area's message (mstart, mlen, mlo: where it lies in ``buf`` and
     the sum its first entry stands for) and the partial convolutions of every area's first
     children (pstart, plen, plo, by child position), all as weights scaled to a maximum of 1,
     each moved down to the buffer's end of use once trimmed (:func:`_compact`). An area whose
     terms the direction does not move shares its last partial convolution (or its one
-    child's message). Returns _OK, _NO_MASS, or _FULL if ``buf`` is too small."""
+    child's message). Returns (status, log scale): the status _OK, _NO_MASS, or _FULL if
+    ``buf`` is too small; with ``want_scale`` the log scale is the sum of the logs of every
+    scale divided out, so that log sum_z p(z) (the unnormalised law of the module docstring,
+    up to the entries the trim cut) = log scale + log of the sum of the root's message (else
+    0: a move does not need it)."""
     kept = np.zeros(4, np.int64)
     used = 0
+    log_scale = 0.0
     for v in order:
         leaf = area_leaf[v]
         if leaf >= 0:
-            lo, n = _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, ac_ptr,
-                                  ac_terms, term_cells, term_value, term_table, meta, inv2v, values, trim, buf,
-                                  used, kept)
+            lo, n, scale = _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start,
+                                         ac_ptr, ac_terms, term_cells, term_value, term_table, meta, inv2v,
+                                         values, trim, buf, used, kept)
             if n < 0:
-                return _FULL
+                return _FULL, log_scale
             if kept[1] == 0:
-                return _NO_MASS
+                return _NO_MASS, log_scale
+            log_scale += scale
             lo += _compact(buf, used, kept)
             used += kept[1]
         else:
@@ -391,27 +400,33 @@ def _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, chil
                 ch = child_area[p]
                 n = cn + mlen[ch] - 1
                 if used + n > buf.size:
-                    return _FULL
+                    return _FULL, log_scale
                 _convolve(buf, cs, cn, mstart[ch], mlen[ch], used)
-                _finish_linear(buf, used, n, trim, kept)
+                scale = _finish_linear(buf, used, n, trim, kept)
                 if kept[1] == 0:
-                    return _NO_MASS
+                    return _NO_MASS, log_scale
+                if want_scale:
+                    log_scale += math.log(scale)
                 lo += mlo[ch] + _compact(buf, used, kept)
                 cs, cn = kept[0], kept[1]
                 pstart[p], plen[p], plo[p] = cs, cn, lo
                 used += cn
             if used + 2 * cn > buf.size:
-                return _FULL
+                return _FULL, log_scale
             # the area's own message if it moves terms (else its last partial convolution)
-            if _area_terms(v, dcells, dsigns, tsum, ac_ptr, ac_terms, term_cells, term_value, term_table,
-                           meta, inv2v, values, trim, buf, cs, cn, lo, used, kept):
+            moved, log_factor, scale = _area_terms(v, dcells, dsigns, tsum, ac_ptr, ac_terms, term_cells,
+                                                   term_value, term_table, meta, inv2v, values, trim, buf, cs,
+                                                   cn, lo, used, kept)
+            if moved:
                 if kept[1] == 0:
-                    return _NO_MASS
+                    return _NO_MASS, log_scale
+                if want_scale:
+                    log_scale += log_factor + math.log(scale)
                 lo += _compact(buf, used, kept)
                 used += kept[1]
         mstart[v], mlen[v], mlo[v] = kept[0], kept[1], lo
         cut[v, 0], cut[v, 1] = kept[2], kept[3]
-    return _OK
+    return _OK, log_scale
 
 
 @numba.njit(cache=True, nogil=True)
@@ -528,20 +543,75 @@ def workspace(order, child_area, term_ptr, term_cells, prior_start):
 
 
 @numba.njit(cache=True, nogil=True)
+def _up_growing(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area,
+                area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, work, want_scale):
+    """The upward pass (:func:`_up`) in ``work``'s buffer, doubled until it fits. Returns -inf
+    if the law has no mass, else log sum_z p(z) with ``want_scale``, else 0."""
+    ac_ptr, ac_terms, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area = work
+    while True:
+        status, log_scale = _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr,
+                                child_area, area_leaf, ac_ptr, ac_terms, term_cells, term_value, term_table,
+                                meta, inv2v, values, trim, buf[0], mstart, mlen, mlo, cut, pstart, plen, plo,
+                                want_scale)
+        if status != _FULL:
+            break
+        buf[0] = np.empty(2 * buf[0].size)
+    if status == _NO_MASS:
+        return -np.inf
+    if not want_scale:
+        return 0.0
+    root = order[order.size - 1]
+    total = 0.0
+    for i in range(mstart[root], mstart[root] + mlen[root]):
+        total += buf[0][i]
+    return log_scale + math.log(total)
+
+
+@numba.njit(cache=True, nogil=True)
+def _log_weight_now(dcells, dsigns, x, tsum, box_lo, prior, prior_start, order, area_leaf, term_cells,
+                    term_value, term_table, meta, inv2v, values, work):
+    """log p(0): the direction's law (module docstring) at z = 0, the current counts."""
+    ac_ptr, ac_terms = work[0], work[1]
+    n_cells = x.shape[1]
+    one = np.zeros(1)
+    for v in order:
+        leaf = area_leaf[v]
+        if leaf >= 0:
+            for j in range(dcells.size):
+                c = dcells[j]
+                one[0] += prior[prior_start[leaf * n_cells + c] + x[leaf, c] - box_lo[leaf, c]]
+        _add_terms(v, one, 0, 1, 0, dcells, dsigns, tsum, ac_ptr, ac_terms, term_cells, term_value, term_table,
+                   meta, inv2v, values)
+    return one[0]
+
+
+@numba.njit(cache=True, nogil=True)
+def log_mass_ratio(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area,
+                   area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, work):
+    """log (sum_z p(z) / p(0)), p the direction's unnormalised law (module docstring) and
+    z = 0 the current counts: the log of the factor by which summing the counts out along the
+    direction multiplies the joint density at the current counts. With the prior's rows and
+    factors the prior's own (normalised) log pmf, log p(parameters, counts) + this ratio is
+    the log density of the parameters and the counts with the direction summed out (what a
+    collapsed move of the parameters targets). The entries the trim cut are left out (at
+    most e^-trim per entry cut, relative to its message's maximum)."""
+    log_total = _up_growing(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr,
+                            child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v, values,
+                            trim, work, True)
+    return log_total - _log_weight_now(dcells, dsigns, x, tsum, box_lo, prior, prior_start, order, area_leaf,
+                                       term_cells, term_value, term_table, meta, inv2v, values, work)
+
+
+@numba.njit(cache=True, nogil=True)
 def move(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_start, order, child_ptr,
          child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, rng,
          stats, work):
     """:func:`draw_direction` with ``work`` from :func:`workspace` (a sweep makes it once and
     passes it to every move; it holds the terms by area, hence no ``term_ptr`` here)."""
     ac_ptr, ac_terms, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area = work
-    while True:
-        status = _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area,
-                     area_leaf, ac_ptr, ac_terms, term_cells, term_value, term_table, meta, inv2v, values,
-                     trim, buf[0], mstart, mlen, mlo, cut, pstart, plen, plo)
-        if status != _FULL:
-            break
-        buf[0] = np.empty(2 * buf[0].size)
-    if status == _NO_MASS:
+    if _up_growing(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area,
+                   area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, work,
+                   False) == -np.inf:
         return False
     if not _down(buf[0], order, child_ptr, child_area, area_leaf, mstart, mlen, mlo, pstart, plen, plo,
                  s_area, rng):
