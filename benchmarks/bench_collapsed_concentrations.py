@@ -49,10 +49,8 @@ def nested_state(model, idata):
     as ``dp.sample`` builds it."""
     from dpinfer.inference import planning
     from dpinfer.inference.engines.compiled import engine
-    from dpinfer.inference.engines.compiled.chains import Stepper, fresh_state, stat_columns
-    from dpinfer.inference.engines.compiled.exact_counts import flat_prior_table, group_mixing_tables
+    from dpinfer.inference.engines.compiled.chains import Stepper, fresh_state, nested_tables, stat_columns
     from dpinfer.inference.sample import _engine
-    from dpinfer.lattice.nested.kernel import current_sums
     from dpinfer.mechanisms.records import releases_of
 
     plan = planning.plan_model(model, releases_of(model), method="auto")
@@ -78,16 +76,8 @@ def nested_state(model, idata):
         state.counts[:] = compiled.counts_vector({"counts": post["counts"].values[chain, draw]})
 
     def refill():
-        """The tables at state.q and the counts (as a sweep of the engine fills them)."""
-        flat_prior_table(k["flat"], k["hoisted"], state.q, stepper.env, k["grid"], k["rows"], k["table"])
-        n_leaves, n_cells = k["x"].shape
-        o = k["offset"]
-        k["x"][:] = state.counts[o:o + n_leaves * n_cells].reshape(n_leaves, n_cells)
-        current_sums(k["x"], k["S"], k["tsum"], k["order"], k["child_ptr"], k["child_area"], k["area_leaf"],
-                     k["term_cells"], k["term_area"])
-        group_mixing_tables(k["mixing_address"], state.q, stepper.env, k["mixing_out"], k["mixing_at"], k["values"],
-                            k["group_area"], k["leaf_group"], k["group_parent"], k["S"], k["box_lo"],
-                            k["prior_start"], k["table"])
+        """The tables at state.q and the counts, as a sweep of the engine fills them."""
+        nested_tables(b, state.q, state.counts, stepper.env)
 
     return k, state, stepper, set_state, refill
 
@@ -114,6 +104,10 @@ def directions(cell: int, shape: tuple) -> dict[str, list]:
 
 
 def profile_sd(logf: np.ndarray, grid: np.ndarray) -> float:
+    """The sd of the grid under weights exp(logf); nan unless every logf is a number and one
+    is finite."""
+    if np.isnan(logf).any() or not np.isfinite(logf).any():
+        return float("nan")
     w = np.exp(logf - logf.max())
     w /= w.sum()
     mean = (w * grid).sum()
@@ -122,6 +116,7 @@ def profile_sd(logf: np.ndarray, grid: np.ndarray) -> float:
 
 def main(argv=None) -> None:
     import dpinfer as dp
+    from dpinfer._random_stream import new_stream
     from dpinfer.inference.convergence import diagnostics
     from dpinfer.io.nmf.fit import census_model
     from dpinfer.io.nmf.synthetic import PRESETS
@@ -206,8 +201,12 @@ def main(argv=None) -> None:
         row("given every count", s_c)
         for kind, values in s_dir.items():
             means = np.mean(values, axis=0)  # per direction, over the states
-            best = int(np.argmax(means))
-            row(f"{kind} (best of {len(means)})", float(means[best]))
+            finite = np.flatnonzero(np.isfinite(means))  # nan: a grid point where the law kept no mass
+            if finite.size == 0:
+                print(f"  {kind}: no direction with a finite profile at every state (widen WIDE_TRIM)")
+                continue
+            best = finite[np.argmax(means[finite])]
+            row(f"{kind} (best of {finite.size}/{len(means)})", float(means[best]))
 
     # what one collapsed evaluation costs against a count sweep (this process, warm)
     set_state(*picks[0])
@@ -225,7 +224,6 @@ def main(argv=None) -> None:
     for _ in range(reps):
         log_ratio([0], [1])
     t_up = (time.perf_counter() - t) / reps
-    from dpinfer._random_stream import new_stream
     stream = new_stream(rng)
     sweep_args = (k["x"], k["S"], k["tsum"], k["box_lo"], k["box_hi"], k["lo_open"], k["hi_open"], k["table"],
                   k["prior_start"], k["order"], k["child_ptr"], k["child_area"], k["area_leaf"], k["term_ptr"],

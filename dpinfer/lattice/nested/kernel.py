@@ -388,7 +388,8 @@ def _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, chil
                 return _FULL, log_scale
             if kept[1] == 0:
                 return _NO_MASS, log_scale
-            log_scale += scale
+            if want_scale:
+                log_scale += scale
             lo += _compact(buf, used, kept)
             used += kept[1]
         else:

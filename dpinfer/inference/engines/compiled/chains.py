@@ -125,6 +125,25 @@ def _metric_variance(m2_q, m2_grad, c):
 
 
 @numba.njit(cache=True, nogil=True)
+def nested_tables(block, q, counts, env):
+    """Bring a nested count block (:meth:`~dpinfer.inference.engines.compiled.count_blocks.NestedCounts.native`)
+    to the parameters q and the counts: its counts and their area and term sums from
+    ``counts``, the prior's flat table and a GroupedNegativeBinomial's group factors from q."""
+    (flat, hoisted, offset, grid, rows, prior_start, table, x, S, tsum, box_lo, box_hi, lo_open, hi_open,
+     order, child_ptr, child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
+     term_area, meta, inv2v, values, mixing_address, mixing_at, mixing_out, group_area, leaf_group,
+     group_parent, trim, cell_shape, stats, column) = block
+    flat_prior_table(flat, hoisted, q, env, grid, rows, table)
+    n_leaves, n_cells = x.shape
+    for i in range(n_leaves * n_cells):
+        x[i // n_cells, i % n_cells] = counts[offset + i]
+    current_sums(x, S, tsum, order, child_ptr, child_area, area_leaf, term_cells, term_area)
+    if mixing_at.size:
+        group_mixing_tables(mixing_address, q, env, mixing_out, mixing_at, values, group_area,
+                            leaf_group, group_parent, S, box_lo, prior_start, table)
+
+
+@numba.njit(cache=True, nogil=True)
 def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row):
     """Every count block's draw; their statistics into ``row`` at each block's columns."""
     for b in literal_unroll(cells):
@@ -158,14 +177,8 @@ def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row):
              group_parent, trim, cell_shape, stats, column) = b
             if grid.shape[0] == 0:
                 continue
-            flat_prior_table(flat, hoisted, q, env, grid, rows, table)
+            nested_tables(b, q, counts, env)
             n_leaves, n_cells = x.shape
-            for i in range(n_leaves * n_cells):
-                x[i // n_cells, i % n_cells] = counts[offset + i]
-            current_sums(x, S, tsum, order, child_ptr, child_area, area_leaf, term_cells, term_area)
-            if mixing_at.size:
-                group_mixing_tables(mixing_address, q, env, mixing_out, mixing_at, values, group_area,
-                                    leaf_group, group_parent, S, box_lo, prior_start, table)
             stats[:] = 0
             failed = sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, table, prior_start, order, child_ptr,
                                     child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
