@@ -118,7 +118,7 @@ def main(argv=None) -> None:
     import dpinfer as dp
     from dpinfer._random_stream import new_stream
     from dpinfer.inference.convergence import diagnostics
-    from dpinfer.io.nmf.fit import census_model
+    from dpinfer.io.nmf.model import census_model
     from dpinfer.io.nmf.synthetic import PRESETS
     from dpinfer.io.nmf.table import census_table
     from dpinfer.lattice.nested.directions import sweep_products

@@ -1,5 +1,5 @@
 """Parameterisations of ``dpinfer nmf``'s count model, side by side with the library's
-:func:`dpinfer.io.nmf.fit.census_model` (the baseline): which one lets the counts of weakly
+:func:`dpinfer.io.nmf.model.census_model` (the baseline): which one lets the counts of weakly
 measured cells mix.
 
 The trouble being studied (issue 23, Must show 5 and 6): a cell such as "17 and under x two or
@@ -90,7 +90,7 @@ def _table(case: str):
 def _model(table, variant: str):
     import pymc as pm
 
-    from dpinfer.io.nmf.fit import _zero_sum, census_model
+    from dpinfer.io.nmf.model import _zero_sum, census_model
 
     if variant == "census_model":
         return census_model(table)
@@ -140,7 +140,7 @@ def _grouped(table, group_of, groups, variant):
     import pymc as pm
 
     import dpinfer as dp
-    from dpinfer.io.nmf.fit import _zero_sum
+    from dpinfer.io.nmf.model import _zero_sum
 
     pilot_mean = max(float(np.mean(np.abs(table.release.values))) / 10.0, 1.0)
     with pm.Model(coords=table.coords) as model:

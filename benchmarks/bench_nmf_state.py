@@ -8,7 +8,7 @@ a fresh process (cold: a new model object, numba's kernel cache and the model ca
 are) the files are read down to block groups (``dp.read_nmf``), turned into one release of 28
 coarse cells with every level's usable measurements and constraints
 (``census_table(..., "Block_Group", "pl94-28")``), fitted with ``dpinfer nmf``'s model
-(:func:`dpinfer.io.nmf.fit.census_model`) by ``dp.sample`` (2 chains in parallel x (tune +
+(:func:`dpinfer.io.nmf.model.census_model`) by ``dp.sample`` (2 chains in parallel x (tune +
 draws)) and summarised at every level (:func:`dpinfer.io.nmf.fit.summaries`).
 
 Reported per size: latent counts, terms of the release, seconds to read and build the table,
@@ -35,7 +35,7 @@ import time
 import numpy as np
 from fresh_process import child_result, report
 
-from dpinfer.io.nmf.fit import LEAF_SIZES  # census_model's leaf_sizes
+from dpinfer.io.nmf.model import LEAF_SIZES  # census_model's leaf_sizes
 
 HYPER = ("sd_leaf", "log_split")  # census_model's hyperparameters: the leaf sizes' scale, the concentrations
 
@@ -46,7 +46,8 @@ def one_size(n_counties: int, draws: int, tune: int, seed: int, nuts_per_sweep: 
 
     import dpinfer as dp
     from dpinfer.inference.convergence import diagnostics
-    from dpinfer.io.nmf.fit import census_model, summaries
+    from dpinfer.io.nmf.fit import summaries
+    from dpinfer.io.nmf.model import census_model
     from dpinfer.io.nmf.synthetic import PRESETS
     from dpinfer.io.nmf.table import census_table
 

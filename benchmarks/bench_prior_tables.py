@@ -44,7 +44,7 @@ def one_size(n_counties: int, repeats: int) -> dict:
     from dpinfer.inference.engines.compiled import chains
     from dpinfer.inference.engines.compiled.count_blocks import GroupTotals, IndependentCells
     from dpinfer.inference.engines.compiled.exact_counts import flat_prior_table, log_weight_tables
-    from dpinfer.io.nmf.fit import census_model
+    from dpinfer.io.nmf.model import census_model
 
     from bench_nmf_models import _table
 

@@ -11,7 +11,8 @@ import pytest
 import xarray as xr
 
 import dpinfer as dp
-from dpinfer.io.nmf.fit import census_model, summaries
+from dpinfer.io.nmf.fit import summaries
+from dpinfer.io.nmf.model import census_model
 from dpinfer.io.nmf.table import census_table
 
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "synthetic_state_nmf"
@@ -61,7 +62,7 @@ def test_the_model_sums_every_geographys_rates_out(table):
     (the geocodes' own nesting), so its only continuous parameters are the leaf sizes and a
     concentration per level and cell: none per geography and cell, no cell profile."""
     from dpinfer.distributions import group_mixing_of
-    from dpinfer.io.nmf.fit import groupings_levels, spine_groupings
+    from dpinfer.io.nmf.model import groupings_levels, spine_groupings
 
     model = census_model(table)
     assert model["counts"].owner.op.name == "negative_binomial"
@@ -87,7 +88,7 @@ def test_published_leaf_sizes_are_the_block_groups_published_totals(table):
     read here from the parquet files themselves; the model then has no leaf-size parameter."""
     import pyarrow.parquet as pq
 
-    from dpinfer.io.nmf.fit import published_leaf_totals
+    from dpinfer.io.nmf.model import published_leaf_totals
 
     files = sorted((SHIPPED / "US_Person_PL_PROD" / "Block_Group.parquet" / "DPQuery").glob("*/*.parquet"))
     rows = pd.concat([pq.read_table(f).to_pandas() for f in files])
@@ -189,7 +190,7 @@ def test_the_leaf_effects_are_an_isometric_image_of_their_free_coordinates():
     iid N(0, s^2) coordinates give v the ZeroSumNormal law N(0, s^2 (I - 11'/n))."""
     import pytensor.tensor as pt
 
-    from dpinfer.io.nmf.fit import _zero_sum
+    from dpinfer.io.nmf.model import _zero_sum
 
     n = 7
     z = pt.dvector("z")

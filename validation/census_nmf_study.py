@@ -3,7 +3,7 @@
 The shipped synthetic state (``models/synthetic_state_nmf``: 4 counties, 10 tracts, 22 block
 groups, its truth) is read down to block groups, coarsened to voting age x Hispanic origin x 7
 race groups (``census_table(..., "Block_Group", "pl94-28")``), and fitted with ``dpinfer nmf``'s
-model (:func:`dpinfer.io.nmf.fit.census_model`). The same measurements go to the baselines of
+model (:func:`dpinfer.io.nmf.model.census_model`). The same measurements go to the baselines of
 :mod:`dpinfer.utility.baselines.nested`:
 
 * GLS / BLUE (the Census Bureau's GLS): estimate +- 1.645 sd;
@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 import dpinfer as dp
-from dpinfer.io.nmf.fit import census_model
+from dpinfer.io.nmf.model import census_model
 from dpinfer.io.nmf.table import census_table
 from dpinfer.utility.baselines.nested import (
     area_cell_targets,
