@@ -80,7 +80,7 @@ def one_size(n_counties: int, repeats: int) -> dict:
         same = padded[block.rows, block.grid - block.gibbs.box_lo.reshape(-1)[block.rows]]
         row["max |flat - padded|"] = float(np.max(np.abs(np.where(np.isfinite(same), flat - same, 0.0))))
         row["count sweep ms"] = _min_ms(lambda: chains._draw_blocks(q, counts, env, cells, totals, nested, 1.0,
-                                                                    stream, stats_row), repeats)
+                                                                    stream, stats_row, True), repeats)
         grad = np.empty(compiled.n)
         row["logp+grad ms"] = _min_ms(lambda: chains.log_density_at(compiled.logp_grad_address, q, grad, env),
                                       20 * repeats)

@@ -181,7 +181,7 @@ def fit_main(argv) -> None:
     parser.add_argument("--truth", default=None,
                         help="a column of the values file holding the true counts, where known")
     parser.add_argument("--max-minutes", type=float, default=10.0,
-                        help="while the fit misses R-hat <= 1.01, bulk ESS >= 400 or has "
+                        help="while the fit misses R-hat <= 1.01, bulk and tail ESS >= 400 or has "
                              "divergences, sample again with more draws until this many minutes "
                              "have passed (default 10; 0: one fit only)")
     parser.add_argument("--cores", type=int, default=None,

@@ -1,5 +1,6 @@
-"""R-hat and bulk ESS of dpinfer.inference.convergence equal ArviZ's (the reference,
-arviz.rhat and arviz.ess(method="bulk")), and dp.sample reports them after every fit."""
+"""R-hat, bulk and tail ESS of dpinfer.inference.convergence equal ArviZ's (the reference,
+arviz.rhat, arviz.ess(method="bulk") and arviz.ess(method="tail", prob=0.05)), and dp.sample
+reports them after every fit."""
 
 import json
 
@@ -10,7 +11,7 @@ import pytest
 import xarray as xr
 
 from dpinfer.inference import sample
-from dpinfer.inference.convergence import ConvergenceWarning, diagnostics
+from dpinfer.inference.convergence import ConvergenceWarning, diagnostics, tail_ess
 from dpinfer.mechanisms.geometric import DoubleGeometric
 
 
@@ -22,15 +23,20 @@ def ar1(rng, phi, chains, draws, k):
     return x
 
 
-@pytest.mark.parametrize("phi", [0.0, 0.6, 0.97])
-@pytest.mark.parametrize("chains, draws", [(2, 1000), (4, 201), (1, 500), (3, 7)])
-def test_rhat_and_bulk_ess_equal_arviz(phi, chains, draws):
+def _draws(phi, chains, draws):
     rng = np.random.default_rng(int(phi * 100) + chains * draws)
     x = ar1(rng, phi, chains, draws, 6)
     x[..., 1] = np.round(x[..., 1] * 2)  # ties, as counts have
     x[..., 2] += np.arange(chains)[:, None] * 0.5  # chains that disagree
     x[..., 3] = 7.0  # a constant quantity
     x[..., 4] = rng.poisson(3.0, size=(chains, draws))  # many ties
+    return x
+
+
+@pytest.mark.parametrize("phi", [0.0, 0.6, 0.97])
+@pytest.mark.parametrize("chains, draws", [(2, 1000), (4, 201), (1, 500), (3, 7)])
+def test_rhat_and_bulk_ess_equal_arviz(phi, chains, draws):
+    x = _draws(phi, chains, draws)
     rhat, ess = diagnostics(x)
     data = xr.Dataset({"v": (("chain", "draw", "k"), x)})
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -40,12 +46,23 @@ def test_rhat_and_bulk_ess_equal_arviz(phi, chains, draws):
     np.testing.assert_allclose(rhat, expected_rhat, rtol=1e-10)
 
 
+@pytest.mark.parametrize("phi", [0.0, 0.6, 0.97])
+@pytest.mark.parametrize("chains, draws", [(2, 1000), (4, 201), (1, 500), (3, 7)])
+def test_tail_ess_equals_arviz_at_the_5_and_95_percent_quantiles(phi, chains, draws):
+    x = _draws(phi, chains, draws)
+    data = xr.Dataset({"v": (("chain", "draw", "k"), x)})
+    expected = az.ess(data, method="tail", prob=0.05)["v"].values
+    np.testing.assert_allclose(tail_ess(x), expected, rtol=1e-10)
+
+
 def test_many_quantities_are_done_in_batches():
     x = ar1(np.random.default_rng(3), 0.5, 2, 100, 5000)
     rhat, ess = diagnostics(x)
     data = xr.Dataset({"v": (("chain", "draw", "k"), x[:, :, 4090:4100])})
     np.testing.assert_allclose(ess[4090:4100], az.ess(data, method="bulk")["v"].values, rtol=1e-10)
     np.testing.assert_allclose(rhat[4090:4100], az.rhat(data)["v"].values, rtol=1e-10)
+    np.testing.assert_allclose(tail_ess(x)[4090:4100], az.ess(data, method="tail", prob=0.05)["v"].values,
+                               rtol=1e-10)
 
 
 def _model():
@@ -66,6 +83,9 @@ def test_sample_reports_convergence_in_one_line_and_in_its_attributes(capsys):
     assert report["max_rhat"] == pytest.approx(float(max(rhat["theta"].max(), rhat["x"].max())), rel=1e-10)
     ess = az.ess(idata.posterior.to_dataset()[["theta", "x"]], method="bulk")
     assert report["min_ess_bulk"] == pytest.approx(float(min(ess["theta"].min(), ess["x"].min())), rel=1e-10)
+    tail = az.ess(idata.posterior.to_dataset()[["theta", "x"]], method="tail", prob=0.05)
+    assert report["min_ess_tail"] == pytest.approx(float(min(tail["theta"].min(), tail["x"].min())), rel=1e-10)
+    assert "min tail ESS" in line
 
 
 def test_a_short_fit_is_said_to_be_not_converged():

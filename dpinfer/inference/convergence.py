@@ -1,5 +1,5 @@
-"""Whether a fit has converged: rank-normalised split R-hat and bulk effective sample size
-over every parameter and latent count, in one line at the end of ``dp.sample``.
+"""Whether a fit has converged: rank-normalised split R-hat, bulk and tail effective sample
+size over every parameter and latent count, in one line at the end of ``dp.sample``.
 
 The diagnostics are those of A. Vehtari, A. Gelman, D. Simpson, B. Carpenter and P.-C.
 Bürkner, "Rank-normalization, folding, and localization: an improved R-hat for assessing
@@ -13,7 +13,10 @@ convergence of MCMC", Bayesian Analysis 16(2), 2021, computed as ArviZ computes 
   the chain means;
 * bulk ESS = M n / tau of z, tau = -1 + 2 sum_t rho_t with the autocorrelations rho_t
   combined over chains and truncated by Geyer's initial positive and monotone sequences
-  (Stan's estimator), tau >= 1/log10(M n).
+  (Stan's estimator), tau >= 1/log10(M n);
+* tail ESS = the smaller of the ESS (same estimator, split chains, no ranks) of the indicators
+  x <= q_0.05 and x <= q_0.95 (:func:`tail_ess`; ``arviz.ess(method="tail", prob=0.05)``:
+  ArviZ 1's own default ``prob`` is its credible-interval mass, not the paper's 5%).
 
 They are written here rather than imported from ArviZ because ``dp.sample`` reports them
 after every fit and importing ArviZ's statistics costs about a second, more than a small fit;
@@ -51,8 +54,11 @@ class Convergence:
     worst_ess: str
     quantities: int
     divergences: int
+    min_tail_ess: float = math.inf
+    worst_tail_ess: str = ""
     rhat_target: float = RHAT_MAX
     ess_target: float = ESS_MIN
+    subject: str = "parameters and counts"
 
     @property
     def rhat_ok(self) -> bool:
@@ -61,7 +67,8 @@ class Convergence:
 
     @property
     def ess_ok(self) -> bool:
-        return self.min_ess >= self.ess_target
+        """Bulk and tail ESS both meet the target."""
+        return self.min_ess >= self.ess_target and self.min_tail_ess >= self.ess_target
 
     @property
     def converged(self) -> bool:
@@ -77,13 +84,14 @@ class Convergence:
 
     def line(self) -> str:
         """One line: converged or not, the worst R-hat and ESS, and what to do."""
-        worst = (f"{self.rhat_text}, min bulk ESS {self.min_ess:.0f} ({self.worst_ess}) over "
-                 f"{self.quantities} parameters and counts"
+        worst = (f"{self.rhat_text}, min bulk ESS {self.min_ess:.0f} ({self.worst_ess}), min tail ESS "
+                 f"{self.min_tail_ess:.0f} ({self.worst_tail_ess}) over {self.quantities} {self.subject}"
                  + (f", {self.divergences} divergent transitions" if self.divergences else ""))
         if self.converged:
-            return f"dpinfer: converged: {worst} (targets R-hat <= {self.rhat_target}, ESS >= {self.ess_target:.0f})"
+            return (f"dpinfer: converged: {worst} (targets R-hat <= {self.rhat_target}, bulk and tail "
+                    f"ESS >= {self.ess_target:.0f})")
         return (f"dpinfer: NOT CONVERGED: {worst}; the targets are R-hat <= {self.rhat_target} and "
-                f"ESS >= {self.ess_target:.0f}"
+                f"bulk and tail ESS >= {self.ess_target:.0f}"
                 + (" and no divergences" if self.divergences else "")
                 + ". Not a result yet: sample longer (more draws and tune), or reparameterise "
                   "the model (centred where the data are informative)")
@@ -91,13 +99,15 @@ class Convergence:
     def as_dict(self) -> dict:
         return {"converged": self.converged, "max_rhat": self.max_rhat, "worst_rhat": self.worst_rhat,
                 "min_ess_bulk": self.min_ess, "worst_ess": self.worst_ess,
-                "quantities": self.quantities, "divergences": self.divergences,
-                "targets": {"rhat": self.rhat_target, "ess_bulk": self.ess_target}}
+                "min_ess_tail": self.min_tail_ess, "worst_ess_tail": self.worst_tail_ess,
+                "quantities": self.quantities, "subject": self.subject, "divergences": self.divergences,
+                "targets": {"rhat": self.rhat_target, "ess_bulk": self.ess_target, "ess_tail": self.ess_target}}
 
 
-def check(idata, names: list) -> Convergence:
-    """The worst R-hat and bulk ESS over the posterior variables ``names`` (every element)."""
-    worst_rhat, worst_ess = (math.nan, ""), (math.inf, "")
+def check(idata, names: list, *, subject: str = "parameters and counts") -> Convergence:
+    """The worst R-hat, bulk ESS and tail ESS over the posterior variables ``names`` (every
+    element); ``subject`` names them in the line."""
+    worst_rhat, worst_ess, worst_tail = (math.nan, ""), (math.inf, ""), (math.inf, "")
     count = 0
     for name in names:
         values = np.asarray(idata.posterior[name].values, dtype=float)
@@ -105,18 +115,27 @@ def check(idata, names: list) -> Convergence:
         flat = values.reshape(chains, draws, -1)
         labels = _labels(name, values.shape[2:])
         rhats, esses = diagnostics(flat)
+        tails = tail_ess(flat)
         count += flat.shape[2]
         if np.any(np.isfinite(rhats)):
             i = int(np.nanargmax(rhats))
             if not rhats[i] <= worst_rhat[0]:  # also when worst_rhat is still NaN
                 worst_rhat = (float(rhats[i]), labels[i])
-        i = int(np.nanargmin(esses)) if np.any(np.isfinite(esses)) else None
-        if i is not None and esses[i] < worst_ess[0]:
-            worst_ess = (float(esses[i]), labels[i])
+        worst_ess = _lower(worst_ess, esses, labels)
+        worst_tail = _lower(worst_tail, tails, labels)
     stats = idata.get("sample_stats")
     divergences = (int(np.asarray(stats["diverging"].values).sum())
                    if stats is not None and "diverging" in stats else 0)
-    return Convergence(worst_rhat[0], worst_rhat[1], worst_ess[0], worst_ess[1], count, divergences)
+    return Convergence(worst_rhat[0], worst_rhat[1], worst_ess[0], worst_ess[1], count, divergences,
+                       worst_tail[0], worst_tail[1], subject=subject)
+
+
+def _lower(worst: tuple, values: np.ndarray, labels: list) -> tuple:
+    """(value, label) of the smallest finite entry of ``values`` if below ``worst``'s, else ``worst``."""
+    if not np.any(np.isfinite(values)):
+        return worst
+    i = int(np.nanargmin(values))
+    return (float(values[i]), labels[i]) if values[i] < worst[0] else worst
 
 
 def report(convergence: Convergence, *, show: bool) -> None:
@@ -210,6 +229,30 @@ def diagnostics(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         folded = np.abs(split - np.median(flat, axis=1)[:, None, None])
         rhat[part] = np.maximum(_split_rhat(z), _split_rhat(_z_scale(folded)))
     return rhat, ess
+
+
+def tail_ess(values: np.ndarray) -> np.ndarray:
+    """Tail ESS of each quantity of ``values`` (chains, draws, k): the smaller of the ESS of the
+    indicators x <= q_0.05 and x <= q_0.95, q the quantiles over every draw, each by the bulk
+    estimator on split chains without rank normalisation (Vehtari et al. 2021, section 4.3;
+    ``arviz.ess(method="tail")``). Where an indicator is constant (a count whose 5% quantile
+    is its least value in every draw) its ESS is the number of draws. NaN with fewer than 4
+    draws."""
+    chains, draws, k = values.shape
+    if draws < 4:
+        return np.full(k, np.nan)
+    out = np.empty(k)
+    for start in range(0, k, _BATCH):
+        part = values[:, :, start:start + _BATCH]
+        quantiles = np.quantile(part.reshape(chains * draws, -1), [0.05, 0.95], axis=0)
+        esses = []
+        for q in quantiles:
+            split = _split((part <= q).astype(float))
+            flat = split.reshape(split.shape[0], -1)
+            constant = np.ptp(flat, axis=1) < np.finfo(float).resolution
+            esses.append(np.where(constant, flat.shape[1], _ess(split)))
+        out[start:start + part.shape[2]] = np.minimum(*esses)
+    return out
 
 
 def _ess(z: np.ndarray) -> np.ndarray:

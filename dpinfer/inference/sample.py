@@ -17,7 +17,7 @@ One pipeline, for the releases recorded by ``Mechanism.observe``:
    again; latents summed out in closed form are drawn exactly given each posterior draw;
 4. **report**: ``idata.posterior.attrs["dpinfer"]`` (JSON) records per latent the engine and
    why, the method, the window, the bounds reached and the widenings made;
-   ``idata.posterior.attrs["dpinfer_convergence"]`` the largest R-hat and smallest bulk ESS
+   ``idata.posterior.attrs["dpinfer_convergence"]`` the largest R-hat and smallest bulk and tail ESS
    over the parameters and the counts, also printed as one line at the end of the fit (and a
    ``ConvergenceWarning`` when they miss R-hat <= 1.01 or ESS >= 400:
    :mod:`dpinfer.inference.convergence`).
@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,7 @@ from dpinfer.mechanisms.records import releases_of
 
 MAX_WIDENINGS = 4
 METHODS = ("auto", "marginal", "fibre", "nutpie")
+INFERENCES = ("full-bayes", "empirical-bayes")
 CONTINUOUS_METHOD = ("NUTS on the continuous latent with the release observed (its exact "
                      "likelihood; nothing to marginalise)")
 
@@ -67,6 +69,8 @@ def sample(
     checkpoint=None,
     checkpoint_every: int = 100,
     resume=None,
+    inference: str = "full-bayes",
+    empirical_bayes: dict | None = None,
     **sample_kwargs,
 ):
     """Sample the posterior of a model with privatised releases of latent counts, of
@@ -105,6 +109,20 @@ def sample(
         model without latent counts. ``"marginal"``: the PyMC engine with counts summed out
         wherever possible. ``"fibre"``: the PyMC engine with fibre moves wherever there are
         invariants or queries (e.g. to compare the samplers).
+    inference
+        ``"full-bayes"`` (the default): every parameter sampled with the counts.
+        ``"empirical-bayes"`` (compiled engine, models with latent counts): the continuous
+        parameters first set to the mode of their marginal posterior, the counts summed out
+        (a stochastic-approximation EM with the engine's exact count draws,
+        :mod:`dpinfer.inference.empirical_bayes`), then held there while the counts are drawn
+        given them: an approximation that ignores the parameters' uncertainty, named in the
+        report, with the estimate, its Monte Carlo error and approximate posterior sds in
+        ``posterior.attrs["dpinfer_empirical_bayes"]``; the convergence verdict is the
+        counts'. Each stored draw is ``counts_per_sweep`` (1) draws of the counts; ``tune``
+        iterations of them are a burn-in.
+    empirical_bayes
+        Settings of the estimate (``burn_in``, ``max_iterations``, ``tolerance``:
+        :func:`dpinfer.inference.empirical_bayes.estimate`).
     sample_kwargs
         Passed to ``pm.sample`` (PyMC engine); nutpie takes ``target_accept`` and
         ``max_treedepth``; the compiled engine takes ``initvals``, ``target_accept`` (0.8) and
@@ -122,6 +140,11 @@ def sample(
     tol = check_probability(tol, "tol")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if inference not in INFERENCES:
+        raise ValueError(f"inference must be one of {INFERENCES}, got {inference!r}")
+    if empirical_bayes is not None and (inference != "empirical-bayes" or not isinstance(empirical_bayes, dict)):
+        raise TypeError("empirical_bayes takes a dict of settings (burn_in, max_iterations, tolerance) and "
+                        f"inference='empirical-bayes'; got {empirical_bayes!r} with inference={inference!r}")
     for name, value, least in (("draws", draws, 1), ("tune", tune, 0), ("chains", chains, 1)):
         if int(value) != value or value < least:
             raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
@@ -135,17 +158,21 @@ def sample(
 
     plan = planning.plan_model(model, records, method=method)  # 1. plan
     engine, fitted, compiled, reason = _engine(model, plan, method, sample_kwargs)  # 2. engine
+    if inference == "empirical-bayes":
+        _check_empirical_bayes(engine, plan, compiled, reason)
     options = dict(draws=draws, tune=tune, chains=chains, cores=cores, rng=rng, tol=tol,
                    progressbar=progressbar,
                    checkpoint=_fit_checkpoint(engine, checkpoint, checkpoint_every, resume, seed, sample_kwargs,
-                                              draws=draws, tune=tune, chains=chains, tol=tol))
+                                              draws=draws, tune=tune, chains=chains, tol=tol, inference=inference,
+                                              empirical_bayes=empirical_bayes or {}))
     if engine == "nutpie":  # 3. sample
         idata = nutpie_engine.run(fitted, compiled, seed=int(rng.integers(2**31)), **_without(
             options, "rng", "tol", "checkpoint"), **sample_kwargs)
         report, widenings, fit = {}, 0, None
     else:
         idata, report, widenings, fit = _sample_counts(model, fitted, plan, engine, compiled,
-                                                        sample_kwargs, **options)
+                                                        sample_kwargs, inference=inference,
+                                                        empirical_bayes=empirical_bayes or {}, **options)
     summed = plan.summed if fitted is not model else []
     if log_likelihood:  # per-cell marginal log-likelihoods, on windows proven to within tol
         ll_model = fitted if summed else marginal_model(model, tol) if engine == "compiled" else fit.model
@@ -164,7 +191,9 @@ def sample(
         if reason is not None:
             entry["engine_reason"] = reason
     idata.posterior.attrs["dpinfer"] = json.dumps(report)
-    return _with_convergence(model, idata, progressbar)
+    held = ({rv.name for rv in model.free_RVs} - {p.latent_name for p in plan.latents}
+            if inference == "empirical-bayes" else set())
+    return _with_convergence(model, idata, progressbar, exclude=held)
 
 
 def _seed_sequence(random_seed, resume) -> np.random.SeedSequence:
@@ -228,6 +257,19 @@ def _engine(model, plan, method: str, sample_kwargs: dict):
     return "pymc", model, None, reason
 
 
+def _check_empirical_bayes(engine: str, plan, compiled, reason) -> None:
+    """inference='empirical-bayes' needs the compiled engine, latent counts and parameters."""
+    if engine != "compiled":
+        raise ValueError(f"inference='empirical-bayes' needs the compiled engine; this model is fitted by the "
+                         f"{engine} engine ({reason or 'method= chose it'})")
+    if not plan.latents:
+        raise ValueError("inference='empirical-bayes' estimates the parameters with the latent counts summed "
+                         "out; this model has no latent counts behind a release: use full Bayes")
+    if compiled.n == 0:
+        raise ValueError("inference='empirical-bayes' needs continuous parameters to estimate; this model "
+                         "has none (its counts' posterior is what full Bayes draws)")
+
+
 def _check_options(options: dict, allowed: tuple, engine: str) -> None:
     unknown = sorted(set(options) - set(allowed))
     if unknown:
@@ -254,13 +296,22 @@ def check_sampler_options(options: dict) -> None:
 
 
 def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: dict, *, draws,
-                   tune, chains, cores, rng, tol, progressbar, checkpoint):
+                   tune, chains, cores, rng, tol, progressbar, checkpoint, inference, empirical_bayes):
     """The fit on the compiled or PyMC engine, widening windows that miss ``tol`` (step 3):
     (DataTree, report, widenings made, the PyMC engine's kept fit or None). Resuming, the
-    widenings the checkpointed fit had made are replayed without refitting."""
+    widenings the checkpointed fit had made are replayed without refitting. Empirical Bayes:
+    the parameters' estimate first, on the first windows (wider ones truncate the counts less;
+    the estimate and its counts serve them too), then the counts given it."""
     plans = plan.latents
     planning.first_windows(plans, tol, exact_tails=engine == "compiled",
                            at_least={} if engine == "compiled" else pymc_engine.kept_widths(model))
+    held = None
+    if inference == "empirical-bayes":
+        held = compiled_engine.estimate_parameters(fitted, compiled, plans, chains=chains, cores=cores, rng=rng,
+                                                   progressbar=progressbar,
+                                                   initvals=sample_kwargs.get("initvals"), **empirical_bayes)
+        if progressbar:
+            print(f"dpinfer: empirical Bayes: {_estimate_line(held)}", file=sys.stderr, flush=True)
     seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
     replay = checkpoint.widenings_to_replay() if checkpoint is not None else []
     fit = None
@@ -272,13 +323,15 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
         if engine == "compiled":
             idata, report, failed = compiled_engine.run(
                 fitted, compiled, plans, draws=draws, tune=tune, chains=chains, cores=cores,
-                rng=rng, tol=tol, progressbar=progressbar, checkpoint=checkpoint, **sample_kwargs)
+                rng=rng, tol=tol, progressbar=progressbar, checkpoint=checkpoint, held=held, **sample_kwargs)
         else:
             idata, report, failed, fit = pymc_engine.run(
                 model, plans, draws=draws, tune=tune, chains=chains, cores=cores,
                 seed=int(seeds[attempt]), rng=rng, tol=tol, progressbar=progressbar,
                 sample_kwargs=sample_kwargs)
         if not failed:
+            if held is not None:
+                idata.posterior.attrs["dpinfer_empirical_bayes"] = json.dumps(_estimate_entry(compiled, held))
             return idata, report, attempt, fit
         if attempt == MAX_WIDENINGS:
             nested = [p for p in plans if p.kind == "nested" and p.latent_name in failed]
@@ -309,6 +362,37 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
             print(f"dpinfer: widening the windows of {sorted(failed)} and refitting")
 
 
+def _estimate_entry(compiled, held) -> dict:
+    """The report of an empirical-Bayes estimate: the method, and per parameter (unconstrained,
+    as NUTS would see it) the estimate, its Monte Carlo standard error and the approximate
+    posterior sd (:class:`~dpinfer.inference.empirical_bayes.Estimate`)."""
+    def by_name(values):
+        return {name: np.asarray(values[sl]).reshape(shape).tolist()
+                for name, sl, shape in zip(compiled.names, compiled.slices, compiled.shapes)}
+
+    return {"method": ("empirical Bayes: the continuous parameters at the mode of their marginal posterior "
+                       "(counts summed out; stochastic-approximation EM-gradient with the exact count draws, "
+                       "dpinfer.inference.empirical_bayes), then held there: the counts' posterior given "
+                       "them, which ignores the parameters' uncertainty"),
+            "parameters": by_name(held.q), "mc_se": by_name(held.mc_se), "posterior_sd": by_name(held.posterior_sd),
+            "settled": held.settled, "tolerance": held.tolerance, "burn_in": held.burn_in,
+            "iterations": held.iterations, "seconds": held.seconds}
+
+
+def _estimate_line(held) -> str:
+    """One line on an empirical-Bayes estimate: iterations, time, and whether its Monte Carlo
+    error met the tolerance (else the worst parameter's)."""
+    worst = held.worst
+    ratio = held.mc_se[worst] / held.posterior_sd[worst]
+    text = (f"parameters estimated in {held.iterations} iterations ({held.burn_in} burn-in), "
+            f"{held.seconds:.0f} s; ")
+    if held.settled:
+        return text + (f"every Monte Carlo error within {held.tolerance:g} of the parameter's approximate "
+                       f"posterior sd (largest {ratio:.3f})")
+    return text + (f"NOT SETTLED: the largest Monte Carlo error is {ratio:.3g} of its parameter's approximate "
+                   f"posterior sd (tolerance {held.tolerance:g}); raise max_iterations")
+
+
 def _without(options: dict, *names) -> dict:
     return {k: v for k, v in options.items() if k not in names}
 
@@ -323,13 +407,14 @@ def _add_latents(model, idata, latents: dict) -> None:
     idata["posterior"] = posterior
 
 
-def _with_convergence(model, idata, progressbar: bool):
-    """``idata`` with its convergence (R-hat and bulk ESS over the parameters and the latent
+def _with_convergence(model, idata, progressbar: bool, exclude=()):
+    """``idata`` with its convergence (R-hat, bulk and tail ESS over the parameters and the latent
     counts, :mod:`dpinfer.inference.convergence`) in ``posterior.attrs["dpinfer_convergence"]``
     (JSON); the one-line verdict printed when ``progressbar``, and a ``ConvergenceWarning``
-    when the fit falls short."""
-    names = [rv.name for rv in model.free_RVs if rv.name in idata.posterior]
-    result = convergence.check(idata, names)
+    when the fit falls short. ``exclude``: parameters held fixed (empirical Bayes)."""
+    names = [rv.name for rv in model.free_RVs if rv.name in idata.posterior and rv.name not in exclude]
+    result = convergence.check(idata, names, subject="counts given the parameters' empirical-Bayes estimate"
+                               if exclude else "parameters and counts")
     idata.posterior.attrs["dpinfer_convergence"] = json.dumps(result.as_dict())
     convergence.report(result, show=progressbar)
     return idata

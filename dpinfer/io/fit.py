@@ -12,10 +12,10 @@ Exposure: by default the manifest's declared ``exposure_column`` (none if it dec
 ``exposure="COLUMN"`` (``--exposure COLUMN``) another column of the values file;
 ``exposure=None`` or ``"none"`` (``--exposure none``) no exposure.
 
-Converging: after each fit the largest rank-normalised split R-hat and the smallest bulk ESS
+Converging: after each fit the largest rank-normalised split R-hat and the smallest bulk and tail ESS
 over every variable of the posterior (parameters, Deterministics such as ``log_rate``, and
 every latent count: everything ``summary.csv`` lists; :mod:`dpinfer.inference.convergence`)
-and the number of divergent transitions are checked against R-hat <= 1.01, ESS >= 400 and
+and the number of divergent transitions are checked against R-hat <= 1.01, bulk and tail ESS >= 400 and
 none. A fit that meets them is the result. Otherwise the model is fitted afresh with more
 draws (:func:`next_round`: ESS grows about linearly with the draws, so
 draws x 1.25 x 400 / min ESS, at least twice and at most four times the draws, rounded up to
@@ -170,9 +170,12 @@ def shortfall(convergence) -> str:
     if not convergence.rhat_ok:
         reasons.append(f"max R-hat {convergence.max_rhat:.3f} > {convergence.rhat_target} "
                        f"for {convergence.worst_rhat}")
-    if not convergence.ess_ok:
+    if convergence.min_ess < convergence.ess_target:
         reasons.append(f"min bulk ESS {convergence.min_ess:.0f} < {convergence.ess_target:.0f} "
                        f"for {convergence.worst_ess}")
+    if convergence.min_tail_ess < convergence.ess_target:
+        reasons.append(f"min tail ESS {convergence.min_tail_ess:.0f} < {convergence.ess_target:.0f} "
+                       f"for {convergence.worst_tail_ess}")
     if convergence.divergences:
         reasons.append(f"{convergence.divergences} divergent transitions")
     return "; ".join(reasons)
@@ -182,7 +185,7 @@ def next_round(convergence, draws: int, tune: int, target_accept):
     """(draws, tune, target_accept) of the next fit (module docstring)."""
     growth = 1.0
     if not convergence.ess_ok:
-        growth = 1.25 * convergence.ess_target / max(float(convergence.min_ess), 1.0)
+        growth = 1.25 * convergence.ess_target / max(min(convergence.min_ess, convergence.min_tail_ess), 1.0)
     if not convergence.rhat_ok:
         growth = max(growth, 2.0)
     if growth > 1.0:
@@ -198,9 +201,9 @@ def next_round(convergence, draws: int, tune: int, target_accept):
 def verdict_line(convergence, rounds, max_minutes: float) -> str:
     """One line: converged or not, the worst R-hat and ESS with their quantities, and, if not,
     what to do."""
-    worst = (f"{convergence.rhat_text}, min bulk ESS "
-             f"{convergence.min_ess:.0f} ({convergence.worst_ess}) over {convergence.quantities} "
-             f"parameters and counts, {convergence.divergences} divergent transitions")
+    worst = (f"{convergence.rhat_text}, min bulk ESS {convergence.min_ess:.0f} ({convergence.worst_ess}), "
+             f"min tail ESS {convergence.min_tail_ess:.0f} ({convergence.worst_tail_ess}) over "
+             f"{convergence.quantities} {convergence.subject}, {convergence.divergences} divergent transitions")
     last = rounds[-1]
     spent = sum(r.seconds for r in rounds)
     history = (f"{len(rounds)} fit{'s' if len(rounds) > 1 else ''}, the last {last.chains} x "
@@ -208,7 +211,7 @@ def verdict_line(convergence, rounds, max_minutes: float) -> str:
     if convergence.converged:
         return f"dpinfer fit: converged: {worst} ({history})"
     return (f"dpinfer fit: NOT CONVERGED, not a result yet: {worst}; targets R-hat <= "
-            f"{convergence.rhat_target}, bulk ESS >= {convergence.ess_target:.0f}, no divergences "
+            f"{convergence.rhat_target}, bulk and tail ESS >= {convergence.ess_target:.0f}, no divergences "
             f"({history}). What to do: {' '.join(advice(convergence, rounds, max_minutes))}")
 
 

@@ -11,7 +11,7 @@
 * ``counts.png``: those intervals beside the release, the baseline and the truth;
 * ``parameters.png``: the posterior of each scalar parameter (histogram per chain);
 * ``index.html``: at the top, whether the fit converged (the largest R-hat and the smallest
-  bulk ESS over every parameter and count, with the quantities they belong to, and the
+  bulk and tail ESS over every parameter and count, with the quantities they belong to, and the
   divergent transitions, against R-hat <= 1.01, ESS >= 400 and none) and, if it did not, what
   to do; the exposure used, the template's parameterisation and every fit ``dpinfer fit``
   made; then all of the above with the diagnostics (divergences, the largest R-hat and the
@@ -165,10 +165,10 @@ def _top(convergence, verdict: str, advice: list, rounds: list, exposure, templa
     c = convergence
     rhat = (f"max R-hat <b>{c.max_rhat:.3f}</b> ({esc(c.worst_rhat)})" if np.isfinite(c.max_rhat)
             else esc(c.rhat_text))
-    figures = (f"{rhat}, min bulk ESS "
-               f"<b>{c.min_ess:.0f}</b> ({esc(c.worst_ess)}) over {c.quantities} parameters and "
-               f"counts, {c.divergences} divergent transitions; targets: R-hat &le; "
-               f"{c.rhat_target}, bulk ESS &ge; {c.ess_target:.0f}, no divergences.")
+    figures = (f"{rhat}, min bulk ESS <b>{c.min_ess:.0f}</b> ({esc(c.worst_ess)}), min tail ESS "
+               f"<b>{c.min_tail_ess:.0f}</b> ({esc(c.worst_tail_ess)}) over {c.quantities} {esc(c.subject)}, "
+               f"{c.divergences} divergent transitions; targets: R-hat &le; "
+               f"{c.rhat_target}, bulk and tail ESS &ge; {c.ess_target:.0f}, no divergences.")
     if c.converged:
         head = f"<h2>Converged</h2><p>{figures}</p>"
     else:

@@ -144,8 +144,12 @@ def nested_tables(block, q, counts, env):
 
 
 @numba.njit(cache=True, nogil=True)
-def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row):
-    """Every count block's draw; their statistics into ``row`` at each block's columns."""
+def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row, refill):
+    """Every count block's draw; their statistics into ``row`` at each block's columns.
+    ``refill``: bring nested blocks to q and the counts first (:func:`nested_tables`); False
+    only when neither has changed since the last draw (the parameters held, the counts moved by
+    these blocks alone), which keeps their tables: the group factors' tilt towards the counts
+    is then the last refill's, which leaves every move's law unchanged (its docstring)."""
     for b in literal_unroll(cells):
         (full, hoisted, point, offset, grid, release_table, release, tails, shape, log_eta,
          lw, w, cdf, envelope, column) = b
@@ -177,7 +181,8 @@ def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row):
              group_parent, trim, cell_shape, stats, column) = b
             if grid.shape[0] == 0:
                 continue
-            nested_tables(b, q, counts, env)
+            if refill:
+                nested_tables(b, q, counts, env)
             n_leaves, n_cells = x.shape
             stats[:] = 0
             failed = sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, table, prior_start, order, child_ptr,
@@ -206,17 +211,35 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt,
     releases' fibre) so that the parameters first move to agree with them; the others are one
     count draw and one NUTS transition (the extra moves buy the stored draws' mixing); tuning holds cells
     whose windows miss their conditional law at a lower ratio (tuning draws are discarded:
-    only the kernel used after tuning must, and does, leave the posterior invariant)."""
+    only the kernel used after tuning must, and does, leave the posterior invariant).
+
+    ``nuts_per_sweep`` = 0 **holds the parameters** at q (empirical Bayes: the counts' posterior
+    given them, :mod:`dpinfer.inference.empirical_bayes`): an iteration is ``counts_per_sweep``
+    count draws (one while tuning, which is then a burn-in), no NUTS and no adaptation; the
+    nested blocks' tables are filled once per call, as neither q nor the counts change between
+    their draws otherwise."""
     n = q.shape[0]
-    warm_start = min(50, tune // 10)
+    held = nuts_per_sweep == 0
+    warm_start = 0 if held else min(50, tune // 10)
     for it in range(first, last):
         row[:] = 0.0
         hold_ratio = HOLD_RATIO if it >= tune else HOLD_RATIO_TUNING
+        if held:
+            for t in range(counts_per_sweep if it >= tune else 1):
+                if not _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row,
+                                    it == first and t == 0):
+                    return 1
+            if it >= tune:
+                k = it - tune
+                out_q[k] = q
+                out_counts[k] = counts
+                out_stats[k] = row
+            continue
         n_sweep = nuts_per_sweep if it >= tune else 1  # tuning: one transition, one count draw
         c_sweep = counts_per_sweep if it >= tune else 1
         for t in range(n_sweep):
             if it >= warm_start and (t * c_sweep) // n_sweep > ((t - 1) * c_sweep) // n_sweep:
-                if not _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row):
+                if not _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row, True):
                     return 1
             if n == 0:
                 continue
@@ -350,9 +373,21 @@ class Stepper:
                                 "check the model's initial values and priors")
         s.done = last
 
-    def log_density(self) -> float:
-        """The parameters' log density (the model with the counts as data) at the state."""
-        return float(log_density_at(self.model.logp_grad_address, self.state.q, self.grad, self.env))
+    def log_density(self, q: np.ndarray | None = None, grad: np.ndarray | None = None) -> float:
+        """The parameters' log density (the model with the counts as data) at ``q`` (default:
+        the state's), its gradient written into ``grad`` (default: the stepper's scratch)."""
+        return float(log_density_at(self.model.logp_grad_address, self.state.q if q is None else q,
+                                    self.grad if grad is None else grad, self.env))
+
+    def draw_counts(self, q: np.ndarray) -> None:
+        """One draw of every count block given the parameters ``q`` (not the chain's own),
+        after-tuning rules, into the state's counts: the E-step of
+        :mod:`dpinfer.inference.empirical_bayes`. Raises :class:`SamplingError`."""
+        self.row[:] = 0.0
+        if not _draw_blocks(q, self.state.counts, self.env, self.cells, self.totals, self.nested, HOLD_RATIO,
+                            self.state.stream, self.row, True):
+            raise SamplingError("a count block's window holds no mass (a release far outside "
+                                "its window without exact tails)")
 
     def result(self, seconds: float) -> ChainResult:
         """The chain's stored draws and statistics (after its last iteration)."""

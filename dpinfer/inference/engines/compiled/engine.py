@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import sys
 import time
 
 import numpy as np
@@ -58,6 +59,9 @@ METHODS = {
                "and random pairs of cells (dpinfer.lattice.nested) given the parameters, "
                "alternating with NUTS transitions of the parameters given the counts"),
 }
+HELD_METHOD = ("empirical Bayes (compiled): the counts drawn exactly given the parameters held at their "
+               "empirical-Bayes estimate (posterior.attrs['dpinfer_empirical_bayes']), counts_per_sweep draws "
+               "per stored draw, no NUTS")
 STUCK_SHARE = 0.5  # a chain holding cells in more than this share of its draws is stuck
 
 
@@ -108,12 +112,18 @@ def compiled_model_for(model, latents: list, releases: list):
 def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: int,
         rng: np.random.Generator, tol: float, progressbar: bool, initvals=None,
         target_accept: float = 0.8, max_treedepth: int = MAX_TREE_DEPTH,
-        nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int | None = None, checkpoint=None):
+        nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int | None = None, checkpoint=None,
+        held=None):
     """One fit with the plans' current windows: (DataTree, report, failed), ``failed`` mapping
     each latent whose window (without exact tails) missed ``tol`` to its largest bound.
     ``counts_per_sweep`` defaults to min(COUNTS_PER_SWEEP, nuts_per_sweep). ``checkpoint``: a
     function of the model's hash returning the fit's
-    :class:`~dpinfer.inference.checkpoint.Checkpoint` (or None)."""
+    :class:`~dpinfer.inference.checkpoint.Checkpoint` (or None). ``held``: an
+    :class:`~dpinfer.inference.empirical_bayes.Estimate` whose parameters are held while the
+    counts are drawn given them (``counts_per_sweep`` draws per stored draw, default 1; the
+    chains start from its counts; no NUTS)."""
+    if held is not None:
+        nuts_per_sweep, counts_per_sweep = 0, 1 if counts_per_sweep is None else counts_per_sweep
     counts_per_sweep = _counts_per_sweep(counts_per_sweep, nuts_per_sweep)
     blocks = [count_block(plan, compiled) for plan in plans]
     starts = {plan.latent_name: plan.start for plan in plans}
@@ -121,15 +131,51 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
         idata = _fit(model, compiled, blocks, starts, draws=draws, tune=tune, chains=chains,
                      cores=cores, rng=rng, progressbar=progressbar, max_tree_depth=max_treedepth,
                      target_accept=target_accept, initvals=initvals, nuts_per_sweep=nuts_per_sweep,
-                     counts_per_sweep=counts_per_sweep, checkpoint=checkpoint)
+                     counts_per_sweep=counts_per_sweep, checkpoint=checkpoint, held=held)
     except SamplingError as err:
         raise RuntimeError(f"dpinfer.sample: {err}") from err
     report, failed = {}, {}
     for plan, block in zip(plans, blocks):
         report[plan.latent_name], bound = plan_report(plan, idata, block, tol)
+        if held is not None:
+            report[plan.latent_name]["method"] = HELD_METHOD
         if bound is not None:
             failed[plan.latent_name] = bound
     return idata, report, failed
+
+
+def estimate_parameters(model, compiled, plans, *, chains: int, cores: int, rng: np.random.Generator,
+                        progressbar: bool, initvals=None, **options):
+    """The parameters' empirical-Bayes estimate (:func:`dpinfer.inference.empirical_bayes.estimate`,
+    ``options`` its settings) from chains of the counts at the plans' starts, the parameters
+    from PyMC's initial point (or ``initvals``), with a progress line every 10 s."""
+    from dpinfer.inference import empirical_bayes
+    from dpinfer.inference.engines.compiled.chains import Stepper, fresh_state, stat_columns
+
+    blocks = [count_block(plan, compiled) for plan in plans]
+    counts0 = compiled.counts_vector({plan.latent_name: plan.start for plan in plans})
+    start_seeds, streams = chain_seeds(rng, chains)
+    n_stats = len(stat_columns(blocks)[0])
+    q0 = compiled.initial_q(start_seeds[0], model, initvals)
+    steppers = [Stepper(compiled, blocks, fresh_state(compiled, n_stats, draws=1, rng=streams[c], q0=q0,
+                                                      counts0=counts0, target_accept=0.8), tune=0, draws=1)
+                for c in range(chains)]
+    began = time.perf_counter()
+    last = [began]
+
+    def progress(iteration, phase, q, settled):
+        now = time.perf_counter()
+        if progressbar and now - last[0] >= 10.0:
+            last[0] = now
+            print(f"dpinfer: empirical Bayes: {iteration} iterations ({phase}), {now - began:.0f} s, "
+                  f"{(now - began) / iteration:.2g} s an iteration, {settled:.0%} of the parameters' "
+                  "estimates within tolerance", file=sys.stderr, flush=True)
+
+    try:
+        return empirical_bayes.estimate(steppers, q0, rng=rng.spawn(1)[0], cores=cores, progress=progress,
+                                        **options)
+    except SamplingError as err:
+        raise RuntimeError(f"dpinfer.sample: {err}") from err
 
 
 def _counts_per_sweep(counts_per_sweep: int | None, nuts_per_sweep: int) -> int:
@@ -231,14 +277,17 @@ def held_too_often(held) -> bool:
 def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int, chains: int,
          cores: int, rng: np.random.Generator, progressbar: bool, max_tree_depth: int,
          target_accept: float, initvals: dict | None, nuts_per_sweep: int,
-         counts_per_sweep: int, checkpoint=None):
+         counts_per_sweep: int, checkpoint=None, held=None):
     """Run the chains and return the DataTree. ``initial_counts`` maps each latent to a start
     on its fibre; the parameters start at PyMC's jittered initial point, or at ``initvals``
-    where given (constrained values by variable name, as for ``pm.sample``). ``checkpoint``:
-    as :func:`run`'s."""
+    where given (constrained values by variable name, as for ``pm.sample``). ``checkpoint``
+    and ``held``: as :func:`run`'s (held: every chain at the estimate's parameters and its own
+    counts from the estimate)."""
     counts0 = compiled.counts_vector(initial_counts)
     start_seeds, streams = chain_seeds(rng, chains)
     starts = [(compiled.initial_q(seed, model, initvals), counts0) for seed in start_seeds]
+    if held is not None:
+        starts = [(held.q, held.counts[c % len(held.counts)]) for c in range(chains)]
     if checkpoint is not None:
         checkpoint = checkpoint(model_hash(compiled.key, compiled.data.values, counts0))
     start = time.perf_counter()

@@ -1,0 +1,190 @@
+r"""Empirical Bayes for models with latent counts: the continuous parameters at the mode of
+their marginal posterior, the counts summed out, then the counts' posterior given them.
+
+Why. The compiled engine's full Bayes alternates exact draws of the counts x given the
+parameters q with NUTS moves of q given x (data augmentation). Where most of the information
+about a parameter is missing (a Census table's concentration of a weakly measured cell, pinned
+by the counts far more than by the release), one such cycle moves it by a fraction of its
+posterior sd: for a Gaussian target the lag-1 autocorrelation is rho = 1 - s_cond^2 / s_post^2,
+s_cond its sd given the counts, s_post its posterior sd (0.14-0.19 ESS per cycle measured on
+state-sized NMF tables, ``benchmarks/README.md``). With thousands of areas informing each
+hyperparameter, its posterior is narrow and the counts depend little on where in it the
+hyperparameter lies: the counts' posterior given q at the mode approximates the full posterior
+(Morris 1983; Carlin & Louis 2000, ch. 5). It is an approximation, named as such in the result
+(``posterior.attrs["dpinfer_empirical_bayes"]``), and what it costs the intervals is measured
+against full Bayes where both run (``validation/``).
+
+The target. q^ = argmax_q log p(q | y), p(q | y) = sum_x p(q, x | y): the mode of the marginal
+posterior in the unconstrained space the sampler uses (PyMC's transforms and their Jacobians;
+with flat priors, the maximum marginal likelihood). By Fisher's identity its gradient is an
+expectation over the counts' posterior given q (Louis 1982):
+
+    d/dq log p(q | y) = E[ g(q, x) | q, y ],   g(q, x) = d/dq log p(q, x, y),
+
+the gradient NUTS uses (the compiled model's ``logp_grad``).
+
+The algorithm: a stochastic-approximation EM-gradient (Lange 1995's EM gradient, one Newton
+step on the complete-data log density per E-step; Delyon, Lavielle & Moulines 1999 and Gu &
+Kong 1998 for the stochastic approximation with MCMC draws). Each iteration t, every chain
+
+1. draws the counts once given q_t by the engine's exact moves (the E-step; the chains' own
+   random streams, their counts carried over from the last iteration, so each is a Markov
+   chain whose kernel changes slowly with q);
+2. computes g_c = g(q_t, x_c) and, along a Rademacher probe v (entries +-1), the product of the
+   complete-data Hessian with v by a difference of gradients, whose v-weighted entries
+   d_c = -(g(q_t + h v, x_c) - g_c) v / h estimate the complete-data information's diagonal D
+   (exactly when it is diagonal, as for concentrations per level and cell; Hutchinson's
+   estimator otherwise, averaged over iterations);
+
+then q_{t+1} = q_t + clip(g / max(D - V, D / 10), +-1), g the chains' mean gradient, D and V
+moving averages (window ``WINDOW``) of the d_c and of V = (g_1 - g_2)^2 / 2, an unbiased
+estimate of the variance of a chain's gradient at q_t, i.e. of the missing information (Louis:
+the observed information is D - V). Dividing by D alone is the EM gradient, whose rate is the
+fraction of missing information V / D (as slow as data augmentation); dividing by D - V is
+Newton's step on the marginal posterior, rate near 0 where the diagonal approximation holds.
+The correction is clipped at 10x the EM step and used once ``WINDOW`` iterations have filled
+the averages (one chain: the EM gradient throughout). Steps are clipped to 1 in unconstrained
+units (a trust region for the first iterations).
+
+After a burn-in (at least ``burn_in`` iterations, then until no coordinate drifts: over the
+last ``WINDOW`` iterations every coordinate's mean step is within 3 standard errors of 0), the
+iterates form a stationary chain around q^ (to first order: E[q_{t+1} | q_t] = q^ for a
+locally quadratic log p(q | y) and exact D - V), and q^ is estimated by their average. Its Monte
+Carlo standard error comes from batch means (sqrt(n) batches of sqrt(n) iterations). The
+averaging stops once every coordinate's standard error is at most ``tolerance`` times its
+approximate posterior sd 1 / sqrt(max(D - V, D / 10)) (so the estimate's Monte Carlo error
+moves each hyperparameter by at most a tenth of its posterior uncertainty by default), or at
+``max_iterations`` (then the estimate is reported as not settled). The approximate posterior
+sds (Louis's observed information, diagonal) are reported with the estimate.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+WINDOW = 20  # iterations in the moving averages of D and V, and in the drift test
+STEP_LIMIT = 1.0  # trust region: the largest step of a coordinate per iteration (unconstrained units)
+NEWTON_LIMIT = 10.0  # the missing-information correction is at most this many EM steps
+PROBE = 1e-4  # the probe's step h in the Hessian-vector difference
+DRIFT_Z = 3.0  # the drift test's threshold, in standard errors
+MIN_AVERAGE = 30  # iterations averaged at least
+
+
+@dataclass
+class Estimate:
+    """What :func:`estimate` found (module docstring): ``q`` the estimate (unconstrained, in
+    the compiled model's order), ``mc_se`` its Monte Carlo standard error, ``posterior_sd``
+    the approximate marginal posterior sd (1 / sqrt(max(D - V, D / 10))), ``conditional_sd``
+    the sd given the counts (1 / sqrt(D)), the iterations of burn-in and in all, ``settled``
+    whether every coordinate met the tolerance, and each chain's counts at the end (a start of
+    the counts' posterior given q)."""
+
+    q: np.ndarray
+    mc_se: np.ndarray
+    posterior_sd: np.ndarray
+    conditional_sd: np.ndarray
+    burn_in: int
+    iterations: int
+    settled: bool
+    tolerance: float
+    seconds: float
+    counts: list = field(repr=False, default_factory=list)
+
+    @property
+    def worst(self) -> int:
+        """The coordinate whose Monte Carlo error is largest against its posterior sd."""
+        return int(np.argmax(self.mc_se / self.posterior_sd))
+
+
+def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_in: int = 30,
+             max_iterations: int = 400, tolerance: float = 0.1, cores: int = 1, progress=None) -> Estimate:
+    """The mode of the parameters' marginal posterior by the algorithm of the module docstring.
+
+    ``steppers``: one :class:`~dpinfer.inference.engines.compiled.chains.Stepper` per chain
+    (their states' counts start the E-steps and are left at the last draws); ``q0`` the start
+    (unconstrained); ``rng`` draws the probes; ``cores`` runs the chains' draws in parallel
+    threads (the kernels release the GIL); ``progress(iteration, phase, estimate, settled
+    share)`` is called after every iteration."""
+    if not 1 <= burn_in <= max_iterations:
+        raise ValueError(f"burn_in must be between 1 and max_iterations ({max_iterations}), got {burn_in!r}")
+    if not (0 < tolerance and math.isfinite(tolerance)):
+        raise ValueError(f"tolerance must be a finite number > 0, got {tolerance!r}")
+    start_time = time.perf_counter()
+    n, chains = q0.size, len(steppers)
+    q = np.array(q0, dtype=float)
+    grads = np.empty((chains, n))
+    probed = np.empty((chains, n))
+    D = V = None
+    steps: list[np.ndarray] = []
+    averaged: list[np.ndarray] = []
+    burned = None
+    pool = ThreadPoolExecutor(max_workers=max(1, min(cores, chains)))
+    try:
+        for t in range(max_iterations):
+            list(pool.map(lambda s: s.draw_counts(q), steppers))
+            v = rng.choice(np.array([-1.0, 1.0]), size=n)
+            for c, s in enumerate(steppers):
+                _finite(s.log_density(q, grads[c]), "at the current estimate")
+                _finite(s.log_density(q + PROBE * v, probed[c]), "beside the current estimate")
+            d = np.mean(-(probed - grads) / PROBE * v, axis=0)
+            var = 0.5 * (grads[0] - grads[1]) ** 2 if chains > 1 else np.zeros(n)
+            D = np.maximum(d, 1e-12) if D is None else np.maximum(D + (d - D) / WINDOW, 1e-12)
+            V = var if V is None else V + (var - V) / WINDOW
+            information = np.maximum(D - V, D / NEWTON_LIMIT) if chains > 1 and t >= WINDOW else D
+            step = np.clip(grads.mean(axis=0) / information, -STEP_LIMIT, STEP_LIMIT)
+            q = q + step
+            steps.append(step)
+            if burned is None and t + 1 >= burn_in and _settled_drift(steps):
+                burned = t + 1
+            elif burned is not None:
+                averaged.append(q.copy())
+            mc_se = _batch_se(averaged) if len(averaged) >= MIN_AVERAGE else None
+            sd = 1.0 / np.sqrt(np.maximum(D - V, D / NEWTON_LIMIT))
+            share = float(np.mean(mc_se <= tolerance * sd)) if mc_se is not None else 0.0
+            if progress is not None:
+                progress(t + 1, "burn-in" if burned is None else "averaging",
+                         np.mean(averaged, axis=0) if averaged else q, share)
+            if mc_se is not None and share == 1.0:
+                break
+    finally:
+        pool.shutdown()
+    settled = bool(averaged) and len(averaged) >= MIN_AVERAGE and share == 1.0
+    if not averaged:  # max_iterations within the burn-in: the last iterate, its error unknown
+        averaged, mc_se = [q], np.full(n, np.inf)
+    elif mc_se is None:
+        mc_se = _batch_se(averaged) if len(averaged) >= 4 else np.full(n, np.inf)
+    return Estimate(np.mean(averaged, axis=0), mc_se, sd, 1.0 / np.sqrt(D), burned or max_iterations, t + 1,
+                    settled, tolerance, time.perf_counter() - start_time,
+                    [s.state.counts.copy() for s in steppers])
+
+
+def _finite(lp: float, where: str) -> None:
+    if not math.isfinite(lp):
+        raise RuntimeError(f"empirical Bayes: the model's log density is not finite {where} (the "
+                           "counts drawn and the parameters disagree with the priors' support); check "
+                           "the model's priors")
+
+
+def _settled_drift(steps: list) -> bool:
+    """No coordinate drifts: over the last WINDOW steps, |mean| <= DRIFT_Z standard errors."""
+    if len(steps) < WINDOW:
+        return False
+    recent = np.asarray(steps[-WINDOW:])
+    se = recent.std(axis=0, ddof=1) / math.sqrt(WINDOW)
+    return bool(np.all(np.abs(recent.mean(axis=0)) <= DRIFT_Z * se + 1e-12))
+
+
+def _batch_se(values: list) -> np.ndarray:
+    """Monte Carlo standard error of the mean of a stationary sequence by batch means:
+    floor(sqrt(n)) batches of floor(n / batches) consecutive values (the first n mod size
+    dropped)."""
+    x = np.asarray(values)
+    batches = int(math.isqrt(len(x)))
+    size = len(x) // batches
+    means = x[len(x) - batches * size:].reshape(batches, size, -1).mean(axis=1)
+    return means.std(axis=0, ddof=1) / math.sqrt(batches)

@@ -1,0 +1,132 @@
+"""dp.sample(inference="empirical-bayes"): the parameters' estimate is the mode of their exact
+marginal posterior (the counts summed out by exhaustive enumeration or over windows holding
+all but ~1e-30 of them), and the counts' posterior given it matches the enumeration; the
+result names the approximation; refusals."""
+
+import json
+
+import numpy as np
+import pymc as pm
+import pytest
+import scipy.optimize
+from scipy import special, stats
+
+import dpinfer as dp
+from dpinfer.inference.convergence import diagnostics
+from test_nested_inference import small_release
+from test_nested_sums import C, enumerate_posterior
+
+SHAPE_PRIOR = 5.0  # alpha ~ HalfNormal(5)
+
+
+def nb_model(release):
+    """x[l, c] ~ NegativeBinomial(mean exp(m) w[l, c], shape alpha), m ~ N(0.5, 1), alpha ~
+    HalfNormal(5), behind the nested release of tests/test_nested_inference.py."""
+    with pm.Model() as model:
+        m = pm.Normal("m", 0.5, 1.0)
+        alpha = pm.HalfNormal("alpha", SHAPE_PRIOR)
+        x = pm.NegativeBinomial("x", mu=pm.math.exp(m) * WEIGHTS, alpha=alpha, shape=(2, C))
+        release.observe("nmf", x)
+    return model
+
+
+WEIGHTS = np.array([[1.0, 1.4, 0.6, 0.9], [0.8, 1.7, 0.7, 0.5]])
+
+
+def nb_log_prior(states, m, log_alpha):
+    alpha = np.exp(log_alpha)
+    mu = np.exp(m) * WEIGHTS
+    return stats.nbinom.logpmf(states, alpha, alpha / (alpha + mu)).sum((1, 2))
+
+
+def exact_log_marginal(q, states, loglik):
+    """log p(m, log alpha | y) + const in the unconstrained space (the Jacobian log alpha in)."""
+    m, log_alpha = q
+    prior = (stats.norm.logpdf(m, 0.5, 1.0) + stats.halfnorm.logpdf(np.exp(log_alpha), scale=SHAPE_PRIOR)
+             + log_alpha)
+    return prior + special.logsumexp(nb_log_prior(states, m, log_alpha) + loglik)
+
+
+def test_the_estimate_is_the_mode_of_the_exact_marginal_posterior_and_the_counts_follow_it():
+    states, loglik = enumerate_posterior(prior=lambda s: np.zeros(len(s)))  # the likelihood + const
+    exact = scipy.optimize.minimize(lambda q: -exact_log_marginal(q, states, loglik), [0.5, 0.5],
+                                    method="Nelder-Mead", options={"xatol": 1e-9, "fatol": 1e-12}).x
+    idata = dp.sample(model=nb_model(small_release()), draws=4000, tune=100, chains=2, random_seed=3,
+                      progressbar=False, inference="empirical-bayes")
+    entry = json.loads(idata.posterior.attrs["dpinfer_empirical_bayes"])
+    assert entry["method"].startswith("empirical Bayes") and entry["settled"]
+    estimate = np.array([entry["parameters"]["m"], entry["parameters"]["alpha_log__"]])
+    mc_se = np.array([entry["mc_se"]["m"], entry["mc_se"]["alpha_log__"]])
+    posterior_sd = np.array([entry["posterior_sd"]["m"], entry["posterior_sd"]["alpha_log__"]])
+    assert np.all(np.abs(estimate - exact) <= 4 * mc_se + 0.02 * posterior_sd), (estimate, exact, mc_se)
+    # the stored parameters are the estimate in every draw, in their constrained space
+    assert np.allclose(idata.posterior["alpha"].values, np.exp(estimate[1]))
+    assert np.allclose(idata.posterior["m"].values, estimate[0])
+    # the counts' posterior given the estimate, against the enumeration at the estimate
+    weights = nb_log_prior(states, *estimate) + loglik
+    weights = np.exp(weights - special.logsumexp(weights))
+    want = np.tensordot(weights, states, axes=1).reshape(-1)
+    draws = idata.posterior["x"].values
+    _, ess = diagnostics(draws.reshape(2, -1, 2 * C).astype(float))
+    flat = draws.reshape(-1, 2 * C)
+    z = (flat.mean(0) - want) / (flat.std(0) / np.sqrt(ess))
+    assert np.all(np.abs(z) < 5), z
+    report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
+    assert report["method"].startswith("empirical Bayes (compiled)")
+    verdict = json.loads(idata.posterior.attrs["dpinfer_convergence"])
+    assert verdict["subject"].startswith("counts given") and verdict["quantities"] == 2 * C
+
+
+def test_cells_released_one_by_one_give_the_mode_of_the_exact_marginal():
+    """Independent cells (the engine's cells block) with double geometric noise: the exact
+    marginal is a product over cells of window sums."""
+    rng = np.random.default_rng(4)
+    n = 15
+    truth = rng.negative_binomial(3.0, 3.0 / (3.0 + 12.0), size=n)
+    mechanism = dp.DoubleGeometric(epsilon=0.7)
+    release = mechanism.release(truth, rng=rng)
+    with pm.Model() as model:
+        m = pm.Normal("m", 2.0, 1.0)
+        alpha = pm.HalfNormal("alpha", SHAPE_PRIOR)
+        x = pm.NegativeBinomial("x", mu=pm.math.exp(m), alpha=alpha, shape=n)
+        mechanism.observe("r", x, observed=release)
+    support = np.arange(0, 400)
+    noise = np.array([mechanism.log_likelihood(np.array([r]), np.array([v])) for r in release for v in support])
+    noise = noise.reshape(n, support.size)
+
+    def log_marginal(q):
+        m, log_alpha = q
+        alpha = np.exp(log_alpha)
+        prior = stats.nbinom.logpmf(support, alpha, alpha / (alpha + np.exp(m)))
+        return (stats.norm.logpdf(m, 2.0, 1.0) + stats.halfnorm.logpdf(alpha, scale=SHAPE_PRIOR) + log_alpha
+                + special.logsumexp(prior[None, :] + noise, axis=1).sum())
+
+    exact = scipy.optimize.minimize(lambda q: -log_marginal(q), [2.0, 1.0], method="Nelder-Mead",
+                                    options={"xatol": 1e-9, "fatol": 1e-12}).x
+    idata = dp.sample(model=model, draws=500, tune=50, chains=2, random_seed=5, progressbar=False,
+                      inference="empirical-bayes")
+    entry = json.loads(idata.posterior.attrs["dpinfer_empirical_bayes"])
+    estimate = np.array([entry["parameters"]["m"], entry["parameters"]["alpha_log__"]])
+    mc_se = np.array([entry["mc_se"]["m"], entry["mc_se"]["alpha_log__"]])
+    posterior_sd = np.array([entry["posterior_sd"]["m"], entry["posterior_sd"]["alpha_log__"]])
+    assert np.all(np.abs(estimate - exact) <= 4 * mc_se + 0.02 * posterior_sd), (estimate, exact, mc_se)
+
+
+def test_refusals():
+    with pm.Model() as model:
+        x = pm.Poisson("x", 3.0, shape=2)
+        dp.DoubleGeometric(epsilon=1.0).observe("r", x, observed=[2, 4])
+    with pytest.raises(ValueError, match="inference must be one of"):
+        dp.sample(model=model, inference="empirical")
+    with pytest.raises(ValueError, match="needs continuous parameters to estimate"):
+        dp.sample(model=model, inference="empirical-bayes", progressbar=False)
+    with pytest.raises(TypeError, match="empirical_bayes takes a dict"):
+        dp.sample(model=model, empirical_bayes={"tolerance": 0.1})
+    with pm.Model() as model:
+        lam = pm.Gamma("lam", 2.0, 0.5)
+        x = pm.Poisson("x", lam, shape=2)
+        dp.DoubleGeometric(epsilon=1.0).observe("r", x, observed=[2, 4])
+    with pytest.raises(ValueError, match="needs the compiled engine"):
+        dp.sample(model=model, inference="empirical-bayes", method="marginal", progressbar=False)
+    with pytest.raises(ValueError, match="burn_in must be between 1 and max_iterations"):
+        dp.sample(model=model, inference="empirical-bayes", empirical_bayes={"burn_in": 0}, progressbar=False)
