@@ -1,4 +1,4 @@
-"""Baselines for nested measurements (dpinfer/utility/baselines/nested.py): GLS against closed
+"""Baselines for nested measurements (dpinfer/utility/baselines/nested/): GLS against closed
 forms and a dense KKT solve, the tree pass against the dense covariance, per-cell posteriors
 against enumeration, the aggregated law against brute-force convolution, NNLS against
 scipy.optimize.nnls / SLSQP, and the comparison table on a case with a known answer."""
@@ -11,7 +11,17 @@ import scipy.linalg
 import scipy.optimize
 
 from dpinfer.mechanisms.nested import NestedMeasurements
-from dpinfer.utility.baselines import nested as nb
+from dpinfer.utility.baselines.nested.comparison import compare_nested, nested_target_table
+from dpinfer.utility.baselines.nested.gls import nested_gls
+from dpinfer.utility.baselines.nested.nnls import nested_nnls
+from dpinfer.utility.baselines.nested.per_cell import _convolve_all, per_cell_posterior, per_cell_posteriors
+from dpinfer.utility.baselines.nested.targets import (
+    NestedTargets,
+    area_cell_targets,
+    area_sum_targets,
+    concat_targets,
+    ratio_targets,
+)
 
 
 def dg_log_pmf(e, sigma2):
@@ -32,7 +42,7 @@ def cherry(values, variances, equality=None):
 def test_gls_cherry_is_the_inverse_variance_combination():
     y0, y1, y2 = 31, 12, 15
     v0, v1, v2 = 9.0, 4.0, 2.5
-    fit = nb.nested_gls(cherry([y0, y1, y2], [v0, v1, v2]))
+    fit = nested_gls(cherry([y0, y1, y2], [v0, v1, v2]))
     # the root total: its own measurement combined with the leaves' sum (variance v1 + v2)
     w0, ws = 1 / v0, 1 / (v1 + v2)
     total = (w0 * y0 + ws * (y1 + y2)) / (w0 + ws)
@@ -44,10 +54,10 @@ def test_gls_cherry_is_the_inverse_variance_combination():
     # Var x1^ = v1 - v1^2/(v1+v2) + (v1/(v1+v2))^2 Var(total^)
     k1 = v1 / (v1 + v2)
     var1 = v1 - v1 * k1 + k1 ** 2 * var_total
-    targets = nb.concat_targets(nb.area_cell_targets(cherry([y0, y1, y2], [v0, v1, v2]), [1], "leaf"),
-                                nb.area_cell_targets(cherry([y0, y1, y2], [v0, v1, v2]), [0], "root"))
+    targets = concat_targets(area_cell_targets(cherry([y0, y1, y2], [v0, v1, v2]), [1], "leaf"),
+                             area_cell_targets(cherry([y0, y1, y2], [v0, v1, v2]), [0], "root"))
     for tree in (True, False):
-        df = nb.nested_gls(cherry([y0, y1, y2], [v0, v1, v2]), tree=tree).targets(targets)
+        df = nested_gls(cherry([y0, y1, y2], [v0, v1, v2]), tree=tree).targets(targets)
         np.testing.assert_allclose(df.estimate, [x1, total], rtol=1e-12)
         np.testing.assert_allclose(df.sd, np.sqrt([var1, var_total]), rtol=1e-9)
         np.testing.assert_allclose(df.upper - df.estimate, 1.6448536269514722 * df.sd, rtol=1e-12)
@@ -57,11 +67,11 @@ def test_gls_cherry_with_the_root_exact():
     y0, y1, y2, a = 31, 12, 15, 30
     v0, v1, v2 = 9.0, 4.0, 2.5
     rel = cherry([y0, y1, y2], [v0, v1, v2], equality=a)
-    fit = nb.nested_gls(rel)
+    fit = nested_gls(rel)
     x1 = y1 + v1 / (v1 + v2) * (a - y1 - y2)  # the root measurement no longer matters
     np.testing.assert_allclose(fit.counts[:, 0], [x1, a - x1], rtol=1e-12)
-    t = nb.concat_targets(nb.area_cell_targets(rel, [1, 2], "leaf"), nb.area_cell_targets(rel, [0], "root"))
-    for f in (fit, nb.nested_gls(rel, tree=False)):
+    t = concat_targets(area_cell_targets(rel, [1, 2], "leaf"), area_cell_targets(rel, [0], "root"))
+    for f in (fit, nested_gls(rel, tree=False)):
         df = f.targets(t)
         np.testing.assert_allclose(df.sd[:2], np.sqrt(v1 * v2 / (v1 + v2)), rtol=1e-9)
         assert df.sd[2] < 1e-6 and abs(df.estimate[2] - a) < 1e-9
@@ -140,10 +150,10 @@ def test_gls_matches_the_dense_kkt_solve_and_covariance():
         if not redundant:  # the KKT system itself, as numpy.linalg.solve sees it
             K = np.block([[H, E.T], [E, np.zeros((E.shape[0], E.shape[0]))]])
             np.testing.assert_allclose(np.linalg.solve(K, np.concatenate([h, e]))[:H.shape[0]], x_ref, atol=1e-9)
-        t = nb.concat_targets(nb.area_cell_targets(rel, [3, 4, 5, 6, 7], "leaf"),
-                              nb.area_cell_targets(rel, [0, 1, 2], "areas"),
-                              nb.area_sum_targets(rel, [0, 1, 2, 5], [1, 2], "sum12"),
-                              nb.ratio_targets(rel, [0, 1, 2, 6], [0], [0, 1, 2], "share0"))
+        t = concat_targets(area_cell_targets(rel, [3, 4, 5, 6, 7], "leaf"),
+                           area_cell_targets(rel, [0, 1, 2], "areas"),
+                           area_sum_targets(rel, [0, 1, 2, 5], [1, 2], "sum12"),
+                           ratio_targets(rel, [0, 1, 2, 6], [0], [0, 1, 2], "share0"))
         D = t.numerator.toarray().astype(float)
         Dd = t.denominator.toarray().astype(float)
         a, b = D @ x_ref, Dd @ x_ref
@@ -152,13 +162,13 @@ def test_gls_matches_the_dense_kkt_solve_and_covariance():
         G = np.where(ratio[:, None], (D - est[:, None] * Dd) / np.where(ratio, b, 1)[:, None], D)
         sd = np.sqrt(np.maximum(np.einsum("ki,ij,kj->k", G, cov, G), 0))
         for tree in (True, False):
-            fit = nb.nested_gls(rel, tree=tree)
+            fit = nested_gls(rel, tree=tree)
             np.testing.assert_allclose(fit.counts.reshape(-1), x_ref, atol=1e-8)
             df = fit.targets(t)
             np.testing.assert_allclose(df.estimate, est, atol=1e-8)
             np.testing.assert_allclose(df.sd, sd, atol=1e-6)
         # a target that is no single area's sum goes through the KKT solves
-        mixed = nb.NestedTargets(np.array(["mix"], object), np.array(["mix"], object),
+        mixed = NestedTargets(np.array(["mix"], object), np.array(["mix"], object),
                                  (t.numerator[0] + 2 * t.numerator[7]).tocsr(), t.denominator[:1],
                                  np.array([-1]), t.num_cells[:1], t.den_area[:1], t.den_cells[:1])
         g = D[0] + 2 * D[7]
@@ -171,9 +181,9 @@ def test_gls_marks_counts_the_data_do_not_determine():
     # two leaves, one cell, only the root measured: neither leaf is determined, their sum is
     rel = NestedMeasurements([-1, 0, 0], [1, 2], 1)
     rel.measure("root", [0], [[0]], [[20]], 4.0)
-    fit = nb.nested_gls(rel)
+    fit = nested_gls(rel)
     assert np.all(np.isnan(fit.counts))
-    df = fit.targets(nb.concat_targets(nb.area_cell_targets(rel, [1], "leaf"), nb.area_cell_targets(rel, [0], "root")))
+    df = fit.targets(concat_targets(area_cell_targets(rel, [1], "leaf"), area_cell_targets(rel, [0], "root")))
     assert np.isnan(df.estimate[0]) and np.isinf(df.sd[0])
     np.testing.assert_allclose([df.estimate[1], df.sd[1]], [20, 2], rtol=1e-9)
 
@@ -187,7 +197,7 @@ def test_per_cell_posterior_against_enumeration(y, sigma2, summed, bound):
     rel.measure("other", [1], [[0]], [[1]], 1.0)
     if bound:
         (rel.at_most if bound[0] == "le" else rel.at_least)("b", [0], [[0, 1]], [[bound[1]]])
-    lo, pmf = nb.per_cell_posterior(rel, 0, [0, 1])
+    lo, pmf = per_cell_posterior(rel, 0, [0, 1])
     t = np.arange(0, 400)
     one = np.exp(dg_log_pmf(np.arange(-200, 201), sigma2))
     law = one.copy()
@@ -205,7 +215,7 @@ def test_per_cell_posterior_against_enumeration(y, sigma2, summed, bound):
     # the summary: median and the equal-tailed 90% interval, q(p) = min{t: F(t) >= p}
     F = np.cumsum(p)
     want = [np.argmax(F >= q - 1e-12) for q in (0.5, 0.05, 0.95)]
-    df = nb.per_cell_posteriors(rel, nb.area_sum_targets(rel, [0], [0, 1], "root"), aggregate=False)
+    df = per_cell_posteriors(rel, area_sum_targets(rel, [0], [0, 1], "root"), aggregate=False)
     np.testing.assert_array_equal(df[["estimate", "lower", "upper"]].to_numpy()[0], want)
 
 
@@ -216,8 +226,8 @@ def test_aggregated_per_cell_law_is_the_brute_force_convolution():
     rel.measure("leaf", [2, 3, 4], [[0], [1]], ys, 1.3)
     rel.measure("county", [1], [[0], [1]], [[9, 9]], 2.0)
     rel.at_most("cap", [3], [[1]], [[5]])
-    units = [nb.per_cell_posterior(rel, leaf, [0]) for leaf in (2, 3, 4)]
-    lo, pmf = nb._convolve_all(units)
+    units = [per_cell_posterior(rel, leaf, [0]) for leaf in (2, 3, 4)]
+    lo, pmf = _convolve_all(units)
     # brute force: every combination of the three leaves' values
     law = {}
     for combo in itertools.product(*[range(u[1].size) for u in units]):
@@ -230,18 +240,18 @@ def test_aggregated_per_cell_law_is_the_brute_force_convolution():
     got[lo:lo + pmf.size] = pmf
     np.testing.assert_allclose(got[:ref.size], ref, atol=1e-13)
     # the target's summary: aggregated uses the leaves, direct uses the county's own measurement
-    t = nb.area_cell_targets(rel, [1], "county", cells=[0])
-    agg = nb.per_cell_posteriors(rel, t, aggregate=True)
+    t = area_cell_targets(rel, [1], "county", cells=[0])
+    agg = per_cell_posteriors(rel, t, aggregate=True)
     F = np.cumsum(ref)
     assert agg.estimate[0] == np.argmax(F >= 0.5 - 1e-12)
     assert (agg.lower[0], agg.upper[0]) == (np.argmax(F >= 0.05 - 1e-12), np.argmax(F >= 0.95 - 1e-12))
-    direct = nb.per_cell_posteriors(rel, t, aggregate=False)
-    lo1, p1 = nb.per_cell_posterior(rel, 1, [0])
+    direct = per_cell_posteriors(rel, t, aggregate=False)
+    lo1, p1 = per_cell_posterior(rel, 1, [0])
     assert direct.estimate[0] == lo1 + np.argmax(np.cumsum(p1) >= 0.5 - 1e-12)
     # a weighted leaf (2 x) and a ratio by Monte Carlo (fixed seed: reproducible)
-    r = nb.ratio_targets(rel, [1], [0], [0, 1], "share")
-    a1 = nb.per_cell_posteriors(rel, r, aggregate=True, seed=5)
-    a2 = nb.per_cell_posteriors(rel, r, aggregate=True, seed=5)
+    r = ratio_targets(rel, [1], [0], [0, 1], "share")
+    a1 = per_cell_posteriors(rel, r, aggregate=True, seed=5)
+    a2 = per_cell_posteriors(rel, r, aggregate=True, seed=5)
     assert a1.equals(a2) and 0 < a1.lower[0] < a1.estimate[0] < a1.upper[0] < 1
 
 
@@ -253,7 +263,7 @@ def test_nnls_matches_scipy_nnls_without_equalities():
     rel.measure("root", [0], [[0, 1]], [[3]], 5.0)
     M, y, v, *_ = dense_problem(rel)
     ref, _ = scipy.optimize.nnls(M / np.sqrt(v)[:, None], y / np.sqrt(v))
-    got = nb.nested_nnls(rel)
+    got = nested_nnls(rel)
     np.testing.assert_allclose(got.reshape(-1), ref, atol=1e-9)
     assert np.any(ref == 0)  # non-negativity binds
 
@@ -283,7 +293,7 @@ def test_nnls_with_equalities_and_bounds_matches_slsqp():
         rel, _ = random_release(11, bounds=bounds, small=True, zero=True)
         M, y, v, E, e, B, b, sign = dense_problem(rel)
         ref, f = slsqp_reference(M, y, v, E, e, B, b, sign, bounds)
-        got = nb.nested_nnls(rel, bounds=bounds).reshape(-1)
+        got = nested_nnls(rel, bounds=bounds).reshape(-1)
         assert np.all(got >= 0) and np.allclose(E @ got, e, atol=1e-8)
         if bounds:
             assert np.all(sign * (B @ got - b) <= 1e-8)
@@ -300,15 +310,15 @@ def test_comparison_table_on_a_known_case():
     rel = NestedMeasurements(parent, leaves, 2)
     rel.equal("leaf cells", leaves, [[0], [1]], x)
     rel.measure("root", [0], [[0], [1]], [[9, 6]], 4.0)
-    targets = nb.concat_targets(nb.area_cell_targets(rel, leaves, "leaf"),
-                                nb.area_cell_targets(rel, [1, 2], "county"))
+    targets = concat_targets(area_cell_targets(rel, leaves, "leaf"),
+                             area_cell_targets(rel, [1, 2], "county"))
     # dpinfer's draws: the truth, shifted by +2 on leaf 3 in every draw (its two cells are missed:
     # coverage 6/8 on the leaves), and by -1..1 elsewhere (covered)
     rng = np.random.default_rng(0)
     draws = x[None] + rng.integers(-1, 2, (400, 4, 2))
     draws[:, 0] = x[0] + 2
-    table = nb.nested_target_table(rel, x, draws, targets)
-    out = nb.compare_nested(rel, x, draws, targets, table=table)
+    table = nested_target_table(rel, x, draws, targets)
+    out = compare_nested(rel, x, draws, targets, table=table)
     row = out.set_index(["method", "group"])
     assert row.loc[("dpinfer", "leaf"), "coverage"] == 0.75
     # leaf 3's two cells lie below dpinfer's intervals (the draws are shifted up): 2/8 below
@@ -338,7 +348,7 @@ def test_interval_mass_is_the_share_of_draws_inside():
     rel = NestedMeasurements(parent, leaves, 2)
     rel.measure("leaf", leaves, [[0], [1]], [[50, 1]], 4.0)
     draws = np.stack([np.arange(100), np.arange(100) % 2], axis=1)[:, None, :]
-    table = nb.nested_target_table(rel, np.array([[50, 1]]), draws, nb.area_cell_targets(rel, leaves, "leaf"),
+    table = nested_target_table(rel, np.array([[50, 1]]), draws, area_cell_targets(rel, leaves, "leaf"),
                                    methods=("dpinfer",))
     np.testing.assert_allclose(table["lower"], [4.95, 0.0])
     np.testing.assert_allclose(table["upper"], [94.05, 1.0])

@@ -34,12 +34,11 @@ import pandas as pd
 import dpinfer as dp
 from dpinfer.io.nmf.model import census_model
 from dpinfer.io.nmf.table import census_table
-from dpinfer.utility.baselines.nested import (
+from dpinfer.utility.baselines.nested.comparison import compare_nested, nested_target_table
+from dpinfer.utility.baselines.nested.targets import (
     area_cell_targets,
     area_sum_targets,
-    compare_nested,
     concat_targets,
-    nested_target_table,
     ratio_targets,
 )
 

@@ -25,9 +25,10 @@ Modules, one step each (all exact, no penalty or iteration-to-tolerance approxim
 the quadratic programme of :mod:`~dpinfer.utility.baselines.qp`),
 :mod:`~dpinfer.utility.baselines.rounding` (step 2), :mod:`~dpinfer.utility.baselines.intervals`
 (step 3); :mod:`~dpinfer.utility.baselines.inputs` checks the arguments they share (cells,
-constraint matrices, group labels and totals). :mod:`~dpinfer.utility.baselines.nested` holds
-the baselines of nested measurements (census noisy measurement files): GLS/BLUE, per-cell
-posteriors, NNLS, and their scoring beside dpinfer's posterior.
+constraint matrices, group labels and totals). The subpackage
+:mod:`~dpinfer.utility.baselines.nested` holds the baselines of nested measurements (census noisy
+measurement files), one module each: GLS/BLUE, per-cell posteriors, NNLS, and their scoring
+beside dpinfer's posterior.
 """
 
 from dpinfer.utility.baselines.intervals import noise_only_intervals
