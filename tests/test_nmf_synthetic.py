@@ -182,20 +182,25 @@ def test_geocodes_nest_and_follow_the_spine_format(tmp_path):
         assert all(g.startswith(p) for g, p in zip(geo[level].geocodes, parents))
 
 
-def test_constraints_hold_for_the_truth_and_match_the_rule(tmp_path):
-    manifest = dp.write_synthetic_nmf(tmp_path, **{**TINY, "blocks_per_block_group": 6, "seed": 11})
-    nmf = dp.read_nmf(tmp_path, "19")
-    blocks, x = _block_histograms(pd.read_parquet(tmp_path / "truth.parquet"))
+def _assert_constraints_hold(nmf, blocks, x):
+    """Every constraint of the files holds for the truth (blocks' histograms x)."""
     for level in ("US", "State", "Block"):
         con = nmf.constraints(level)
         assert len(con.geocodes) > 0
         geocodes = nmf.geography[level].geocodes
         width = nmf.geography[level].width
-        agg = np.stack([x[[b.startswith(g) for b in blocks]].sum(axis=0) for g in geocodes])
+        prefix = np.array([b[:width] for b in blocks])
+        agg = np.stack([x[prefix == g].sum(axis=0) for g in geocodes])
         answer = np.asarray([(con.matrix[[i]] @ agg[np.searchsorted(geocodes, g)]).item()
                              for i, g in enumerate(con.geocodes)])
         assert np.all(con.lower <= answer) and np.all(answer <= con.upper), level
         assert all(len(g) == width for g in con.geocodes)
+
+
+def test_constraints_hold_for_the_truth_and_match_the_rule(tmp_path):
+    manifest = dp.write_synthetic_nmf(tmp_path, **{**TINY, "blocks_per_block_group": 6, "seed": 11})
+    nmf = dp.read_nmf(tmp_path, "19")
+    _assert_constraints_hold(nmf, *_block_histograms(pd.read_parquet(tmp_path / "truth.parquet")))
     us = nmf.constraints("US")
     assert us.lower.tolist() == us.upper.tolist() == [manifest["population"]]
     block = nmf.constraints("Block")
