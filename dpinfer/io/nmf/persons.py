@@ -71,7 +71,8 @@ a group left without tracts has none there). In an enclave tract the group's sha
 s ~ Uniform(0.4, 0.9): the tract's Hispanic share is s (group Hispanic), or s of the
 non-Hispanic persons are of the group's race code (the others' weights scaled by (1 - s) /
 (1 - their old total)); in every other tract of a segregated county the group's weight (the
-county's h_c, or the race code's weight in r_t) is multiplied by 0.02 (near zero, not zero).
+county's h_c, or the race code's weight in both race vectors r_t, renormalised) is multiplied
+by 0.02 (near zero, not zero).
 Why the model does not produce it: its Dirichlet splits are independent between cells with
 one concentration per level and cell, so a group's cells (e.g. its 4 cells voting age x
 Hispanic of pl94-28, or the 14 Hispanic cells) are not placed in the same tracts, and a
@@ -404,16 +405,17 @@ def _segregate(kinds: dict, hispanic: dict, tracts: dict, rng, names: _Names) ->
             group = enclave_of.get(tract)
             share = rng.uniform(*ENCLAVE_SHARE) if group else None
             hispanic[tract] = share if group == "hispanic" else hispanic[tract] * SEGREGATION_RESIDUAL
-            races = tracts[tract][False].copy()
+            races = {h: r.copy() for h, r in tracts[tract].items()}
             for race in SEGREGATED_GROUPS[:-1]:
                 if race != group:
-                    races[CENRACE_LABELS.index(race)] *= SEGREGATION_RESIDUAL
-            races /= races.sum()
+                    for r in races.values():
+                        r[CENRACE_LABELS.index(race)] *= SEGREGATION_RESIDUAL
+            races = {h: r / r.sum() for h, r in races.items()}
             if group in SEGREGATED_GROUPS[:-1]:
                 code = CENRACE_LABELS.index(group)
-                races *= (1 - share) / (1 - races[code])
-                races[code] = share
-            tracts[tract] = {False: races, True: tracts[tract][True]}
+                races[False] *= (1 - share) / (1 - races[False][code])
+                races[False][code] = share
+            tracts[tract] = races
     return {group: sorted(names.tract[t] for t, g in enclave_of.items() if g == group)
             for group in SEGREGATED_GROUPS}
 
