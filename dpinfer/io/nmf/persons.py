@@ -59,7 +59,8 @@ keep this law and change one feature of it that the model's prior does not gener
 They change the state's ordinary counties only; the AIAN part keeps the hierarchical law.
 Every scenario's extra draws come from a stream of their own, so for the same seed a
 scenario that keeps the geography (all but ``"urban"`` and ``"mixed"``) perturbs the
-hierarchical truth's own county and tract draws.
+hierarchical truth's own county and tract draws, and ``"large-facility"`` is the hierarchical
+truth itself plus its facilities.
 
 ``"segregated"``: residential segregation
 -----------------------------------------
@@ -115,7 +116,7 @@ County 001 of each state is urban, the others hierarchical: it has min(99, 2 x t
 ``tracts_per_county``) tracts, 4-6 block groups per tract, 10-20 blocks per block group and
 a mean block population of 60 (not ``mean_block_population``); its Hispanic share
 h_c ~ Beta(6, 14) (mean 30%), its non-Hispanic race vector ~ Dirichlet(300 urban base)
-(47% white, 22% black, 12% asian, 4% sor, ~8% two or more races) and its tracts'
+(49% white, 23% black, 12% asian, 4% sor, 10% two or more races) and its tracts'
 r_t ~ Dirichlet(100 r_c). Why the model does not quite produce it: its counties are
 exchangeable given their sizes, with one concentration per cell shared by all counties of
 the state and all tracts of every county; the urban county's profile and the spread of its
@@ -230,7 +231,7 @@ def _draw(rng, bounds) -> int:
     return int(rng.integers(bounds[0], bounds[1] + 1))
 
 
-def county_kinds(truth: str, n_counties: int) -> list[str]:
+def _county_kinds(truth: str, n_counties: int) -> list[str]:
     """The kinds of a state's ``n_counties`` ordinary counties under scenario ``truth``, before
     the large facility is placed (it goes into the smallest "hierarchical" county)."""
     if truth in ("segregated", "structural-zeros"):
@@ -257,7 +258,7 @@ def draw_geography(parameters: dict, rng) -> pd.DataFrame:
 
     tracts = []
     for state in parameters["state_fips"]:
-        for c, kind in enumerate(county_kinds(parameters["truth"], _draw(rng, parameters["n_counties"]))):
+        for c, kind in enumerate(_county_kinds(parameters["truth"], _draw(rng, parameters["n_counties"]))):
             county = f"{2 * c + 1:03d}"
             n_tracts = _draw(rng, urban_sizes["tracts"] if kind == "urban" else parameters["tracts_per_county"])
             tracts += [tract(state, False, county, "10" + county, f"{(t + 1) * 100:06d}", kind)
