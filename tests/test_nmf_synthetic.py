@@ -13,9 +13,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.sparse
 
 import dpinfer as dp
-from dpinfer.io.nmf import layout, synthetic
+from dpinfer.io.nmf import layout, persons, synthetic
+from dpinfer.io.nmf.table import census_table
 from dpinfer.io.nmf.layout import (
     AXES,
     CENRACE_LABELS,
@@ -182,20 +184,24 @@ def test_geocodes_nest_and_follow_the_spine_format(tmp_path):
         assert all(g.startswith(p) for g, p in zip(geo[level].geocodes, parents))
 
 
+def _assert_constraints_hold(nmf, blocks, x):
+    """Every constraint of the files holds for the truth (blocks' histograms x)."""
+    for level in ("US", "State", "Block"):
+        con = nmf.constraints(level)
+        width = nmf.geography[level].width
+        assert len(con.geocodes) > 0 and all(len(g) == width for g in con.geocodes)
+        codes, agg = _sums(blocks, x, width, ordinary_only=False)
+        at = np.minimum(np.searchsorted(codes, con.geocodes), len(codes) - 1)
+        found = codes[at] == np.asarray(con.geocodes)        # geounits without persons: zeros
+        rows = scipy.sparse.csr_array(np.vstack([agg, np.zeros((1, agg.shape[1]), dtype=np.int64)]))
+        answer = con.matrix.multiply(rows[np.where(found, at, len(codes))]).sum(axis=1)
+        assert np.all(con.lower <= answer) and np.all(answer <= con.upper), level
+
+
 def test_constraints_hold_for_the_truth_and_match_the_rule(tmp_path):
     manifest = dp.write_synthetic_nmf(tmp_path, **{**TINY, "blocks_per_block_group": 6, "seed": 11})
     nmf = dp.read_nmf(tmp_path, "19")
-    blocks, x = _block_histograms(pd.read_parquet(tmp_path / "truth.parquet"))
-    for level in ("US", "State", "Block"):
-        con = nmf.constraints(level)
-        assert len(con.geocodes) > 0
-        geocodes = nmf.geography[level].geocodes
-        width = nmf.geography[level].width
-        agg = np.stack([x[[b.startswith(g) for b in blocks]].sum(axis=0) for g in geocodes])
-        answer = np.asarray([(con.matrix[[i]] @ agg[np.searchsorted(geocodes, g)]).item()
-                             for i, g in enumerate(con.geocodes)])
-        assert np.all(con.lower <= answer) and np.all(answer <= con.upper), level
-        assert all(len(g) == width for g in con.geocodes)
+    _assert_constraints_hold(nmf, *_block_histograms(pd.read_parquet(tmp_path / "truth.parquet")))
     us = nmf.constraints("US")
     assert us.lower.tolist() == us.upper.tolist() == [manifest["population"]]
     block = nmf.constraints("Block")
@@ -246,12 +252,33 @@ def test_writing_is_reproducible_and_the_truth_ignores_levels(tmp_path):
     assert dp.read_nmf(tmp_path / "c", 19).levels == ("US", "Block")
 
 
+def test_the_default_truth_rewrites_the_shipped_instance(tmp_path):
+    """The shipped instance was written before there were truth scenarios: the default
+    (hierarchical) truth with the small preset writes every file of it again, value for value
+    (and its manifest, which now names the truth)."""
+    manifest = dp.write_synthetic_nmf(tmp_path, **synthetic.PRESETS["small"])
+    assert json.loads((SHIPPED / "manifest.json").read_text()) == json.loads(json.dumps(manifest))
+    assert manifest["parameters"]["truth"] == "hierarchical"
+    assert set(manifest["scenario"]["county_kinds"].values()) == {"hierarchical"}
+    files = sorted(p.relative_to(SHIPPED) for p in SHIPPED.rglob("*.parquet") if p.is_file())
+    assert len(files) == 1 + 2 * 6 + 2 * 2     # truth, DPQuery per level, Constraint at US/State/Block
+    assert files == sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.parquet") if p.is_file())
+    for path in files:
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / path), pd.read_parquet(SHIPPED / path))
+
+
 def test_the_command_line_writes_a_preset(tmp_path, capsys):
     synthetic.main(["--out", str(tmp_path / "out"), "--levels", "US,State", "--seed", "5"])
     assert "wrote" in capsys.readouterr().out
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["parameters"]["seed"] == 5 and manifest["parameters"]["levels"] == ["US", "State"]
     assert "write_synthetic_nmf(root, **" in (tmp_path / "out" / "README.md").read_text()
+    synthetic.main(["--out", str(tmp_path / "seg"), "--preset", "small", "--truth", "segregated"])
+    manifest = json.loads((tmp_path / "seg" / "manifest.json").read_text())
+    assert manifest["parameters"] == synthetic._parameters(**synthetic.PRESETS["small"], levels=LEVELS,
+                                                           truth="segregated")
+    assert set(manifest["scenario"]["county_kinds"].values()) == {"segregated", "hierarchical"}
+    assert "--preset small --truth segregated\n" in (tmp_path / "seg" / "README.md").read_text()
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -262,6 +289,8 @@ def test_the_command_line_writes_a_preset(tmp_path, capsys):
     ({"levels": ["Place"]}, ValueError, "levels must be a non-empty subset"),
     ({"aian_tracts": -1}, ValueError, "aian_tracts must be an int in 0..99"),
     ({"budget": "production"}, TypeError, "budget must be a PrivacyBudget"),
+    ({"truth": "prison"}, ValueError, r"truth must be one of \('hierarchical', 'segregated'"),
+    ({"truth": "mixed"}, ValueError, r"truth='mixed' needs n_counties >= 4 in every state"),
 ])
 def test_bad_arguments(tmp_path, kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -273,3 +302,205 @@ def test_an_existing_instance_is_not_overwritten(tmp_path):
     with pytest.raises(FileExistsError, match="US_Person_PL_PROD exists"):
         dp.write_synthetic_nmf(tmp_path, **TINY)
 
+
+
+# --- truth scenarios (dpinfer/io/nmf/persons.py) ---------------------------------------------
+
+#: The validation's shape: Iowa-like counties (4-14 tracts, 3 block groups a tract), two states;
+#: only the US level is written, so the cost is the truth's (a fraction of a second).
+IOWA_SHAPE = {**synthetic.PRESETS["iowa"], "n_counties": 10, "state_fips": ("19", "20"), "seed": 2020,
+              "levels": ["US"]}
+MAJOR = axis_partition("cenrace", "majorrace")  # pl94-28's 7 race groups
+
+
+def _scenario(root, truth, **kwargs):
+    """(manifest, block geocodes, histograms) of a written truth."""
+    manifest = dp.write_synthetic_nmf(root, **{**IOWA_SHAPE, **kwargs, "truth": truth})
+    return manifest, *_block_histograms(pd.read_parquet(root / "truth.parquet"))
+
+
+def _coarse(x):
+    """(n, 2, 2, 7): voting age x Hispanic x major race group, group quarters summed."""
+    return x.reshape(-1, *SHAPE).sum(axis=1) @ MAJOR.matrix.T
+
+
+def _sums(blocks, values, width, ordinary_only=True):
+    """(geocodes, sums) of ``values`` over the blocks under each geocode of ``width``
+    characters (the AIAN part left out by default)."""
+    keep = np.array([not ordinary_only or b.startswith("0") for b in blocks])
+    codes, index = np.unique([b[:width] for b in blocks[keep]], return_inverse=True)
+    out = np.zeros((len(codes), *values.shape[1:]), dtype=np.int64)
+    np.add.at(out, index, values[keep])
+    return codes, out
+
+
+def test_segregated_groups_live_in_a_few_tracts(tmp_path):
+    """Black alone, asian alone and Hispanic persons: 40-90% of their enclave tracts, < 2%
+    of every other tract, nearly all in their enclaves (dissimilarity index D =
+    1/2 sum_t |g_t/G - o_t/O| > 0.75), against the hierarchical truth of the same seed (same
+    counties and tracts), where D < 0.5 and the same tracts hold few of them."""
+    manifest, blocks, x = _scenario(tmp_path / "s", "segregated")
+    _, h_blocks, h_x = _scenario(tmp_path / "h", "hierarchical")
+    enclaves = manifest["scenario"]["enclaves"]
+    assert set(manifest["scenario"]["county_kinds"].values()) == {"segregated", "hierarchical"}
+    width = len(enclaves["black"][0])
+    for group, count in {"black": lambda c: c[..., 1].sum(axis=(1, 2)),
+                         "asian": lambda c: c[..., 3].sum(axis=(1, 2)),
+                         "hispanic": lambda c: c[:, :, 1].sum(axis=(1, 2))}.items():
+        for state in ("019", "020"):          # every state has its own enclaves
+            assert any(t.startswith(state) for t in enclaves[group]), (group, state)
+        shares = {}
+        for name, b, xx in (("segregated", blocks, x), ("hierarchical", h_blocks, h_x)):
+            tracts, c = _sums(b, _coarse(xx), width)
+            g, total = count(c), c.sum(axis=(1, 2, 3))
+            inside = np.isin(tracts, enclaves[group])
+            assert 0 < inside.sum() <= len(enclaves[group]) and inside.mean() < 0.15  # (a tract may be empty)
+            dissimilarity = 0.5 * np.abs(g / g.sum() - (total - g) / (total - g).sum()).sum()
+            shares[name] = (g / total, inside, dissimilarity, g[inside].sum() / g.sum())
+        share, inside, dissimilarity, enclosed = shares["segregated"]
+        assert np.all((0.35 < share[inside]) & (share[inside] < 0.92)), group
+        assert share[~inside].max() < 0.02 and dissimilarity > 0.75 and enclosed > 0.75, group
+        share, inside, dissimilarity, enclosed = shares["hierarchical"]
+        assert share.max() < 0.35 and dissimilarity < 0.5 and enclosed < 0.25, group
+
+
+def test_structural_zeros_are_exact_zeros_of_whole_areas(tmp_path):
+    """Absent race groups are 0 in their whole county, tracts without Hispanic persons and
+    adults-only block groups are exactly that; far more (tract, pl94-28 cell) pairs and
+    (county, race group) pairs are 0 than in the hierarchical truth of the same seed."""
+    manifest, blocks, x = _scenario(tmp_path / "z", "structural-zeros")
+    _, h_blocks, h_x = _scenario(tmp_path / "h", "hierarchical")
+    details = manifest["scenario"]
+    coarse = _coarse(x)
+    counties, per_county = _sums(blocks, coarse, 9)
+    for county, groups in details["absent_race_groups"].items():
+        present = per_county[list(counties).index(county)].sum(axis=(0, 1))
+        absent = [MAJOR.labels.index(g) for g in groups]
+        assert np.all(present[absent] == 0) and present[0] > 0 and "white alone" not in groups
+    n_absent = sum(map(len, details["absent_race_groups"].values()))
+    assert 0.3 < n_absent / (6 * len(counties)) < 0.7                  # each absent w.p. 0.5
+    free = details["hispanic_free_tracts"]
+    tracts, per_tract = _sums(blocks, coarse, len(free[0]))
+    assert np.all(per_tract[np.isin(tracts, free)][:, :, 1] == 0)
+    assert 0.3 < len(free) / len(tracts) < 0.7                          # w.p. 0.5
+    adults = details["adults_only_block_groups"]
+    groups, per_bg = _sums(blocks, coarse, len(adults[0]))
+    assert np.all(per_bg[np.isin(groups, adults)][:, 0] == 0)
+    assert per_bg[np.isin(groups, adults)].sum() > 300 * len(adults)   # not empty block groups
+    assert 0.1 < len(adults) / len(groups) < 0.3                        # w.p. 0.2
+    zeros = {}
+    for name, b, xx in (("zeros", blocks, x), ("hierarchical", h_blocks, h_x)):
+        c = _coarse(xx)
+        zeros[name] = (np.mean(_sums(b, c.reshape(-1, 28), len(free[0]))[1] == 0),
+                       np.mean(_sums(b, c.sum(axis=(1, 2)), 9)[1][:, 1:] == 0))
+    assert zeros["zeros"][0] > zeros["hierarchical"][0] + 0.25 and zeros["hierarchical"][0] < 0.4
+    assert zeros["zeros"][1] > zeros["hierarchical"][1] + 0.2 and zeros["hierarchical"][1] < 0.2
+
+
+def test_a_large_facility_is_added_to_the_smallest_county(tmp_path):
+    """The truth is the hierarchical truth of the same seed plus, in each state, one block's
+    1,500-3,000 residents of one group-quarters type, > 95% voting age, in the state's
+    smallest county, with a race x Hispanic mix far from the county's households' (total
+    variation distance > 0.25) and a sizeable part of that county."""
+    manifest, blocks, x = _scenario(tmp_path / "f", "large-facility", n_counties=3)
+    _, h_blocks, h_x = _scenario(tmp_path / "h", "hierarchical", n_counties=3)
+    facilities = manifest["scenario"]["large_facilities"]
+    assert [f["block"][:3] for f in facilities] == ["019", "020"]
+    union = np.union1d(blocks, h_blocks)
+    diff = np.zeros((len(union), 2016), dtype=np.int64)
+    diff[np.searchsorted(union, blocks)] += x
+    diff[np.searchsorted(union, h_blocks)] -= h_x
+    assert sorted(union[diff.any(axis=1)]) == sorted(f["block"] for f in facilities)
+    assert np.all(diff >= 0)
+    counties, households = _sums(h_blocks, h_x.reshape(-1, 8, 252)[:, 0], 9)
+    for f in facilities:
+        added = diff[list(union).index(f["block"])].reshape(SHAPE)
+        level = layout.LEVEL_LABELS["hhgq"].index(f["hhgq"])
+        assert level in (1, 5) and added.sum() == added[level].sum() == f["residents"]
+        assert 1500 <= f["residents"] <= 3000
+        assert added[:, 1].sum() == f["voting_age"] and f["voting_age"] / f["residents"] > 0.95
+        county = f["block"][:9]
+        assert manifest["scenario"]["county_kinds"][county] == "large-facility"
+        state = [c for c in counties if c[:3] == county[:3]]
+        own = households[list(counties).index(county)]
+        assert own.sum() == min(households[list(counties).index(c)].sum() for c in state)
+        mix = lambda h: (h.reshape(2, 2, 63) @ MAJOR.matrix.T).sum(axis=0).ravel() / h.sum()  # noqa: E731
+        assert 0.5 * np.abs(mix(added[level]) - mix(own)).sum() > 0.25
+        assert f["residents"] > 0.02 * own.sum()
+
+
+def test_the_urban_county_has_many_small_diverse_blocks(tmp_path):
+    """County 001 of each state: 2 x 14 tracts, 4-6 block groups a tract, at most 20 blocks
+    a block group, populated blocks of ~60 persons (the rural ones ~760) and a Gini-Simpson
+    diversity 1 - sum_g p_g^2 over (Hispanic, race group) far above the rural counties'."""
+    manifest, blocks, x = _scenario(tmp_path, "urban", n_counties=3)
+    kinds = manifest["scenario"]["county_kinds"]
+    assert [c for c, k in kinds.items() if k == "urban"] == ["019100011", "020100011"]
+    size = x.sum(axis=1)
+    counties, mix = _sums(blocks, _coarse(x).sum(axis=1).reshape(-1, 14), 9)
+    diversity = 1 - ((mix / mix.sum(axis=1, keepdims=True)) ** 2).sum(axis=1)
+    for county, d in zip(counties, diversity):
+        mine = np.array([b.startswith(county) for b in blocks])
+        if kinds[county] == "urban":
+            codes = pd.Series(blocks[mine])  # 28 tracts: 2-digit tract numbers, 1-digit block groups
+            per_tract = codes.str[:12].groupby(codes.str[:11]).nunique()
+            assert len(per_tract) == 28 and per_tract.between(4, 6).all()
+            assert codes.str[:12].value_counts().max() <= 20
+            assert mine.sum() > 28 * 4 * 10 * 0.5
+            assert 45 < size[mine].mean() < 75 and d > 0.65, (size[mine].mean(), d)
+        else:
+            assert size[mine].mean() > 400 and d < 0.5, (size[mine].mean(), d)
+
+
+def test_mixed_has_one_county_of_each_kind(tmp_path):
+    manifest, blocks, x = _scenario(tmp_path, "mixed", n_counties=5)
+    details = manifest["scenario"]
+    for state in ("019", "020"):
+        kinds = {c[3:]: k for c, k in details["county_kinds"].items() if c.startswith(state)}
+        assert [kinds[f"10{c}1"] for c in ("001", "003", "005")] == ["urban", "segregated", "structural-zeros"]
+        assert sorted(kinds.values()).count("large-facility") == 1
+        assert sorted(kinds.values()).count("hierarchical") == 1
+        segregated = state + "10003"
+        assert all(any(t.startswith(segregated) for t in details["enclaves"][g]) for g in ("black", "asian", "hispanic"))
+    assert all(t[3:8] == "10003" for g in details["enclaves"].values() for t in g)
+    assert all(c[3:8] == "10005" for c in details["absent_race_groups"])
+    assert all(b[3:8] == "10005" for b in details["adults_only_block_groups"] + details["hispanic_free_tracts"])
+    assert {details["county_kinds"][f["block"][:9]] for f in details["large_facilities"]} == {"large-facility"}
+    urban = np.array([b[3:8] == "10001" for b in blocks])
+    assert urban.sum() > 0.5 * (~urban).sum()                 # one county, most of the blocks
+    with pytest.raises(ValueError, match=r"truth='mixed' needs n_counties >= 4 in every state"):
+        dp.write_synthetic_nmf(tmp_path / "three", **{**IOWA_SHAPE, "n_counties": (3, 5), "truth": "mixed"})
+
+
+#: Small instances written at every level (the Block level's noise is most of the cost: an
+#: urban county's ~150 blocks take one state).
+FILE_SHAPE = dict(state_fips=("19", "20"), n_counties=4, tracts_per_county=1, block_groups_per_tract=(1, 2),
+                  blocks_per_block_group=(1, 3), aian_tracts=1, mean_block_population=300.0, seed=5)
+
+
+@pytest.mark.parametrize("truth", persons.TRUTHS[1:])
+def test_every_scenario_is_read_back_and_meets_its_constraints(tmp_path, truth):
+    """Whatever the truth, the files read back, the release of 28 coarse cells on the block
+    groups is built, and every constraint holds for the truth."""
+    states = ["19"] if truth in ("urban", "mixed") else ["19", "20"]
+    manifest = dp.write_synthetic_nmf(tmp_path, **{**FILE_SHAPE, "state_fips": states}, truth=truth)
+    assert manifest["parameters"]["truth"] == truth
+    nmf = dp.read_nmf(tmp_path, states)
+    geo = nmf.geography
+    assert {lv: len(g.geocodes) for lv, g in geo.items()} == manifest["geounits"]
+    assert set(manifest["scenario"]["county_kinds"]) == set(geo["County"].geocodes)
+    truth_long = pd.read_parquet(tmp_path / "truth.parquet")
+    blocks, x = _block_histograms(truth_long)
+    _assert_constraints_hold(nmf, blocks, x)
+    table = census_table(nmf, "Block_Group", "pl94-28")
+    counts = table.aggregate(truth_long["geocode"], truth_long["cell"], truth_long["count"])
+    assert counts.shape == (manifest["geounits"]["Block_Group"], 28) and counts.sum() == manifest["population"]
+    if truth in ("urban", "mixed"):            # 2 x 1 tracts, 4-6 block groups, 10-20 blocks each
+        n_blocks = sum(b.startswith("019100011") for b in geo["Block"].geocodes)
+        assert 2 * 4 * 10 <= n_blocks <= 2 * 6 * 20
+    con = nmf.constraints("Block")
+    for facility in manifest["scenario"]["large_facilities"]:       # counted among the facilities
+        row = ((np.asarray(con.geocodes) == facility["block"]) & (con.cell == layout.LEVEL_LABELS["hhgq"].index(
+            facility["hhgq"])) & (con.query_index == con.query_axes.index(PL94_QUERIES["hhgq"])))
+        assert row.sum() == 1 and con.lower[row] >= 1 and con.upper[row] >= facility["residents"]
+    assert len(manifest["scenario"]["large_facilities"]) == (len(states) if truth in ("large-facility", "mixed") else 0)

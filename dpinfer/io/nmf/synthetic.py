@@ -9,49 +9,28 @@ one state US = that state.
 
     python -m dpinfer.io.nmf.synthetic --out models/synthetic_state_nmf --preset small
 
-Geography (fact sheet §6)
--------------------------
-Each state has ``n_counties`` counties (FIPS 001, 003, ...), each with ``tracts_per_county``
-tracts, each with ``block_groups_per_tract`` block groups, each with ``blocks_per_block_group``
-blocks; a size is an int or an inclusive range (low, high) drawn uniformly per parent. With
-``aian_tracts`` > 0 the state also has an AIAN part (State geocode "1" + FIPS, partition
-State=100+FIPS): one AIAN-area spine county (synthetic AIANNHCE 9001, tabulated in county 001)
-with that many tracts (tabulation tracts 940100, 940200, ...). Geocodes:
+Geography and truth (fact sheet §6)
+-----------------------------------
+The made-up states' geography and their true person histograms are drawn by
+:mod:`dpinfer.io.nmf.persons` (its docstring gives the geocodes and the generative laws):
+``truth="hierarchical"`` (the default) is a hierarchical model of persons (county and tract
+race Dirichlets, lognormal block sizes, a few group-quarters facilities); the other
+scenarios change one feature of it that ``dpinfer nmf``'s model's prior does not generate,
+so that the coverage of its intervals is not judged on a truth drawn from (something like)
+the model itself:
 
-* US ``""``; State ``"0" + FIPS`` (``"1" + FIPS`` for the AIAN part);
-* County: the 8-character root AIAN flag + FIPS + ``"1" + "0" + county`` (``"0" + AIANNHCE``
-  in the AIAN part) + ``"1"``, 9 characters like the fixture county ``"050100011"`` of the
-  fact sheet;
-* Tract, Block_Group: parent + the child's number (from 1), zero-padded to the number of
-  digits of the largest fanout in the nation (widths are uniform across the nation);
-* Block: block-group geocode + geocode16 = FIPS(2) county(3) tract(6) block-group digit(1)
-  block(4), the block's 4 digits starting with the block-group digit.
+* ``"segregated"``: black alone, asian alone and Hispanic persons at 40-90% in a few tracts
+  of a few counties, near 0 in the counties' other tracts;
+* ``"structural-zeros"``: race groups absent from whole counties, tracts without Hispanic
+  persons, adults-only block groups: exact zeros in many (area, cell) pairs;
+* ``"large-facility"``: a prison or college dormitory of 1,500-3,000 persons in one block of
+  each state's smallest county, almost all voting age, its mix unlike the county's;
+* ``"urban"``: county 001 urban, with many tracts, 4-6 block groups per tract, 10-20 blocks of
+  ~60 persons per block group and a diverse population, beside rural counties;
+* ``"mixed"``: one county of each kind (urban, segregated, structural-zeros, large
+  facility) in each state, the others hierarchical.
 
-So every geocode starts with its parent's, and the last 16 characters of a block geocode are
-its tabulation geocode16 (spine tract and block-group numbers are not tabulation codes, as in
-production).
-
-Truth: a hierarchical model of persons
---------------------------------------
-Race distributions over the 63 cenrace levels have base vectors (mostly white alone, then
-black, asian, sor, a few 2-race codes, a thin floor of 1e-5 on every level; Hispanic persons
-mostly white, sor or white-sor; the AIAN part mostly aian and white-aian). Per county
-c: Hispanic share h_c ~ Beta(2, 25) (mean 7%; Beta(1, 30) in the AIAN part) and race
-vectors r_c ~ Dirichlet(300 base); per tract r_t ~ Dirichlet(1000 r_c). Per block b:
-
-* empty with probability 0.25, else household population n_b = max(1, round(L)),
-  L ~ LogNormal(log(mean_block_population) - 0.9^2/2, 0.9) (mean ``mean_block_population``);
-* voting-age share v_b ~ Beta(46.2, 13.8) (mean 77%);
-* each household person independently: 18+ with prob v_b, Hispanic with prob h_c, race from
-  r_t (Hispanic or not), with the 2+-race levels' weight doubled for minors: the household
-  cells are Multinomial(n_b, p) over (votingage, hispanic, cenrace);
-* with probability 0.02 one group-quarters facility, of type 1..7 with probabilities
-  (0.15, 0.03, 0.35, 0.05, 0.2, 0.02, 0.2), 1 + Poisson(f_k mean_block_population) residents,
-  f = (1.0, 0.3, 1.1, 0.4, 3.0, 1.5, 0.4), 18+ with probability
-  (0.99, 0.1, 1, 0.8, 0.99, 0.98, 0.85) by type (none under 18 in nursing facilities, so
-  ``nurse_nva_0`` holds), Hispanic and race as the block's households;
-* housing units H_b = ceil(n_b / 2.4) + Poisson(0.1 ceil(n_b / 2.4)) if n_b > 0, else
-  Poisson(0.3) (vacant units).
+Whatever the scenario, the files are written from the truth by the one code path below.
 
 Measurements and constraints
 ----------------------------
@@ -83,8 +62,20 @@ column (as some published partitions). ``<root>/truth.parquet``: block geocode, 
 (0..2015, C order of the 2016 histogram cells), count (nonzero counts only).
 ``<root>/manifest.json`` and ``<root>/README.md``: the parameters and geounit counts.
 
-Randomness: ``numpy.random.SeedSequence(seed)`` spawns one stream for the truth and one per
-level for the noise, so the truth does not depend on ``levels``.
+Cost
+----
+The exact noise of a (level, query) is drawn at once, in Python integers, so the writer's
+peak memory grows with the geounits of the largest level written: about 1 MB per block for
+the Block level's 2,016-cell ``detailed`` query. Measured on a 2-core VM (peak resident
+memory of the writing process): the "iowa" preset's shape with 10 counties, 1.05 GB and 7 s
+with the hierarchical truth (649 blocks), 3.35 GB and 26 s with ``truth="urban"`` or
+``"mixed"`` (2,765 blocks: the urban county's), 0.79 GB for ``"mixed"`` without the Block
+level; with Iowa's 99 counties (~5,400 blocks) 6.18 GB. A fit at block-group leaves does not
+use the Block level: ``levels=LEVELS[:-1]`` skips it.
+
+Randomness: ``numpy.random.SeedSequence(seed)`` spawns one stream for the truth, one per level
+for the noise and one for the scenario's own draws, so the truth does not depend on ``levels``
+and the default scenario writes the files it wrote before there were others.
 """
 
 from __future__ import annotations
@@ -94,17 +85,14 @@ import json
 import math
 import numbers
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dpinfer.io.nmf.layout import (
     AXES,
-    CENRACE_LABELS,
     CONSTRAINT_DIR,
     CONSTRAINT_SUFFIX,
     DPQUERY_DIR,
@@ -120,6 +108,7 @@ from dpinfer.io.nmf.layout import (
     PrivacyBudget,
     query_matrix,
 )
+from dpinfer.io.nmf.persons import MIXED_KINDS, TRUTHS, draw_geography, draw_truth
 from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
 
 __all__ = ["PRESETS", "write_synthetic_nmf"]
@@ -136,41 +125,7 @@ PRESETS = {
                  seed=2020),
 }
 
-# --- the truth model's constants (module docstring) -------------------------------------------
-P_EMPTY = 0.25
-LOG_SD = 0.9
-VOTING_AGE = (46.2, 13.8)
-HISPANIC_SHARE = {False: (2.0, 25.0), True: (1.0, 30.0)}  # Beta, by "in the AIAN part"
-COUNTY_CONCENTRATION, TRACT_CONCENTRATION = 300.0, 1000.0
-P_FACILITY = 0.02
-FACILITY_TYPES = np.array([0.15, 0.03, 0.35, 0.05, 0.2, 0.02, 0.2])
-FACILITY_SIZE = np.array([1.0, 0.3, 1.1, 0.4, 3.0, 1.5, 0.4])
-FACILITY_VOTING_AGE = np.array([0.99, 0.1, 1.0, 0.8, 0.99, 0.98, 0.85])
-PERSONS_PER_UNIT, VACANT_RATE, VACANT_EMPTY = 2.4, 0.1, 0.3
 UB_MULTIPLE = 99999
-AIANNHCE = "9001"
-_FLOOR = 1e-5
-
-
-def _race_base(weights: dict) -> np.ndarray:
-    base = np.full(len(CENRACE_LABELS), _FLOOR)
-    for label, w in weights.items():
-        base[CENRACE_LABELS.index(label)] = w
-    return base / base.sum()
-
-
-RACE_BASE = {
-    "non-hispanic": _race_base({"white": 0.88, "black": 0.04, "aian": 0.004, "asian": 0.025,
-                                "nhopi": 0.001, "sor": 0.003, "white-black": 0.012,
-                                "white-aian": 0.008, "white-asian": 0.006, "white-sor": 0.01,
-                                "black-sor": 0.001, "white-black-aian": 0.001}),
-    "hispanic": _race_base({"white": 0.25, "sor": 0.35, "white-sor": 0.25, "black": 0.02,
-                            "aian": 0.02, "white-aian": 0.01, "black-sor": 0.005,
-                            "aian-sor": 0.005, "white-black": 0.005}),
-    "aian": _race_base({"aian": 0.7, "white": 0.18, "white-aian": 0.08, "black-aian": 0.01,
-                        "aian-sor": 0.005, "black": 0.005}),
-}
-_MULTI = np.array([label.count("-") > 0 for label in CENRACE_LABELS])
 
 
 # --- arguments ---------------------------------------------------------------------------------
@@ -210,9 +165,12 @@ def _levels(levels) -> list[str]:
 
 
 def _parameters(state_fips, n_counties, tracts_per_county, block_groups_per_tract,
-                blocks_per_block_group, aian_tracts, mean_block_population, seed, levels) -> dict:
+                blocks_per_block_group, aian_tracts, mean_block_population, seed, levels,
+                truth="hierarchical") -> dict:
     """The checked arguments of :func:`write_synthetic_nmf`, as JSON values (ranges as
     [low, high])."""
+    if not isinstance(truth, str) or truth not in TRUTHS:
+        raise ValueError(f"truth must be one of {TRUTHS}, got {truth!r}")
     if isinstance(aian_tracts, bool) or not isinstance(aian_tracts, numbers.Integral) \
             or not 0 <= aian_tracts <= 99:
         raise ValueError(f"aian_tracts must be an int in 0..99, got {aian_tracts!r}")
@@ -221,118 +179,18 @@ def _parameters(state_fips, n_counties, tracts_per_county, block_groups_per_trac
         raise ValueError(f"mean_block_population must be a finite number > 0, got {mean_block_population!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    counties = _size_range("n_counties", n_counties, 500)
+    if truth == "mixed" and counties[0] <= len(MIXED_KINDS):
+        raise ValueError(f"truth='mixed' needs n_counties >= {len(MIXED_KINDS) + 1} in every state "
+                         f"(one county of each kind: {', '.join(MIXED_KINDS)}, large-facility), "
+                         f"got {n_counties!r}")
     return {"state_fips": _states(state_fips),
-            "n_counties": _size_range("n_counties", n_counties, 500),
+            "n_counties": counties,
             "tracts_per_county": _size_range("tracts_per_county", tracts_per_county, 99),
             "block_groups_per_tract": _size_range("block_groups_per_tract", block_groups_per_tract, 9),
             "blocks_per_block_group": _size_range("blocks_per_block_group", blocks_per_block_group, 1000),
             "aian_tracts": int(aian_tracts), "mean_block_population": float(mean_block_population),
-            "seed": int(seed), "levels": _levels(levels)}
-
-
-# --- geography -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Tract:
-    state: str          # FIPS
-    aian: bool
-    county: str         # tabulation county (3 digits)
-    county_key: tuple   # (state, aian, spine county root)
-    code: str           # tabulation tract (6 digits)
-    block_groups: tuple  # blocks per block group
-
-
-def _draw(rng, bounds) -> int:
-    return int(rng.integers(bounds[0], bounds[1] + 1))
-
-
-def _geography(parameters: dict, rng) -> pd.DataFrame:
-    """One row per block: the geocode of every level, its county key and tract key."""
-
-    def tract(state, aian, county, root, code):
-        block_groups = tuple(_draw(rng, parameters["blocks_per_block_group"])
-                             for _ in range(_draw(rng, parameters["block_groups_per_tract"])))
-        return _Tract(state, aian, county, (state, aian, root), code, block_groups)
-
-    tracts = []
-    for state in parameters["state_fips"]:
-        for c in range(_draw(rng, parameters["n_counties"])):
-            county = f"{2 * c + 1:03d}"
-            tracts += [tract(state, False, county, "10" + county, f"{(t + 1) * 100:06d}")
-                       for t in range(_draw(rng, parameters["tracts_per_county"]))]
-        tracts += [tract(state, True, "001", "0" + AIANNHCE, f"{9401 + t:04d}00")
-                   for t in range(parameters["aian_tracts"])]
-    per_county = pd.Series([t.county_key for t in tracts]).value_counts()
-    tract_width = len(str(int(per_county.max())))
-    bg_width = len(str(max(len(t.block_groups) for t in tracts)))
-    rows, numbered = [], {}
-    for t in tracts:
-        key = t.county_key
-        numbered[key] = numbered.get(key, 0) + 1
-        state_geo = ("1" if t.aian else "0") + t.state
-        county_geo = state_geo + key[2] + "1"
-        tract_geo = county_geo + f"{numbered[key]:0{tract_width}d}"
-        for g, n_blocks in enumerate(t.block_groups, start=1):
-            bg_geo = tract_geo + f"{g:0{bg_width}d}"
-            for k in range(n_blocks):
-                geocode16 = t.state + t.county + t.code + str(g) + f"{g}{k:03d}"
-                rows.append((state_geo, county_geo, tract_geo, bg_geo, bg_geo + geocode16,
-                             t.aian, key, (key, t.code)))
-    frame = pd.DataFrame(rows, columns=["State", "County", "Tract", "Block_Group", "Block", "aian",
-                                        "county_key", "tract_key"])
-    frame.insert(0, "US", "")
-    return frame
-
-
-# --- truth ---------------------------------------------------------------------------------
-
-def _truth(geo: pd.DataFrame, mean_population: float, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(histograms (blocks, 2016) int64, facilities (blocks, 8) int64 with column 0 unused,
-    housing units (blocks,)) from the model of the module docstring."""
-    counties = {key: (rng.beta(*HISPANIC_SHARE[key[1]]),
-                      {h: rng.dirichlet(COUNTY_CONCENTRATION * RACE_BASE[_race_group(key[1], h)])
-                       for h in (False, True)})
-                for key in dict.fromkeys(geo["county_key"])}
-    tracts = {key: {h: rng.dirichlet(TRACT_CONCENTRATION * counties[key[0]][1][h])
-                    for h in (False, True)}
-              for key in dict.fromkeys(geo["tract_key"])}
-    n = len(geo)
-    hist = np.zeros((n, SHAPE[0], SHAPE[1] * SHAPE[2] * SHAPE[3]), dtype=np.int64)
-    facilities = np.zeros((n, SHAPE[0]), dtype=np.int64)
-    units = np.zeros(n, dtype=np.int64)
-    mu = math.log(mean_population) - LOG_SD**2 / 2
-    for b, (county_key, tract_key) in enumerate(zip(geo["county_key"], geo["tract_key"])):
-        hispanic_share, races = counties[county_key][0], tracts[tract_key]
-        voting = rng.beta(*VOTING_AGE)
-        population = 0 if rng.random() < P_EMPTY else max(1, round(rng.lognormal(mu, LOG_SD)))
-        if population:
-            hist[b, 0] = rng.multinomial(population, _cell_probabilities(voting, hispanic_share, races))
-            base_units = math.ceil(population / PERSONS_PER_UNIT)
-            units[b] = base_units + rng.poisson(VACANT_RATE * base_units)
-        else:
-            units[b] = rng.poisson(VACANT_EMPTY)
-        if rng.random() < P_FACILITY:
-            k = int(rng.choice(len(FACILITY_TYPES), p=FACILITY_TYPES))
-            residents = 1 + rng.poisson(FACILITY_SIZE[k] * mean_population)
-            probs = _cell_probabilities(FACILITY_VOTING_AGE[k], hispanic_share, races)
-            hist[b, k + 1] += rng.multinomial(residents, probs)
-            facilities[b, k + 1] += 1
-    return hist.reshape(n, N_CELLS), facilities, units
-
-
-def _race_group(aian: bool, hispanic: bool) -> str:
-    return "hispanic" if hispanic else ("aian" if aian else "non-hispanic")
-
-
-def _cell_probabilities(voting: float, hispanic_share: float, races: dict) -> np.ndarray:
-    """P(votingage, hispanic, cenrace), C order: minors' 2+-race levels weighted x2."""
-    p = np.empty((2, 2, len(CENRACE_LABELS)))
-    for va, p_va in ((0, 1 - voting), (1, voting)):
-        for h, p_h in ((0, 1 - hispanic_share), (1, hispanic_share)):
-            r = races[bool(h)] * np.where(_MULTI & (va == 0), 2.0, 1.0)
-            p[va, h] = p_va * p_h * r / r.sum()
-    p = p.ravel()
-    return p / p.sum()
+            "seed": int(seed), "truth": truth, "levels": _levels(levels)}
 
 
 # --- writing -------------------------------------------------------------------------------
@@ -409,6 +267,7 @@ def write_synthetic_nmf(
     aian_tracts: int = 1,
     mean_block_population: float = 40.0,
     seed: int = 2020,
+    truth: str = "hierarchical",
     budget: PrivacyBudget = PRODUCTION_BUDGET,
     levels=LEVELS,
 ) -> dict:
@@ -426,8 +285,12 @@ def write_synthetic_nmf(
     aian_tracts : int
         Tracts in each state's AIAN part (0: no AIAN part).
     mean_block_population : float
-        Mean household population of a populated block.
+        Mean household population of a populated block (outside the urban county).
     seed : int
+    truth : str
+        The truth scenario, one of :data:`~dpinfer.io.nmf.persons.TRUTHS`: "hierarchical"
+        (the default), "segregated", "structural-zeros", "large-facility", "urban" or "mixed"
+        (needs ``n_counties`` >= 4); their laws are in :mod:`dpinfer.io.nmf.persons`.
     budget : PrivacyBudget
         The production budget by default; it must cover every level written.
     levels : sequence of str
@@ -437,10 +300,13 @@ def write_synthetic_nmf(
     -------
     dict
         The manifest written to ``root/manifest.json``: parameters, geounits per level,
-        population.
+        population, and the scenario's choices by geocode (``"scenario"``: each county's kind,
+        enclave tracts, absent race groups, tracts without Hispanic persons, adults-only block
+        groups, large facilities).
     """
     parameters = _parameters(state_fips, n_counties, tracts_per_county, block_groups_per_tract,
-                             blocks_per_block_group, aian_tracts, mean_block_population, seed, levels)
+                             blocks_per_block_group, aian_tracts, mean_block_population, seed, levels,
+                             truth)
     if not isinstance(budget, PrivacyBudget):
         raise TypeError(f"budget must be a PrivacyBudget, got {type(budget).__name__}")
     levels = parameters["levels"]
@@ -454,10 +320,12 @@ def write_synthetic_nmf(
             raise FileExistsError(f"{existing} exists: write_synthetic_nmf writes a fresh instance "
                                   "(remove it first)")
 
-    streams = np.random.SeedSequence(parameters["seed"]).spawn(1 + len(LEVELS))
+    # children 0..len(LEVELS) are the truth's and the levels' whatever the number spawned
+    streams = np.random.SeedSequence(parameters["seed"]).spawn(2 + len(LEVELS))
     truth_rng = np.random.default_rng(streams[0])
-    geo = _geography(parameters, truth_rng)
-    hist, facilities, units = _truth(geo, parameters["mean_block_population"], truth_rng)
+    geo = draw_geography(parameters, truth_rng)
+    drawn = draw_truth(geo, parameters, truth_rng, np.random.default_rng(streams[-1]))
+    hist, facilities, units = drawn.histograms, drawn.facilities, drawn.units
 
     counts = {}
     for level in levels:
@@ -502,6 +370,7 @@ def write_synthetic_nmf(
         "population": int(hist.sum()),
         "group_quarters_population": int(hist.reshape(-1, SHAPE[0], N_CELLS // SHAPE[0])[:, 1:].sum()),
         "empty_blocks": int((hist.sum(axis=1) == 0).sum()),
+        "scenario": drawn.details,
     }
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     (root / "README.md").write_text(_readme(manifest))
@@ -509,9 +378,10 @@ def write_synthetic_nmf(
 
 
 def _preset_of(parameters: dict) -> str | None:
-    """The name of the preset with these (normalised) parameters and every level, if any."""
+    """The name of the preset with these (normalised) parameters and every level, the truth
+    aside, if any."""
     for name, preset in PRESETS.items():
-        if _parameters(**preset, levels=LEVELS) == parameters:
+        if {**_parameters(**preset, levels=LEVELS), "truth": parameters["truth"]} == parameters:
             return name
     return None
 
@@ -519,14 +389,16 @@ def _preset_of(parameters: dict) -> str | None:
 def _readme(manifest: dict) -> str:
     p = manifest["parameters"]
     preset = _preset_of(p)
-    command = (f"python -m dpinfer.io.nmf.synthetic --out <this directory> --preset {preset}"
+    truth = "" if p["truth"] == "hierarchical" else f" --truth {p['truth']}"
+    command = (f"python -m dpinfer.io.nmf.synthetic --out <this directory> --preset {preset}{truth}"
                if preset else f"dpinfer.io.nmf.synthetic.write_synthetic_nmf(root, **{p!r})")
     geounits = ", ".join(f"{lv} {n}" for lv, n in manifest["written_geounits"].items())
     return f"""# Synthetic 2020 Census PL94 person noisy measurement file
 
 Made-up data in the layout of the published noisy measurement files (NMF), with its truth.
-Not Census data. The generator, the model of the truth and the file layout are described in
-`dpinfer/io/nmf/synthetic.py`; read the files with `dpinfer.read_nmf(<this directory>, "{p['state_fips'][0]}")`.
+Not Census data. The generator and the file layout are described in
+`dpinfer/io/nmf/synthetic.py`, the geography and the truth in `dpinfer/io/nmf/persons.py`;
+read the files with `dpinfer.read_nmf(<this directory>, "{p['state_fips'][0]}")`.
 
 - `{manifest['product']}/<Level>.parquet/DPQuery/State=<int>/part-0.parquet`: noisy
   measurements, discrete Gaussian noise with the production budget's variances.
@@ -534,6 +406,7 @@ Not Census data. The generator, the model of the truth and the file layout are d
 - `truth.parquet`: the true block histograms (block geocode, cell 0..2015, count; nonzero only).
 - `manifest.json`: the parameters below and the geounit counts.
 
+Truth scenario "{p['truth']}" (its choices by geocode are in `manifest.json`, "scenario").
 States {", ".join(p['state_fips'])}; geounits: {geounits}; population {manifest['population']}
 (in group quarters {manifest['group_quarters_population']}); empty blocks {manifest['empty_blocks']}.
 
@@ -550,9 +423,11 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True, help="output directory (must not hold an instance)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
     parser.add_argument("--seed", type=int, help="override the preset's seed")
+    parser.add_argument("--truth", choices=TRUTHS, default=TRUTHS[0],
+                        help="the truth scenario (dpinfer/io/nmf/persons.py; default %(default)s)")
     parser.add_argument("--levels", help=f"comma-separated levels to write (default all: {','.join(LEVELS)})")
     args = parser.parse_args(argv)
-    kwargs = dict(PRESETS[args.preset])
+    kwargs = dict(PRESETS[args.preset], truth=args.truth)
     if args.seed is not None:
         kwargs["seed"] = args.seed
     if args.levels:
