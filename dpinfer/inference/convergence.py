@@ -138,6 +138,33 @@ def _lower(worst: tuple, values: np.ndarray, labels: list) -> tuple:
     return (float(values[i]), labels[i]) if values[i] < worst[0] else worst
 
 
+def draws_to_add(blocks, draws: int, seconds_per_draw: float, seconds_left: float) -> int:
+    """How many more draws every chain should make to meet the targets (0: met, or no time):
+    ``blocks`` yields (chains, draws, k) arrays of the quantities judged (in pieces, so that
+    a state's counts need not be copied whole). The bulk and tail ESS grow about linearly with
+    the draws, so short of ESS_MIN by a factor f the chains add (1.25 f - 1) x their draws
+    (at least a doubling when R-hat misses its target, at most a fourfold growth), as many as
+    0.9 x ``seconds_left`` allows at ``seconds_per_draw``; fewer than 5% of the draws (and
+    fewer than 10) are not worth a round."""
+    worst_rhat, worst_ess = 0.0, math.inf
+    for values in blocks:
+        rhat, bulk = diagnostics(values)
+        tail = tail_ess(values)
+        if np.any(np.isfinite(rhat)):
+            worst_rhat = max(worst_rhat, float(np.nanmax(rhat)))
+        for ess in (bulk, tail):
+            if np.any(np.isfinite(ess)):
+                worst_ess = min(worst_ess, float(np.nanmin(ess)))
+    if worst_rhat <= RHAT_MAX and worst_ess >= ESS_MIN:
+        return 0
+    growth = 1.25 * ESS_MIN / max(worst_ess, 1.0) if worst_ess < ESS_MIN else 1.0
+    if worst_rhat > RHAT_MAX:
+        growth = max(growth, 2.0)
+    extra = math.ceil(draws * (min(growth, 4.0) - 1.0))
+    extra = min(extra, int(0.9 * seconds_left / max(seconds_per_draw, 1e-9)))
+    return extra if extra >= max(10, 0.05 * draws) else 0
+
+
 def report(convergence: Convergence, *, show: bool) -> None:
     """Print the line (to stderr, when ``show``) and warn when the fit falls short."""
     if show:

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +73,7 @@ def sample(
     resume=None,
     inference: str = "full-bayes",
     empirical_bayes: dict | None = None,
+    max_minutes: float | None = None,
     **sample_kwargs,
 ):
     """Sample the posterior of a model with privatised releases of latent counts, of
@@ -120,6 +123,12 @@ def sample(
         ``posterior.attrs["dpinfer_empirical_bayes"]``; the convergence verdict is the
         counts'. Each stored draw is ``counts_per_sweep`` (1) draws of the counts; ``tune``
         iterations of them are a burn-in.
+    max_minutes
+        Compiled engine: while the draws miss the convergence targets (R-hat <= 1.01, bulk and
+        tail ESS >= 400 over what the verdict judges), **sample on**: every chain continues
+        with more draws (about what the shortfall needs, at least twice as many while R-hat
+        misses), until the targets are met or this many minutes have passed since the call.
+        None (the default): ``draws`` draws only.
     empirical_bayes
         Settings of the estimate (``burn_in``, ``max_iterations``, ``tolerance``:
         :func:`dpinfer.inference.empirical_bayes.estimate`).
@@ -140,6 +149,12 @@ def sample(
     tol = check_probability(tol, "tol")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    deadline = None
+    if max_minutes is not None:
+        if isinstance(max_minutes, bool) or not isinstance(max_minutes, (int, float)) or not (
+                math.isfinite(max_minutes) and max_minutes >= 0):
+            raise ValueError(f"max_minutes must be a finite number of minutes >= 0, got {max_minutes!r}")
+        deadline = time.monotonic() + 60.0 * max_minutes
     if inference not in INFERENCES:
         raise ValueError(f"inference must be one of {INFERENCES}, got {inference!r}")
     if empirical_bayes is not None and (inference != "empirical-bayes" or not isinstance(empirical_bayes, dict)):
@@ -160,6 +175,9 @@ def sample(
     engine, fitted, compiled, reason = _engine(model, plan, method, sample_kwargs)  # 2. engine
     if inference == "empirical-bayes":
         _check_empirical_bayes(engine, plan, compiled, reason)
+    if deadline is not None and engine != "compiled":
+        raise ValueError(f"max_minutes (sampling on until converged) needs the compiled engine; this model is "
+                         f"fitted by the {engine} engine ({reason or 'method= chose it'})")
     options = dict(draws=draws, tune=tune, chains=chains, cores=cores, rng=rng, tol=tol,
                    progressbar=progressbar,
                    checkpoint=_fit_checkpoint(engine, checkpoint, checkpoint_every, resume, seed, sample_kwargs,
@@ -172,7 +190,8 @@ def sample(
     else:
         idata, report, widenings, fit = _sample_counts(model, fitted, plan, engine, compiled,
                                                         sample_kwargs, inference=inference,
-                                                        empirical_bayes=empirical_bayes or {}, **options)
+                                                        empirical_bayes=empirical_bayes or {},
+                                                        deadline=deadline, **options)
     summed = plan.summed if fitted is not model else []
     if log_likelihood:  # per-cell marginal log-likelihoods, on windows proven to within tol
         ll_model = fitted if summed else marginal_model(model, tol) if engine == "compiled" else fit.model
@@ -296,7 +315,8 @@ def check_sampler_options(options: dict) -> None:
 
 
 def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: dict, *, draws,
-                   tune, chains, cores, rng, tol, progressbar, checkpoint, inference, empirical_bayes):
+                   tune, chains, cores, rng, tol, progressbar, checkpoint, inference, empirical_bayes,
+                   deadline):
     """The fit on the compiled or PyMC engine, widening windows that miss ``tol`` (step 3):
     (DataTree, report, widenings made, the PyMC engine's kept fit or None). Resuming, the
     widenings the checkpointed fit had made are replayed without refitting. Empirical Bayes:
@@ -323,7 +343,8 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
         if engine == "compiled":
             idata, report, failed = compiled_engine.run(
                 fitted, compiled, plans, draws=draws, tune=tune, chains=chains, cores=cores,
-                rng=rng, tol=tol, progressbar=progressbar, checkpoint=checkpoint, held=held, **sample_kwargs)
+                rng=rng, tol=tol, progressbar=progressbar, checkpoint=checkpoint, held=held,
+                deadline=deadline, **sample_kwargs)
         else:
             idata, report, failed, fit = pymc_engine.run(
                 model, plans, draws=draws, tune=tune, chains=chains, cores=cores,

@@ -506,14 +506,20 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
                seeds: list, starts: list, progressbar: bool = True,
                max_tree_depth: int = MAX_TREE_DEPTH, target_accept: float = 0.8,
                nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int = COUNTS_PER_SWEEP,
-               checkpoint=None) -> list[ChainResult]:
+               checkpoint=None, more=None) -> list[ChainResult]:
     """``chains`` chains, ``cores`` at a time in threads; ``starts`` gives (q0, counts0) per
     chain, ``seeds`` a ``numpy.random.Generator`` per chain for its random stream. Returns the
     chains' results in order. With ``checkpoint``
     (:class:`dpinfer.inference.checkpoint.Checkpoint`) each chain starts from its saved state
     where there is one and saves its state every ``checkpoint.every`` iterations; Ctrl-C
     stops every chain after its running call, saves them, and raises
-    :class:`~dpinfer.inference.checkpoint.Interrupted` saying how to resume."""
+    :class:`~dpinfer.inference.checkpoint.Interrupted` saying how to resume.
+
+    ``more(states, seconds)``: called when every chain has its draws, with the chains' states
+    and the seconds an iteration of the round took; it returns how many more draws every chain should make
+    (0: none). The chains then **sample on** from where they are (the kernel after tuning is
+    fixed, so the continued chains are the same Markov chains; a saved chain carries its draws
+    so far, so a resumed fit continues with them)."""
     n_stats = len(stat_columns(blocks)[0])
     states = []
     for c in range(chains):
@@ -522,6 +528,9 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
         states.append(saved if saved is not None else fresh_state(
             model, n_stats, draws=draws, rng=seeds[c], q0=q0, counts0=counts0,
             target_accept=target_accept))
+    draws = max([draws] + [s.draws_q.shape[0] for s in states])  # a resumed fit may have sampled on
+    for s in states:
+        _extend(s, draws - s.draws_q.shape[0])
     resumed_at = [s.done for s in states]
     total = chains * (tune + draws)
     progress = Progress(total, "dpinfer: sampling", progressbar, done=sum(resumed_at))
@@ -535,11 +544,23 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
                          stop=stop)
 
     with _ctrl_c_sets(stop, progressbar):
-        if cores <= 1 or chains == 1:
-            results = [one(c) for c in range(chains)]
-        else:
-            with ThreadPoolExecutor(max_workers=min(cores, chains)) as pool:
-                results = list(pool.map(one, range(chains)))
+        while True:
+            began, before = time.perf_counter(), max(s.done for s in states)
+            if cores <= 1 or chains == 1:
+                results = [one(c) for c in range(chains)]
+            else:
+                with ThreadPoolExecutor(max_workers=min(cores, chains)) as pool:
+                    results = list(pool.map(one, range(chains)))
+            iterations = max(s.done for s in states) - before
+            extra = 0 if more is None or any(r is None for r in results) else int(
+                more(states, (time.perf_counter() - began) / max(iterations, 1)))
+            if extra <= 0:
+                break
+            for s in states:
+                _extend(s, extra)
+            draws += extra
+            total += chains * extra
+            progress.total = total
     for result, done in zip(results, resumed_at):
         if result is not None:
             result.resumed_at = done
@@ -547,6 +568,15 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
         path = checkpoint.path if checkpoint is not None else None
         raise Interrupted(interrupted_message(path, sum(s.done for s in states), total))
     return results
+
+
+def _extend(state: ChainState, extra: int) -> None:
+    """Room for ``extra`` more stored draws in a chain's state."""
+    if extra > 0:
+        state.draws_q = np.concatenate([state.draws_q, np.empty((extra, state.draws_q.shape[1]))])
+        state.draws_counts = np.concatenate([state.draws_counts, np.empty((extra, state.draws_counts.shape[1]),
+                                                                          state.draws_counts.dtype)])
+        state.draws_stats = np.concatenate([state.draws_stats, np.zeros((extra, state.draws_stats.shape[1]))])
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ their constrained space, Deterministics, latent counts, with the model's dims an
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import math
 import sys
@@ -113,7 +114,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
         rng: np.random.Generator, tol: float, progressbar: bool, initvals=None,
         target_accept: float = 0.8, max_treedepth: int = MAX_TREE_DEPTH,
         nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int | None = None, checkpoint=None,
-        held=None):
+        held=None, deadline: float | None = None):
     """One fit with the plans' current windows: (DataTree, report, failed), ``failed`` mapping
     each latent whose window (without exact tails) missed ``tol`` to its largest bound.
     ``counts_per_sweep`` defaults to min(COUNTS_PER_SWEEP, nuts_per_sweep). ``checkpoint``: a
@@ -121,7 +122,9 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
     :class:`~dpinfer.inference.checkpoint.Checkpoint` (or None). ``held``: an
     :class:`~dpinfer.inference.empirical_bayes.Estimate` whose parameters are held while the
     counts are drawn given them (``counts_per_sweep`` draws per stored draw, default 1; the
-    chains start from its counts; no NUTS)."""
+    chains start from its counts; no NUTS). ``deadline`` (``time.monotonic()`` seconds): while
+    the draws miss the convergence targets and time is left, the chains sample on
+    (:func:`sample_on`)."""
     if held is not None:
         nuts_per_sweep, counts_per_sweep = 0, 1 if counts_per_sweep is None else counts_per_sweep
     counts_per_sweep = _counts_per_sweep(counts_per_sweep, nuts_per_sweep)
@@ -131,7 +134,8 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
         idata = _fit(model, compiled, blocks, starts, draws=draws, tune=tune, chains=chains,
                      cores=cores, rng=rng, progressbar=progressbar, max_tree_depth=max_treedepth,
                      target_accept=target_accept, initvals=initvals, nuts_per_sweep=nuts_per_sweep,
-                     counts_per_sweep=counts_per_sweep, checkpoint=checkpoint, held=held)
+                     counts_per_sweep=counts_per_sweep, checkpoint=checkpoint, held=held,
+                     more=None if deadline is None else sample_on(compiled, held is not None, deadline, progressbar))
     except SamplingError as err:
         raise RuntimeError(f"dpinfer.sample: {err}") from err
     report, failed = {}, {}
@@ -142,6 +146,30 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
         if bound is not None:
             failed[plan.latent_name] = bound
     return idata, report, failed
+
+
+def sample_on(compiled, held: bool, deadline: float, progressbar: bool):
+    """The ``more`` of :func:`~dpinfer.inference.engines.compiled.chains.run_chains`: how many
+    more draws the chains make to meet the convergence targets over the counts and (unless
+    ``held``) the parameters (:func:`dpinfer.inference.convergence.draws_to_add`), within the
+    time left before ``deadline``; says what it does."""
+    from dpinfer.inference.convergence import draws_to_add
+
+    def more(states, seconds_per_draw):
+        draws = states[0].draws_q.shape[0]
+        step = 2048
+        parameters = [np.stack([s.draws_q for s in states])] if compiled.n and not held else []
+        counts = (np.stack([s.draws_counts[:, i:i + step] for s in states]).astype(float)  # a block at a time
+                  for i in range(0, states[0].draws_counts.shape[1], step))
+        extra = draws_to_add(itertools.chain(parameters, counts), draws, seconds_per_draw,
+                             deadline - time.monotonic())
+        if progressbar:
+            left = (deadline - time.monotonic()) / 60
+            print(f"dpinfer: {f'sampling on: {extra} more draws per chain' if extra else 'no more draws'} "
+                  f"({max(left, 0):.1f} min left of max_minutes)", file=sys.stderr, flush=True)
+        return extra
+
+    return more
 
 
 def estimate_parameters(model, compiled, plans, *, chains: int, cores: int, rng: np.random.Generator,
@@ -277,7 +305,7 @@ def held_too_often(held) -> bool:
 def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int, chains: int,
          cores: int, rng: np.random.Generator, progressbar: bool, max_tree_depth: int,
          target_accept: float, initvals: dict | None, nuts_per_sweep: int,
-         counts_per_sweep: int, checkpoint=None, held=None):
+         counts_per_sweep: int, checkpoint=None, held=None, more=None):
     """Run the chains and return the DataTree. ``initial_counts`` maps each latent to a start
     on its fibre; the parameters start at PyMC's jittered initial point, or at ``initvals``
     where given (constrained values by variable name, as for ``pm.sample``). ``checkpoint``
@@ -295,7 +323,7 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
                          seeds=streams, starts=starts, progressbar=progressbar,
                          max_tree_depth=max_tree_depth, target_accept=target_accept,
                          nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep,
-                         checkpoint=checkpoint)
+                         checkpoint=checkpoint, more=more)
     seconds = time.perf_counter() - start
     if checkpoint is not None:
         seconds = max(seconds, max(r.seconds for r in results))  # a resumed fit: its chains' whole time

@@ -1,0 +1,218 @@
+"""Empirical Bayes against full Bayes on NMF tables where both run (issue 37, "Must show" 2).
+
+For synthetic states of Iowa-shaped counties (:data:`dpinfer.io.nmf.synthetic.PRESETS`
+``"iowa"`` with 3 and 10 counties, two truths each: seeds 2020 and 7), read down to block
+groups with 28 coarse cells (``census_table(..., "Block_Group", "pl94-28")``), the same model
+(:func:`dpinfer.io.nmf.model.census_model` with the leaf sizes at their published totals, the
+model ``dpinfer nmf`` runs) is fitted twice:
+
+* **full Bayes**: ``dp.sample`` with every concentration sampled (NUTS with the counts' exact
+  moves), run until it converges (R-hat <= 1.01, bulk and tail ESS >= 400 over every parameter
+  and count; a fit that has not is reported as such and not used as the reference);
+* **empirical Bayes**: ``dp.sample(inference="empirical-bayes")``, the concentrations at the
+  mode of their marginal posterior, then the counts given them.
+
+Targets: every (area, coarse cell) and every area's voting-age population, share Hispanic and
+share non-Hispanic white alone, at block group, tract and county level. Per target and
+quantile p in (0.05, 0.5, 0.95): the difference |q_EB - q_FB| against the bar 0.1 x the full-
+Bayes 90% interval's width (q_0.95 - q_0.05) plus Monte Carlo error. The Monte Carlo error of a
+quantile estimate: the p +- sqrt(p (1 - p) / ESS) quantiles of the draws (Vehtari et al. 2021,
+section 4.4: the quantile's standard error through the ESS of its indicator; here the smaller of
+the target's bulk and tail ESS), half their distance a standard error; the two methods' errors
+added in quadrature, and a difference is beyond Monte Carlo error when it exceeds the bar by
+more than 2 combined standard errors.
+
+Run:  .venv/bin/python validation/eb_vs_full_bayes.py [--counties 3 10] [--seeds 2020 7]
+      [--fits DIR]   (DIR keeps the fits as netCDF: a rerun reads them instead of refitting)
+Writes validation/results/eb_vs_full_bayes.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+RESULTS = Path(__file__).parent / "results" / "eb_vs_full_bayes.md"
+LEVELS = ("County", "Tract", "Block_Group")
+QUANTILES = (0.05, 0.5, 0.95)
+BAR = 0.1  # share of the full-Bayes 90% interval's width
+Z = 2.0  # Monte Carlo standard errors allowed beyond the bar
+
+
+def derived_targets(table):
+    """Every area's cells, voting-age population, share Hispanic and share non-Hispanic white
+    alone at LEVELS (NestedTargets, groups "<level> <kind>")."""
+    from dpinfer.utility.baselines.nested.targets import (
+        area_cell_targets,
+        area_sum_targets,
+        concat_targets,
+        ratio_targets,
+    )
+
+    cells = list(table.cells)
+    adult = [i for i, c in enumerate(cells) if c[0] == "18 and over"]
+    hispanic = [i for i, c in enumerate(cells) if c[1] == "Hispanic or Latino"]
+    white = [i for i, c in enumerate(cells) if c[1] == "Not Hispanic or Latino" and c[2] == "white alone"]
+    everyone = list(range(len(cells)))
+    out = []
+    for level in LEVELS:
+        rows = np.flatnonzero(table.areas.level.to_numpy() == level)
+        name = level.replace("_", " ").lower()
+        out += [area_cell_targets(table.release, rows, f"{name} cells"),
+                area_sum_targets(table.release, rows, adult, f"{name} voting-age population"),
+                ratio_targets(table.release, rows, hispanic, everyone, f"{name} share Hispanic"),
+                ratio_targets(table.release, rows, white, everyone, f"{name} share non-Hispanic white")]
+    return concat_targets(*out)
+
+
+def quantiles_with_error(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(quantiles (3, k), their Monte Carlo standard errors (3, k)) of target draws (chains,
+    draws, k) (module docstring)."""
+    from dpinfer.inference.convergence import diagnostics, tail_ess
+
+    chains, draws, k = values.shape
+    finite = np.where(np.isfinite(values), values, 0.0)
+    _, bulk = diagnostics(finite)
+    ess = np.maximum(np.fmin(bulk, tail_ess(finite)), 1.0)
+    ordered = np.sort(values.reshape(chains * draws, k), axis=0)  # NaN (a share of 0 / 0) last
+    valid = np.sum(np.isfinite(ordered), axis=0)
+    q = np.stack([_quantile(ordered, valid, np.full(k, p)) for p in QUANTILES])
+    se = np.stack([(_quantile(ordered, valid, np.minimum(p + np.sqrt(p * (1 - p) / ess), 1.0))
+                    - _quantile(ordered, valid, np.maximum(p - np.sqrt(p * (1 - p) / ess), 0.0))) / 2
+                   for p in QUANTILES])
+    return q, se
+
+
+def _quantile(ordered: np.ndarray, valid: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Column j's p[j]-quantile of its first valid[j] sorted values (NumPy's linear rule)."""
+    position = p * np.maximum(valid - 1, 0)
+    low = np.floor(position).astype(np.int64)
+    high = np.minimum(low + 1, np.maximum(valid - 1, 0))
+    columns = np.arange(ordered.shape[1])
+    a, b = ordered[low, columns], ordered[high, columns]
+    return np.where(valid > 0, a + (position - low) * (b - a), np.nan)
+
+
+def compare(table, full, empirical) -> pd.DataFrame:
+    """Per target: the full-Bayes and empirical-Bayes quantiles, the bar and the excess."""
+    targets = derived_targets(table)
+    rows = {}
+    for name, idata in (("fb", full), ("eb", empirical)):
+        draws = idata.posterior["counts"].values
+        chains, n = draws.shape[:2]
+        values = targets.values(draws.reshape(chains * n, *draws.shape[2:])).reshape(chains, n, -1)
+        rows[name] = quantiles_with_error(values)
+    (q_fb, se_fb), (q_eb, se_eb) = rows["fb"], rows["eb"]
+    width = q_fb[2] - q_fb[0]
+    diff = np.abs(q_eb - q_fb)
+    mc = np.sqrt(se_fb**2 + se_eb**2)
+    excess = diff - BAR * width - Z * mc  # > 0: beyond the bar and Monte Carlo error
+    frame = pd.DataFrame({"group": targets.group, "target": targets.label, "fb_width": width})
+    for j, p in enumerate(QUANTILES):
+        frame[f"fb_q{int(p * 100):02d}"] = q_fb[j]
+        frame[f"eb_q{int(p * 100):02d}"] = q_eb[j]
+        frame[f"diff_over_width_q{int(p * 100):02d}"] = np.where(width > 0, diff[j] / width, np.where(diff[j] > 0, np.inf, 0.0))
+    frame["worst_excess"] = excess.max(axis=0)
+    frame["meets_bar"] = frame["worst_excess"] <= 0
+    return frame
+
+
+def fit_pair(root: str, fits: Path | None, tag: str, draws: int, tune: int, seed: int):
+    """(table, full-Bayes fit, empirical-Bayes fit, seconds of each), the fits read from
+    ``fits`` where an earlier run kept them."""
+    import arviz as az
+
+    import dpinfer as dp
+    from dpinfer.io.nmf.model import census_model
+    from dpinfer.io.nmf.table import census_table
+
+    nmf = dp.read_nmf(root, 19, levels=("US", "State", *LEVELS))
+    table = census_table(nmf, "Block_Group", "pl94-28")
+    out = {}
+    for method, options in (("full-bayes", dict(draws=draws, tune=tune)),
+                            ("empirical-bayes", dict(draws=2000, tune=100))):
+        path = fits / f"{tag}-{method}.nc" if fits is not None else None
+        if path is not None and path.exists():
+            idata = az.from_netcdf(path)
+            out[method] = (idata, float(idata.posterior.attrs.get("validation_seconds", np.nan)))
+            continue
+        start = time.perf_counter()
+        idata = dp.sample(model=census_model(table, leaf_sizes="published"), chains=2, random_seed=seed,
+                          progressbar=True, inference=method, **options)
+        seconds = time.perf_counter() - start
+        idata.posterior.attrs["validation_seconds"] = seconds
+        if path is not None:
+            idata.to_netcdf(path)
+        out[method] = (idata, seconds)
+    return table, out
+
+
+def summary(frame: pd.DataFrame) -> pd.DataFrame:
+    groups = frame.groupby("group", sort=False)
+    return pd.DataFrame({
+        "targets": groups.size(),
+        "meet the bar": groups["meets_bar"].mean().round(3),
+        "median |q50 diff| / FB width": groups["diff_over_width_q50"].median().round(3),
+        "max |q diff| / FB width": groups[[c for c in frame if c.startswith("diff_over")]].max().max(axis=1).round(3),
+        "largest excess (persons or share)": groups["worst_excess"].max().round(4),
+    })
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--counties", type=int, nargs="+", default=[3, 10])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[2020, 7])
+    parser.add_argument("--draws", type=int, default=3000, help="full Bayes draws per chain (and tune 1000)")
+    parser.add_argument("--fits", type=Path, default=None)
+    args = parser.parse_args(argv)
+    import dpinfer as dp
+    from dpinfer.io.nmf.synthetic import PRESETS
+
+    if args.fits is not None:
+        args.fits.mkdir(parents=True, exist_ok=True)
+    sections = []
+    for counties in args.counties:
+        for seed in args.seeds:
+            tag = f"iowa{counties}-seed{seed}"
+            with tempfile.TemporaryDirectory() as root:
+                dp.write_synthetic_nmf(root, **(PRESETS["iowa"] | {"n_counties": counties, "seed": seed}),
+                                       levels=("US", "State", *LEVELS))
+                table, fits = fit_pair(root, args.fits, tag, args.draws, 1000, seed=11)
+            full, fb_seconds = fits["full-bayes"]
+            empirical, eb_seconds = fits["empirical-bayes"]
+            verdicts = {m: json.loads(f[0].posterior.attrs["dpinfer_convergence"]) for m, f in fits.items()}
+            frame = compare(table, full, empirical)
+            sections.append((tag, len(table.leaves), verdicts, fb_seconds, eb_seconds, summary(frame),
+                             json.loads(empirical.posterior.attrs["dpinfer_empirical_bayes"])))
+            print(tag, summary(frame).to_string(), flush=True)
+    RESULTS.write_text(report(sections))
+    print(f"wrote {RESULTS}")
+
+
+def report(sections) -> str:
+    lines = ["# Empirical Bayes against full Bayes on NMF tables (issue 37, Must show 2)", "",
+             "Written by `validation/eb_vs_full_bayes.py` (its docstring has the method). Bar: every "
+             f"quantile (5%, 50%, 95%) of every target within {BAR:g} x the full-Bayes 90% interval's width "
+             f"of full Bayes's, beyond {Z:g} combined Monte Carlo standard errors.", ""]
+    for tag, leaves, verdicts, fb_seconds, eb_seconds, table, estimate in sections:
+        fb, eb = verdicts["full-bayes"], verdicts["empirical-bayes"]
+        lines += [f"## {tag} ({leaves} block groups x 28 cells)", "",
+                  f"- full Bayes: {'converged' if fb['converged'] else 'NOT CONVERGED'}, max R-hat "
+                  f"{fb['max_rhat']:.4f}, min bulk ESS {fb['min_ess_bulk']:.0f}, min tail ESS "
+                  f"{fb.get('min_ess_tail', float('nan')):.0f}, {fb_seconds:.0f} s",
+                  f"- empirical Bayes: counts {'converged' if eb['converged'] else 'NOT CONVERGED'} (max R-hat "
+                  f"{eb['max_rhat']:.4f}, min bulk ESS {eb['min_ess_bulk']:.0f}, min tail ESS "
+                  f"{eb.get('min_ess_tail', float('nan')):.0f}), estimate "
+                  f"{'settled' if estimate['settled'] else 'NOT SETTLED'} in {estimate['iterations']} iterations, "
+                  f"{eb_seconds:.0f} s in all", "", table.to_markdown(), ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
