@@ -39,7 +39,15 @@ import pandas as pd
 import scipy.sparse
 from scipy.sparse.csgraph import connected_components
 
-from dpinfer.io.nmf.layout import AXES, LEVELS, axis_partition, known_specs, query_matrix
+from dpinfer.io.nmf.layout import (
+    AXES,
+    LEVELS,
+    PL94_CONSTRAINTS,
+    PL94_QUERIES,
+    axis_partition,
+    known_specs,
+    query_matrix,
+)
 from dpinfer.mechanisms.nested import NestedMeasurements
 
 #: Named coarsenings: axis specs in AXES order.
@@ -156,6 +164,10 @@ def census_table(nmf, leaf_level: str, cells="pl94-28") -> CensusTable:
         raise ValueError(f"leaf_level must be one of the levels read {nmf.levels}, got {leaf_level!r}")
     coarse = coarsening(cells)
     used_levels = [lv for lv in LEVELS if lv in nmf.levels and LEVELS.index(lv) <= LEVELS.index(leaf_level)]
+    nation = ""  # why the US rows are set aside, if they are
+    if used_levels[0] == "US" and len(used_levels) > 1 and nmf.other_states:
+        nation = f"the files hold states {list(nmf.other_states)} not read"
+        used_levels = used_levels[1:]
     # the tree: geounits top down, parents by the reader's prefix rule
     geocodes, level_of, parent = [], [], []
     index: dict = {}
@@ -180,6 +192,11 @@ def census_table(nmf, leaf_level: str, cells="pl94-28") -> CensusTable:
                                  area_names=[f"{lv} {g}" if g else lv for lv, g in zip(level_of, geocodes)])
     usage = []
     for (lv, query), rows in nmf.dpqueries.items():
+        unknown = "" if query in PL94_QUERIES else "not a PL94 query of the layout, used as its axis specs say: "
+        if lv == "US" and nation:
+            usage.append(_usage(lv, query, "measurement", f"not used: the nation's measurement; {nation}",
+                                0, rows.values.size))
+            continue
         if lv not in used_levels:
             usage.append(_usage(lv, query, "measurement", "not used: below the leaves", 0, 0))
             continue
@@ -196,16 +213,24 @@ def census_table(nmf, leaf_level: str, cells="pl94-28") -> CensusTable:
                f"summed ({summed.min()}-{summed.max()} published cells per term)" if groups else "")
         if unusable:
             how = (how + "; " if how else "") + f"{unusable} query cells not a query of the coarse cells: not used"
-        usage.append(_usage(lv, query, "measurement", how, len(groups) * len(areas), rows.values.size))
+        usage.append(_usage(lv, query, "measurement", unknown + how, len(groups) * len(areas), rows.values.size))
     for lv in nmf.levels:
         con = nmf.constraints(lv)
         if con.geocodes.size == 0:
+            continue
+        if lv == "US" and nation:
+            for qi, axes in enumerate(con.query_axes):
+                usage.append(_usage(lv, "+".join(axes), "constraint", f"not used: the nation's constraint; {nation}",
+                                    0, int(np.sum(con.query_index == qi))))
             continue
         if lv not in used_levels:
             usage.append(_usage(lv, "(constraints)", "constraint", "not used: below the leaves", 0, con.geocodes.size))
             continue
         for qi, axes in enumerate(con.query_axes):
             take = np.flatnonzero(con.query_index == qi)
+            names = sorted(name for (level, name), q in nmf.constraint_rows.items()
+                           if level == lv and q.axes == axes and name not in PL94_CONSTRAINTS)
+            unknown = f"{names} not PL94 constraints of the layout, used as their axis specs say: " if names else ""
             _, qmatrix = query_matrix(axes)
             groups, unusable = _groups(qmatrix, coarse.matrix)
             geos = np.unique(con.geocodes[take])
@@ -235,7 +260,7 @@ def census_table(nmf, leaf_level: str, cells="pl94-28") -> CensusTable:
             how = f"{len(groups)} groups of query cells as equalities and bounds" if groups else ""
             if unusable:
                 how = (how + "; " if how else "") + f"{unusable} query cells not a query of the coarse cells: not used"
-            usage.append(_usage(lv, "+".join(axes), "constraint", how, n_terms, take.size))
+            usage.append(_usage(lv, "+".join(axes), "constraint", unknown + how, n_terms, take.size))
     areas = pd.DataFrame({"geocode": geocodes, "level": level_of, "parent": parent})
     return CensusTable(release, leaf_level, pd.Index(leaf_geo, name="geocode"), coarse.cells, coarse, areas,
                        pd.DataFrame.from_records(usage))
