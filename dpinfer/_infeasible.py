@@ -10,11 +10,13 @@ happen to be violated at some trial point.
 
 Found in two steps (Chinneck, *Feasibility and Infeasibility in Optimization*, 2008, ch. 6):
 
-1. **Elastic programme.** min sum(s) over x in the boxes and slacks s >= 0, each row relaxed
-   by its own slack (A_i x - s_i <= upper_i, A_i x + s_i >= lower_i). Its optimum is > 0 and
-   a vertex dual y certifies it (Farkas); the rows with y_i != 0 already cannot all hold, since
-   y restricted to them is a feasible dual of their own elastic programme with the same
-   objective value > 0 (weak duality). The dual simplex gives a vertex, so this set is small.
+1. **A sparsest certificate.** By Farkas' lemma the rows cannot all hold within the boxes
+   iff multipliers y of the rows (>= 0 on a row's upper side, <= 0 on its lower side, free on
+   an equality) give g = A'y with min over the boxes of g'x > y'b, b each side's bound. The
+   rows with y_i != 0 then cannot all hold either (the same y certifies them), so the
+   certificate of least sum |y_i| with min g'x - y'b >= 1 is found (a linear programme; the
+   boxes' own multipliers cost nothing, so a structural zero is not used where x >= 0 already
+   serves, as a plain phase-1 dual would do in a degenerate vertex).
 2. **Deletion filter.** Each row of that set in turn is left out for good if the others still
    cannot all hold; what remains is irreducible. Each test is a programme over the columns its
    rows touch only (the other columns are free in their boxes). The filter solves one
@@ -97,23 +99,23 @@ def _feasible(A, lower, upper, lo, hi, restrict: bool = False) -> bool:
 
 
 def _certificate(A, lower, upper, lo, hi) -> np.ndarray:
-    """The rows with a nonzero dual in the elastic programme (module docstring, step 1)."""
+    """The rows of a sparsest Farkas certificate (module docstring, step 1)."""
     A_ub, b_ub, ub_rows, A_eq, b_eq, eq_rows = _pieces(A, lower, upper)
     n, k_ub, k_eq = A.shape[1], A_ub.shape[0], A_eq.shape[0]
-    # variables: x (n), one slack per inequality (k_ub), two per equality (2 k_eq)
-    elastic_ub = scipy.sparse.hstack([A_ub, -scipy.sparse.eye(k_ub), scipy.sparse.csr_array((k_ub, 2 * k_eq))],
-                                     format="csr")
-    elastic_eq = scipy.sparse.hstack([A_eq, scipy.sparse.csr_array((k_eq, k_ub)), scipy.sparse.eye(k_eq),
-                                      -scipy.sparse.eye(k_eq)], format="csr")
-    c = np.concatenate([np.zeros(n), np.ones(k_ub + 2 * k_eq)])
-    bounds = np.vstack([np.column_stack([lo, hi]), np.column_stack([np.zeros(k_ub + 2 * k_eq),
-                                                                    np.full(k_ub + 2 * k_eq, np.inf)])])
-    res = _solve(c, elastic_ub, b_ub, elastic_eq, b_eq, bounds, "highs-ds")
+    # variables u (k_ub), v+ and v- (k_eq each), g+ and g- (n each), all >= 0
+    balance = scipy.sparse.hstack([A_ub.T, A_eq.T, -A_eq.T, -scipy.sparse.eye(n), scipy.sparse.eye(n)],
+                                  format="csr")
+    lo_c, hi_c = np.where(np.isfinite(lo), lo, 0.0), np.where(np.isfinite(hi), hi, 0.0)
+    gap = -np.concatenate([lo_c, -hi_c, -b_ub, -b_eq, b_eq])
+    gap = scipy.sparse.csr_array(np.concatenate([gap[2 * n:], gap[:2 * n]])[None, :])
+    c = np.concatenate([np.ones(k_ub + 2 * k_eq), np.zeros(2 * n)])
+    bounds = np.column_stack([np.zeros(c.size), np.concatenate([
+        np.full(k_ub + 2 * k_eq, np.inf), np.where(np.isfinite(lo), np.inf, 0.0),
+        np.where(np.isfinite(hi), np.inf, 0.0)])])
+    res = _solve(c, gap, np.array([-1.0]), balance, np.zeros(n), bounds, "highs-ds")
     if res.status != 0:
-        raise RuntimeError(f"HiGHS could not solve the elastic programme: {res.message}")
-    rows = []
-    if k_ub:
-        rows.append(ub_rows[np.abs(res.ineqlin.marginals) > _DUAL_TOL])
-    if k_eq:
-        rows.append(eq_rows[np.abs(res.eqlin.marginals) > _DUAL_TOL])
-    return np.unique(np.concatenate(rows)) if rows else np.zeros(0, np.int64)
+        raise RuntimeError(f"HiGHS found no certificate of the infeasibility it reported: {res.message}")
+    y = res.x[: k_ub + 2 * k_eq]
+    used = y > _DUAL_TOL * max(float(y.max()), 1.0)
+    return np.unique(np.concatenate([ub_rows[used[:k_ub]], eq_rows[used[k_ub:k_ub + k_eq]],
+                                     eq_rows[used[k_ub + k_eq:]]]))

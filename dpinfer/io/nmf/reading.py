@@ -9,14 +9,27 @@ partitions are listed (their directory names) but never opened.
 What is read
 ------------
 Every ``*.parquet`` file under a chosen partition (recursively, so ``County=`` subpartitions
-are read too; names starting with ``_`` or ``.`` are Spark/Hive metadata and skipped). Each is
-read on its own, so partitions written by different jobs may differ in integer widths and
-float precision (``value`` list<int32> or list<int64>, ``variance`` float32 or float64, ...):
-integer lists become int64 (a float list is accepted only with whole values), ``variance``
-float64. DPQuery files may lack ``sign`` (if present it must be null). ``query_name`` loses its
-4-character suffix, which must be ``_dpq`` (DPQuery) or ``_con`` (Constraint). Columns used:
-geocode, query_name, hhgq, votingage, hispanic, cenrace, query_shape, value, and variance
-(DPQuery) or sign (Constraint); others (``plb``, ``State``, ...) are ignored.
+are read too, and a partition may hold several ``part-*`` files as Spark writes them). Spark
+and Hive bookkeeping is skipped without a word: names starting with ``_`` or ``.``
+(``_SUCCESS``, ``.part-*.crc``, ``_temporary/``) and ``*.crc``; any other file that is not
+``*.parquet`` (a ``part-00000.csv``) is not read and warned of (:class:`NMFStrayFileWarning`),
+as is a State partition below US that is neither a state (1..99) nor an AIAN part (101..199).
+Each file is read on its own, so partitions written by different jobs may differ in integer
+widths and float precision (``value`` list<int32> or list<int64>, ``variance`` float32 or
+float64, ...): integer lists become int64 (a float list is accepted only with whole values),
+``variance`` float64. DPQuery files may lack ``sign`` (if present it must be null).
+``query_name`` loses its 4-character suffix, which must be ``_dpq`` (DPQuery) or ``_con``
+(Constraint). Columns used: geocode, query_name, hhgq, votingage, hispanic, cenrace,
+query_shape, value, and variance (DPQuery) or sign (Constraint); others (``plb``, ``State``,
+...) are ignored. A query name that is not one of the layout's PL94 person queries or
+constraints is read as its axis specs say and warned of, naming the file and row
+(:class:`NMFUnknownQueryWarning`).
+
+Missing constraints are warned of (:class:`NMFMissingConstraintsWarning`), naming the
+directory: a level's ``Constraint`` dataset that is absent while its ``DPQuery`` one is there,
+at a level where the layout puts constraints (US, State, Block:
+:data:`~dpinfer.io.nmf.layout.US_CONSTRAINT_LEVELS`; County, Tract and Block_Group may carry
+none), and a ``Constraint`` dataset that lacks a partition its ``DPQuery`` dataset has.
 
 Checks (each a :class:`NMFFileError` naming the file, the column and the row): missing columns,
 nulls, unknown axis specs, ``query_shape`` not one entry per axis or not the shape the specs
@@ -25,7 +38,26 @@ not in its partition (State = int(geocode[:3]); "" at US) or of another width th
 a geocode whose prefix of the parent level's width is not a geocode of the next level read
 above (geounits are taken from DPQuery and Constraint together, since DPQuery omits bypassed
 geounits), a known query name with other axis specs than the layout's, the same (query,
-geocode) twice, and infeasible constraints (below). Nothing is dropped or clipped.
+geocode) twice, a partition read that holds no parquet file or only files without rows (the
+error names the partition's directory), and infeasible constraints (below). Nothing is
+dropped or clipped.
+
+The nation
+----------
+The US level's rows are of the nation: every state of the product run under it. The reader
+records which states the files hold (``file_states``: the State=FIPS and State=100+FIPS
+partition directories of the levels read below US, listed but not opened; the US level's own
+partition, State=0 in dpinfer's synthetic files, is not a state), and
+:attr:`NoisyMeasurementFiles.other_states` those not read. When every state in the files is
+read, the nation is the states read. Otherwise the nation is the states read plus a remainder
+R >= 0 whose counts nothing read describes: a US measurement says y_US = S + R + e, S the
+states' sums, and a US constraint lower <= S + R <= upper. Given a vague prior on R, the
+measurement's likelihood for S is sum_{R >= 0} p_e(y_US - S - R) = P(e <= y_US - S), which is
+~1 unless S comes within a few noise sds of y_US, and the constraint says only S <= upper:
+bounds on the states read by the whole nation, which their counts never approach when the
+states not read hold people. So the US rows carry (essentially) no information about the
+states read; :func:`~dpinfer.io.nmf.table.census_table` sets them aside (and says so in its
+``usage``), and the check below gives the nation its remainder.
 
 Constraints
 -----------
@@ -33,12 +65,31 @@ A constraint row says, for each cell c of its query at geounit g, (Q x_g)_c {=, 
 x_g the geounit's histogram (2016 cells). :meth:`NoisyMeasurementFiles.constraints` merges the
 rows of a level into intervals lower <= M x_g <= upper, one per (geounit, query cell), where
 queries with the same matrix (``hhgq_total_lb`` and ``hhgq_total_ub``) share their cells;
-lower starts at 0 (counts are >= 0) and upper at +inf. Infeasible: an equality v < 0, or
-lower > upper (a lower bound above an upper bound, an equality outside its bounds, two
-different equalities). Only each geounit's own rows are checked; consistency across levels
-(a state's total against its counties') is not. A cell with upper = 0 (``=`` 0 as
+lower starts at 0 (counts are >= 0) and upper at +inf. Infeasible at one geounit: an equality
+v < 0, or lower > upper (a lower bound above an upper bound, an equality outside its bounds,
+two different equalities), reported with the two rows. A cell with upper = 0 (``=`` 0 as
 ``nurse_nva_0``, or ``<=`` 0) is a *structural zero*: every histogram cell in its mask is 0 at
 that geounit and every geounit below it (:meth:`NoisyMeasurementFiles.structural_zeros`).
+
+Constraints across levels
+-------------------------
+The rows of all levels read must also hold together: for histograms x_l >= 0 on the geounits
+l of the lowest level read, each geounit's histogram the sum of those under it (plus the
+remainder R >= 0 at US when states are not read), every interval of every level. A state's
+total below the sum of its blocks' lower bounds, a nation's total that its states' totals do
+not add up to, or a US total imposed on one state all break this, whatever the rows of each
+geounit say alone. Checked exactly for the continuous relaxation, as a linear programme
+(:func:`dpinfer._infeasible.conflicting_rows`, HiGHS): the variables are the counts of each
+lowest-level geounit in each *atom*, the coarsest partition of the 2016 cells that every
+constraint cell is a union of (9 atoms for the PL94 constraints: the 8 hhgq types, nursing
+facilities split by voting age), so a state (5,490 blocks, 49,410 intervals) is a programme of
+about 50,000 columns and rows, decided in 0.3 s (2-core VM). Interval propagation up the tree would be
+cheaper but misses conflicts through overlapping queries at different levels (a total against
+its cells' bounds below); the programme does not. If it is infeasible,
+:class:`NMFInfeasibleError` names an irreducible set of published rows that cannot all hold
+(each side of an interval counted apart: the elastic programme's dual certificate, then a
+deletion filter), with their level, geocode, query, cell, sign, value, file and row. Counts
+that are whole numbers are not checked here (the sampler's start is, and names its terms).
 
 Releases and privacy
 --------------------

@@ -22,7 +22,19 @@ Which measurements are used, and how (the ``usage`` table says it per level and 
 * a group whose histogram cells do not cover its coarse cells (``nurse_nva_0``'s nursing-home
   minors when hhgq is summed) is **not a query of the coarse cells** and is not used;
 * levels below the leaves are not used (their measurements would add independent noisy sums of
-  the leaves, their bounds weaker bounds: both left out, said in ``usage``).
+  the leaves, their bounds weaker bounds: both left out, said in ``usage``);
+* the **US level's** measurements and constraints are of the nation. If the files hold states
+  that were not read (:attr:`~dpinfer.io.nmf.reading.NoisyMeasurementFiles.other_states`), the
+  nation is the states read plus a remainder nothing read describes, and the US rows say
+  essentially nothing about the states read (only that their sums lie below the nation's: the
+  reader's module docstring, "The nation"); imposing them on the states read would be wrong
+  (the nation's exact total on one state). They are not used, each listed in ``usage`` with
+  the reason ("the nation's measurement; the files hold states [...] not read"), and the tree
+  starts at the states read (a virtual root "(all)" joins several). Leaving terms out keeps
+  the posterior valid: it is the posterior given the rest of the release. If every state in
+  the files is read, the nation is the states read and the US rows are used as any level's;
+* a query name that is not one of the layout's PL94 queries or constraints is used as its axis
+  specs say, and ``usage`` says so.
 
 Constraints (:meth:`~dpinfer.io.nmf.reading.NoisyMeasurementFiles.constraints`, intervals
 lower <= M x_g <= upper) are grouped the same way: a group's sum lies between the sums of its
