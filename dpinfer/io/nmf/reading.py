@@ -494,8 +494,8 @@ def read_nmf(root, states, *, levels=None, product: str | None = None,
                                        "parquet file")
                 part = [_read_file(fs, file, kind, level, value) for file in files]
                 if not any(f["n"] for f in part):
-                    raise NMFFileError(path, None, None, f"the {level} {kind} partition State={value}'s "
-                                       f"{len(files)} parquet files hold no rows")
+                    raise NMFFileError(path, None, None, f"the {level} {kind} partition State={value} holds "
+                                       f"no rows (in {len(files)} parquet file{'s' if len(files) > 1 else ''})")
                 files_read += files
                 rows += part
             tables[level][kind] = rows
@@ -621,7 +621,7 @@ def _parquet_files(fs, directory: str) -> list[str]:
             out.append(i.path)
         else:
             warnings.warn(f"{i.path}: not a parquet file (its name does not end in .parquet) in a partition "
-                          "directory: not read", NMFStrayFileWarning, stacklevel=4)
+                          "directory: not read", NMFStrayFileWarning, stacklevel=3)
     return sorted(out)
 
 
@@ -692,7 +692,7 @@ def _read_file(fs, path: str, kind: str, level: str, partition: int) -> dict:
             names = list(PL94_QUERIES if kind == DPQUERY_DIR else PL94_CONSTRAINTS)
             warnings.warn(f"{path}, row {row}: {kind} query {query!r} is not one of the layout's PL94 person "
                           f"queries {names}; it is read as its axis specs {axes} say",
-                          NMFUnknownQueryWarning, stacklevel=4)
+                          NMFUnknownQueryWarning, stacklevel=3)
         wrong = np.flatnonzero(np.any(shapes[group] != shape, axis=1))
         if wrong.size:
             row = int(group[wrong[0]])
