@@ -489,7 +489,7 @@ def test_an_unknown_query_is_read_as_its_specs_say_and_warned_of(broken):
         f"person queries {list(PL94_QUERIES)}; it is read as its axis specs ('hhinstlevels', '*', '*', '*') say"]
     q = nmf.dpqueries[("Tract", "institutions")]
     assert q.axes == ("hhinstlevels", "*", "*", "*") and len(q.geocodes) == 2  # the State=19 tracts
-    table = census_table(nmf, "Block", "detailed")
+    table = census_table(nmf, "Block", {"hhgq": "hhgq", "votingage": "votingage"})
     usage = table.usage.set_index(["level", "query"])
     assert usage.loc[("Tract", "institutions"), "used"] == "not a PL94 query of the layout, used as its axis specs say: as is"
     assert usage.loc[("County", "hhinstlevels"), "used"] == "as is"
