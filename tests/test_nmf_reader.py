@@ -436,7 +436,7 @@ def test_files_as_spark_writes_them_give_the_same_release(tmp_path):
                                           getattr(theirs.constraints(level), name))
 
     def terms(nmf):
-        sums = census_table(nmf, "Block_Group").release.sums
+        sums = census_table(nmf, "Tract").release.sums
         return sorted((str(n), int(v), sums.tables.params(int(t)))
                       for n, v, t in zip(sums.term_name, sums.term_value, sums.term_table))
 
@@ -478,23 +478,26 @@ def test_an_unknown_query_is_read_as_its_specs_say_and_warned_of(broken):
         return frame
 
     path = rewrite(DPQ, lambda f: rename(f, "hhinstlevels_dpq", "institutions_dpq"))
-    con = rewrite(CON, lambda f: rename(f, "nurse_nva_0_con", "nurse_minors_con"))
+    con = rewrite("State.parquet/Constraint/State=19/part-0.parquet",
+                  lambda f: rename(f, "hhgq_total_ub_con", "gq_upper_con"))
     with pytest.warns(NMFUnknownQueryWarning) as caught:
-        nmf = dp.read_nmf(root, 19)
+        nmf = dp.read_nmf(root, 19, levels=LEVELS[:4])
     assert sorted(str(w.message) for w in caught if issubclass(w.category, NMFWarning)) == [
-        f"{con}, row {row['nurse_minors_con']}: Constraint query 'nurse_minors' is not one of the layout's PL94 "
+        f"{con}, row {row['gq_upper_con']}: Constraint query 'gq_upper' is not one of the layout's PL94 "
         "person queries ['total', 'hhgq_total_lb', 'hhgq_total_ub', 'nurse_nva_0']; it is read as its axis specs "
-        "('gqNursingTotal', 'nonvoting', '*', '*') say",
+        "('hhgq', '*', '*', '*') say",
         f"{path}, row {row['institutions_dpq']}: DPQuery query 'institutions' is not one of the layout's PL94 "
         f"person queries {list(PL94_QUERIES)}; it is read as its axis specs ('hhinstlevels', '*', '*', '*') say"]
     q = nmf.dpqueries[("Tract", "institutions")]
     assert q.axes == ("hhinstlevels", "*", "*", "*") and len(q.geocodes) == 2  # the State=19 tracts
-    table = census_table(nmf, "Block", {"hhgq": "hhgq", "votingage": "votingage"})
-    usage = table.usage.set_index(["level", "query"])
-    assert usage.loc[("Tract", "institutions"), "used"] == "not a PL94 query of the layout, used as its axis specs say: as is"
-    assert usage.loc[("County", "hhinstlevels"), "used"] == "as is"
-    assert usage.loc[("Block", "gqNursingTotal+nonvoting+*+*"), "used"].startswith(
-        "['nurse_minors'] not PL94 constraints of the layout, used as their axis specs say: 1 groups")
+    assert nmf.constraint_rows[("State", "gq_upper")].sign.tolist() == ["<="]
+    usage = census_table(nmf, "Tract").usage.set_index(["level", "query"])
+    assert usage.loc[("Tract", "institutions"), "used"] == (
+        "not a PL94 query of the layout, used as its axis specs say: summed (3-3 published cells per term)")
+    assert usage.loc[("County", "hhinstlevels"), "used"] == "summed (3-3 published cells per term)"
+    assert usage.loc[("State", "hhgq+*+*+*"), "used"] == (
+        "['gq_upper'] not PL94 constraints of the layout, used as their axis specs say: 1 groups of query cells "
+        "as equalities and bounds")
 
 
 def test_stray_files_are_warned_of_and_spark_metadata_is_not(broken):
