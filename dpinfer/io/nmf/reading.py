@@ -82,14 +82,14 @@ geounit say alone. Checked exactly for the continuous relaxation, as a linear pr
 (:func:`dpinfer._infeasible.conflicting_rows`, HiGHS): the variables are the counts of each
 lowest-level geounit in each *atom*, the coarsest partition of the 2016 cells that every
 constraint cell is a union of (9 atoms for the PL94 constraints: the 8 hhgq types, nursing
-facilities split by voting age), so a state (5,490 blocks, 49,410 intervals) is a programme of
-about 50,000 columns and rows, decided in 0.3 s (2-core VM). Interval propagation up the tree would be
-cheaper but misses conflicts through overlapping queries at different levels (a total against
-its cells' bounds below); the programme does not. If it is infeasible,
-:class:`NMFInfeasibleError` names an irreducible set of published rows that cannot all hold
-(each side of an interval counted apart: the elastic programme's dual certificate, then a
-deletion filter), with their level, geocode, query, cell, sign, value, file and row. Counts
-that are whole numbers are not checked here (the sampler's start is, and names its terms).
+facilities split by voting age), so a state (5,490 blocks, 49,410 intervals) is a programme
+of about 50,000 columns and rows, decided in 0.3 s on a 2-core VM. Interval propagation up
+the tree would be cheaper but misses conflicts through overlapping queries at different
+levels (a total against the bounds of its cells below); the programme does not. If it is
+infeasible, :class:`NMFInfeasibleError` names an irreducible set of published rows that cannot
+all hold (each side of an interval a row of its own; a sparsest Farkas certificate, then a
+deletion filter), with their level, geocode, query, cell, sign, value, file and row. Whole
+counts are not checked here (the sampler's start is, and names its terms).
 
 Releases and privacy
 --------------------
