@@ -122,6 +122,20 @@ def test_one_state_sets_the_nations_rows_aside(nation, leaves):
     assert np.all(t[equal] == y[equal]) and np.all(t[at_most] <= y[at_most]) and np.all(t[at_least] >= y[at_least])
 
 
+def test_the_nations_truth_aggregates_to_the_states_read(nation):
+    """A table of state 19 takes the whole nation's truth file (dpinfer nmf --truth): the other
+    states' rows are left out, and the result is the sum of state 19's blocks per tract."""
+    table = census_table(dp.read_nmf(nation, 19, levels=LEVELS[:4]), "Tract")
+    truth = pd.read_parquet(nation / "truth.parquet")
+    got = table.aggregate(truth.geocode, truth.cell, truth["count"])
+    np.testing.assert_array_equal(got, _truth(nation, table, ["19"]))
+    assert got.sum() == truth.loc[truth.geocode.str[1:3] == "19", "count"].sum()
+    with pytest.raises(ValueError, match=r"geocodes \['01999'\] lie under no leaf of the table"):
+        table.aggregate(["01999"], [0], [1])
+    with pytest.raises(ValueError, match=r"none of the geocodes is of the table's states \['019', '119'\]"):
+        table.aggregate(["0201000111"], [0], [1])
+
+
 def test_every_state_read_uses_the_nations_rows(nation):
     nmf = dp.read_nmf(nation, ["19", "20", "31"], levels=LEVELS[:4])
     table = census_table(nmf, "Tract")

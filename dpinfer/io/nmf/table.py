@@ -157,15 +157,25 @@ class CensusTable:
     def aggregate(self, geocodes, cell_index, counts) -> np.ndarray:
         """(n_leaves, n_cells) int64: histogram counts given in long form (the geocode of a
         geounit at or below the leaves, the histogram cell 0..2015, the count) summed to the
-        leaves and the coarse cells (e.g. a synthetic file's truth)."""
+        leaves and the coarse cells (e.g. a synthetic file's truth). Rows of states the table
+        does not hold (their State geocode, the first 3 characters, is no leaf's: the truth of
+        a whole synthetic nation given to a table of some of its states) are left out; any
+        other geocode under no leaf is an error, and so is a table of none of the rows."""
         geocodes = np.asarray(geocodes).astype(str)
         width = len(self.leaves[0])
         leaf = self.leaves.get_indexer([g[:width] for g in geocodes])
-        if np.any(leaf < 0):
-            raise ValueError(f"geocodes {sorted(set(geocodes[leaf < 0]))[:3]} lie under no leaf of the table")
-        cell = self.coarse.matrix.toarray().argmax(axis=0)[np.asarray(cell_index, dtype=np.int64)]
+        states = {g[:3] for g in self.leaves} if width >= 3 else set()
+        elsewhere = np.array([width >= 3 and g[:3] not in states for g in geocodes], dtype=bool)
+        if np.any((leaf < 0) & ~elsewhere):
+            raise ValueError(f"geocodes {sorted(map(str, set(geocodes[(leaf < 0) & ~elsewhere])))[:3]} lie under "
+                             "no leaf of the table")
+        if geocodes.size and elsewhere.all():
+            raise ValueError(f"none of the geocodes is of the table's states {sorted(states)}: e.g. "
+                             f"{sorted(map(str, set(geocodes)))[:3]}")
+        keep = ~elsewhere
+        cell = self.coarse.matrix.toarray().argmax(axis=0)[np.asarray(cell_index, dtype=np.int64)[keep]]
         out = np.zeros((len(self.leaves), self.coarse.n_cells), dtype=np.int64)
-        np.add.at(out, (leaf, cell), np.asarray(counts, dtype=np.int64))
+        np.add.at(out, (leaf[keep], cell), np.asarray(counts, dtype=np.int64)[keep])
         return out
 
 
