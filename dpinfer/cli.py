@@ -83,6 +83,8 @@ def nmf_main(argv) -> None:
         again = ("; run the same command again to continue" if args.checkpoint_every else "")
         print(f"dpinfer nmf: {err}{again}", file=sys.stderr)
         raise SystemExit(130) from None
+    except (ValueError, TypeError, OSError) as err:  # a bad root or file: one line naming it
+        raise SystemExit(f"dpinfer nmf: {' '.join(str(err).splitlines())}") from None
     print(f"dpinfer nmf: wrote {out}/report.md, summary.csv, posterior.nc and the figures")
     print((out / "report.md").read_text().splitlines()[2])
 

@@ -1,10 +1,14 @@
 """The NMF reader (dpinfer/io/nmf/reading.py) on the shipped synthetic instance and on tiny
 synthetic trees: what it reads (only the requested states' partitions), the geography, the
 releases and their privacy (the production budget's total), the constraints, the tolerated
-drift between partitions, and every error on a hand-broken copy naming file, column and row."""
+drift between partitions, files as Spark writes them, every error on a hand-broken copy naming
+file, column and row, the warnings for what the layout does not lead one to expect (missing
+constraints, unknown queries, stray files), and ``dpinfer nmf``'s one-line errors."""
 
 import math
 import shutil
+import uuid
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +18,16 @@ import pyarrow.parquet as pq
 import pytest
 
 import dpinfer as dp
+from dpinfer.cli import main
 from dpinfer.io.nmf import NMFFileError
 from dpinfer.io.nmf.layout import LEVELS, PL94_QUERIES, PRODUCTION_BUDGET
+from dpinfer.io.nmf.reading import (
+    NMFMissingConstraintsWarning,
+    NMFStrayFileWarning,
+    NMFUnknownQueryWarning,
+    NMFWarning,
+)
+from dpinfer.io.nmf.table import census_table
 
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "synthetic_state_nmf"
 PRODUCT = "US_Person_PL_PROD"
@@ -370,3 +382,176 @@ def test_specs_that_contradict_the_query_name(broken):
     with pytest.raises(NMFFileError, match=rf"{path}, column 'query_name', row \d+: query 'hhgq' has axis specs "
                                            r"\('hhinstlevels', .*\), but the layout gives it \('hhgq', "):
         dp.read_nmf(root, 19)
+
+
+# --- files as Spark writes them -------------------------------------------------------------
+
+def _as_spark(plain: Path, root: Path) -> None:
+    """A copy of a plain tree rewritten as Spark writes a partitioned dataset: below State,
+    County=<spine county> subpartitions; in each, two part-0000N-<uuid>.c000.snappy.parquet
+    files (one may be empty) with query_shape as list<int32>, each beside its .crc checksum;
+    _SUCCESS in every dataset and partition directory."""
+    shutil.copytree(plain, root)
+    for dataset in (root / PRODUCT).glob("*.parquet/*"):
+        (dataset / "_SUCCESS").write_bytes(b"")
+        level = dataset.parent.name[: -len(".parquet")]
+        for part in sorted(dataset.glob("State=*/part-0.parquet")):
+            table = pq.read_table(part)
+            part.unlink()
+            (part.parent / "_SUCCESS").write_bytes(b"")
+            shape = table.schema.get_field_index("query_shape")
+            table = table.set_column(shape, "query_shape", table.column(shape).cast(pa.list_(pa.int32())))
+            keys = np.array([g[3:9] if level not in ("US", "State") else "" for g in table.column("geocode").to_pylist()])
+            for key in sorted(set(keys)):
+                directory = part.parent / f"County={key}" if key else part.parent
+                directory.mkdir(exist_ok=True)
+                for k, rows in enumerate(np.array_split(np.flatnonzero(keys == key), 2)):
+                    name = f"part-{k:05d}-{uuid.UUID(int=k + 1)}.c000.snappy.parquet"
+                    pq.write_table(table.take(rows), directory / name, compression="snappy")
+                    (directory / f".{name}.crc").write_bytes(b"checksum")
+
+
+def test_files_as_spark_writes_them_give_the_same_release(tmp_path):
+    plain = tmp_path / "plain"
+    dp.write_synthetic_nmf(plain, state_fips=["19", "20"], **TINY)
+    spark = tmp_path / "spark"
+    _as_spark(plain, spark)
+    parts = sorted((spark / PRODUCT / "Block.parquet" / "DPQuery" / "State=19").rglob("*.parquet"))
+    assert [p.parent.name for p in parts] == ["County=100011"] * 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NMFWarning)  # _SUCCESS and .crc files are skipped without a word
+        ours = dp.read_nmf(spark, 19)
+    theirs = dp.read_nmf(plain, 19)
+    assert ours.file_states == theirs.file_states == (19, 20) and len(ours.files) > len(theirs.files)
+    assert ours.dpqueries.keys() == theirs.dpqueries.keys()
+    for key, q in theirs.dpqueries.items():
+        mine = ours.dpqueries[key]
+        a, b = np.argsort(mine.geocodes), np.argsort(q.geocodes)
+        np.testing.assert_array_equal(mine.geocodes[a], q.geocodes[b])
+        np.testing.assert_array_equal(mine.values[a], q.values[b])
+        np.testing.assert_array_equal(mine.variance[a], q.variance[b])
+    for level in LEVELS:
+        for name in ("geocodes", "lower", "upper", "cell"):
+            np.testing.assert_array_equal(getattr(ours.constraints(level), name),
+                                          getattr(theirs.constraints(level), name))
+
+    def terms(nmf):
+        sums = census_table(nmf, "Tract").release.sums
+        return sorted((str(n), int(v), sums.tables.params(int(t)))
+                      for n, v, t in zip(sums.term_name, sums.term_value, sums.term_table))
+
+    assert terms(ours) == terms(theirs)
+
+
+# --- what the layout does not lead one to expect ------------------------------------------
+
+def test_missing_constraints_are_warned_of(broken):
+    root, _ = broken
+    product = root / PRODUCT
+    shutil.rmtree(product / "Block.parquet" / "Constraint" / "State=119")
+    with pytest.warns(NMFMissingConstraintsWarning) as caught:
+        nmf = dp.read_nmf(root, 19)
+    assert [str(w.message) for w in caught if issubclass(w.category, NMFWarning)] == [
+        f"{product}/Block.parquet/Constraint/State=119: no such partition, though "
+        f"{product}/Block.parquet/DPQuery/State=119 exists: no constraint of its Block geounits is read"]
+    assert {g[:3] for g in nmf.constraints("Block").geocodes} == {"019"}
+    shutil.rmtree(product / "Block.parquet" / "Constraint")
+    with pytest.warns(NMFMissingConstraintsWarning, match=rf"^{product}/Block.parquet/Constraint: no Constraint "
+                                                          r"dataset, though .*Block.parquet/DPQuery exists and the "
+                                                          r"layout puts constraints \['hhgq_total_lb', "
+                                                          r"'hhgq_total_ub', 'nurse_nva_0'\] at Block"):
+        nmf = dp.read_nmf(root, 19)
+    assert nmf.constraints("Block").geocodes.size == 0
+    # County, Tract and Block_Group have no Constraint dataset, which the layout allows: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NMFWarning)
+        dp.read_nmf(root, 19, levels=["County", "Tract", "Block_Group"])
+
+
+def test_an_unknown_query_is_read_as_its_specs_say_and_warned_of(broken):
+    root, rewrite = broken
+    row = {}
+
+    def rename(frame, old, new):
+        row[new] = _row_of(frame, old)
+        frame["query_name"] = frame["query_name"].replace(old, new)
+        return frame
+
+    path = rewrite(DPQ, lambda f: rename(f, "hhinstlevels_dpq", "institutions_dpq"))
+    con = rewrite("State.parquet/Constraint/State=19/part-0.parquet",
+                  lambda f: rename(f, "hhgq_total_ub_con", "gq_upper_con"))
+    with pytest.warns(NMFUnknownQueryWarning) as caught:
+        nmf = dp.read_nmf(root, 19, levels=LEVELS[:4])
+    assert sorted(str(w.message) for w in caught if issubclass(w.category, NMFWarning)) == [
+        f"{con}, row {row['gq_upper_con']}: Constraint query 'gq_upper' is not one of the layout's PL94 "
+        "person queries ['total', 'hhgq_total_lb', 'hhgq_total_ub', 'nurse_nva_0']; it is read as its axis specs "
+        "('hhgq', '*', '*', '*') say",
+        f"{path}, row {row['institutions_dpq']}: DPQuery query 'institutions' is not one of the layout's PL94 "
+        f"person queries {list(PL94_QUERIES)}; it is read as its axis specs ('hhinstlevels', '*', '*', '*') say"]
+    q = nmf.dpqueries[("Tract", "institutions")]
+    assert q.axes == ("hhinstlevels", "*", "*", "*") and len(q.geocodes) == 2  # the State=19 tracts
+    assert nmf.constraint_rows[("State", "gq_upper")].sign.tolist() == ["<="]
+    usage = census_table(nmf, "Tract").usage.set_index(["level", "query"])
+    assert usage.loc[("Tract", "institutions"), "used"] == (
+        "not a PL94 query of the layout, used as its axis specs say: summed (3-3 published cells per term)")
+    assert usage.loc[("County", "hhinstlevels"), "used"] == "summed (3-3 published cells per term)"
+    assert usage.loc[("State", "hhgq+*+*+*"), "used"] == (
+        "['gq_upper'] not PL94 constraints of the layout, used as their axis specs say: 1 groups of query cells "
+        "as equalities and bounds")
+
+
+def test_stray_files_are_warned_of_and_spark_metadata_is_not(broken):
+    root, _ = broken
+    before = dp.read_nmf(root, 19)
+    partition = root / PRODUCT / "Tract.parquet" / "DPQuery" / "State=19"
+    for name in ("_SUCCESS", ".part-0.parquet.crc", "part-0.parquet.crc", "_committed_123"):
+        (partition / name).write_bytes(b"")
+    (partition / "_temporary" / "0").mkdir(parents=True)
+    shutil.copy(partition / "part-0.parquet", partition / "_temporary" / "0" / "part-0.parquet")
+    (partition / "part-00000.csv").write_text("geocode,value\n")
+    with pytest.warns(NMFStrayFileWarning) as caught:
+        after = dp.read_nmf(root, 19)
+    assert [str(w.message) for w in caught if issubclass(w.category, NMFWarning)] == [
+        f"{partition}/part-00000.csv: not a parquet file (its name does not end in .parquet) in a partition "
+        "directory: not read"]
+    assert after.files == before.files
+    (partition / "part-00000.csv").unlink()
+    other = root / PRODUCT / "County.parquet" / "DPQuery" / "State=250"
+    other.mkdir()
+    with pytest.warns(NMFStrayFileWarning, match=rf"^{other}: State=250 is neither a state \(1..99\) nor a state's "
+                                                 r"AIAN part \(101..199\): not read"):
+        dp.read_nmf(root, 19)
+
+
+def test_an_empty_partition_is_named(broken):
+    root, rewrite = broken
+    partition = root / PRODUCT / "Tract.parquet" / "DPQuery" / "State=119"
+    rewrite("Tract.parquet/DPQuery/State=119/part-0.parquet",
+            lambda f: pa.Table.from_pandas(f, preserve_index=False).slice(0, 0))
+    with pytest.raises(NMFFileError, match=rf"^{partition}: the Tract DPQuery partition State=119 holds no rows "
+                                           r"\(in 1 parquet file\)$"):
+        dp.read_nmf(root, 19)
+    (partition / "part-0.parquet").unlink()
+    (partition / "_SUCCESS").write_bytes(b"")
+    with pytest.raises(NMFFileError, match=rf"^{partition}: the Tract DPQuery partition State=119 holds no "
+                                           r"parquet file$"):
+        dp.read_nmf(root, 19)
+
+
+# --- the command's errors ------------------------------------------------------------------
+
+def test_dpinfer_nmf_reports_a_bad_root_or_file_in_one_line(broken, tmp_path):
+    root, rewrite = broken
+    with pytest.raises(SystemExit) as err:
+        main(["nmf", str(tmp_path / "nowhere"), "--state", "19", "--out", str(tmp_path / "a")])
+    assert err.value.code == (f"dpinfer nmf: no run root 'US_Person_PL_PROD' under {tmp_path / 'nowhere'}; "
+                              "it holds nothing (missing)")
+    path = rewrite(DPQ, lambda f: f.drop(columns=["variance"]))
+    with pytest.raises(SystemExit) as err:
+        main(["nmf", str(root), "--state", "19", "--out", str(tmp_path / "b")])
+    assert err.value.code == f"dpinfer nmf: {path}, column 'variance': missing column (the file has " + str(
+        pq.read_table(path).column_names) + ")"
+    (path).write_bytes(b"PAR1 and then\nnot parquet")
+    with pytest.raises(SystemExit) as err:
+        main(["nmf", str(root), "--state", "19", "--out", str(tmp_path / "c")])
+    assert err.value.code.startswith(f"dpinfer nmf: {path}: not a readable parquet file") and "\n" not in err.value.code

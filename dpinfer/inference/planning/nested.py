@@ -279,12 +279,28 @@ def feasible_start(sums, pilot, lo, hi, name: str) -> np.ndarray:
     res = scipy.optimize.milp(np.concatenate([np.zeros(n), np.ones(n)]), constraints=constraints,
                               bounds=bounds, integrality=np.concatenate([np.ones(n), np.zeros(n)]))
     if res.status != 0 or res.x is None:
-        names = sorted({str(sums.term_name[r]) for r in rows})
-        raise ValueError(
-            f"release {name!r}: no counts in the boxes meet every equality and bound "
-            f"({res.message.strip()}); the exact terms are {names[:8]}{' ...' if len(names) > 8 else ''}. "
-            "Check that the equalities and bounds are consistent (an equality outside a bound, "
-            "children's equalities that do not add up to their parent's)")
+        # name the terms that conflict: an irreducible infeasible subset (dpinfer._infeasible)
+        from dpinfer._infeasible import conflicting_rows
+
+        lo, hi = lo.reshape(-1), hi.reshape(-1)
+        conflict = conflicting_rows(A, lower_b, upper_b, lo, hi)
+        if conflict is None:
+            why = ("they can all hold for real counts in the boxes but not for whole ones: check the "
+                   "equalities and bounds that share counts")
+        else:
+            sign = np.where(equal, "=", np.where(at_most, "<=", ">="))
+            terms = [f"{sums.term_name[rows[i]]} {sign[rows[i]]} {sums.term_value[rows[i]]}" for i in conflict]
+            sub = A[conflict]
+            anywhere = conflicting_rows(sub, lower_b[conflict], upper_b[conflict], np.where(lo >= 0, 0.0, -np.inf),
+                                        np.full(lo.size, np.inf))
+            why = ((f"these {len(terms)} terms cannot all hold " if len(terms) > 1 else "this term cannot hold ")
+                   + ("for any counts >= 0: the release's equalities and bounds contradict each other"
+                      if anywhere is not None else
+                      "within the boxes (with counts outside them it is possible): the boxes around the "
+                      "pilot are too narrow")
+                   + ": " + "; ".join(terms[:12]) + (f"; and {len(terms) - 12} more" if len(terms) > 12 else ""))
+        raise ValueError(f"release {name!r}: no counts in the boxes meet every equality and bound "
+                         f"({res.message.strip()}); {why}")
     x = np.rint(res.x[:n]).astype(np.int64).reshape(pilot.shape)
     return x
 

@@ -9,14 +9,27 @@ partitions are listed (their directory names) but never opened.
 What is read
 ------------
 Every ``*.parquet`` file under a chosen partition (recursively, so ``County=`` subpartitions
-are read too; names starting with ``_`` or ``.`` are Spark/Hive metadata and skipped). Each is
-read on its own, so partitions written by different jobs may differ in integer widths and
-float precision (``value`` list<int32> or list<int64>, ``variance`` float32 or float64, ...):
-integer lists become int64 (a float list is accepted only with whole values), ``variance``
-float64. DPQuery files may lack ``sign`` (if present it must be null). ``query_name`` loses its
-4-character suffix, which must be ``_dpq`` (DPQuery) or ``_con`` (Constraint). Columns used:
-geocode, query_name, hhgq, votingage, hispanic, cenrace, query_shape, value, and variance
-(DPQuery) or sign (Constraint); others (``plb``, ``State``, ...) are ignored.
+are read too, and a partition may hold several ``part-*`` files as Spark writes them). Spark
+and Hive bookkeeping is skipped without a word: names starting with ``_`` or ``.``
+(``_SUCCESS``, ``.part-*.crc``, ``_temporary/``) and ``*.crc``; any other file that is not
+``*.parquet`` (a ``part-00000.csv``) is not read and warned of (:class:`NMFStrayFileWarning`),
+as is a State partition below US that is neither a state (1..99) nor an AIAN part (101..199).
+Each file is read on its own, so partitions written by different jobs may differ in integer
+widths and float precision (``value`` list<int32> or list<int64>, ``variance`` float32 or
+float64, ...): integer lists become int64 (a float list is accepted only with whole values),
+``variance`` float64. DPQuery files may lack ``sign`` (if present it must be null).
+``query_name`` loses its 4-character suffix, which must be ``_dpq`` (DPQuery) or ``_con``
+(Constraint). Columns used: geocode, query_name, hhgq, votingage, hispanic, cenrace,
+query_shape, value, and variance (DPQuery) or sign (Constraint); others (``plb``, ``State``,
+...) are ignored. A query name that is not one of the layout's PL94 person queries or
+constraints is read as its axis specs say and warned of, naming the file and row
+(:class:`NMFUnknownQueryWarning`).
+
+Missing constraints are warned of (:class:`NMFMissingConstraintsWarning`), naming the
+directory: a level's ``Constraint`` dataset that is absent while its ``DPQuery`` one is there,
+at a level where the layout puts constraints (US, State, Block:
+:data:`~dpinfer.io.nmf.layout.US_CONSTRAINT_LEVELS`; County, Tract and Block_Group may carry
+none), and a ``Constraint`` dataset that lacks a partition its ``DPQuery`` dataset has.
 
 Checks (each a :class:`NMFFileError` naming the file, the column and the row): missing columns,
 nulls, unknown axis specs, ``query_shape`` not one entry per axis or not the shape the specs
@@ -25,7 +38,26 @@ not in its partition (State = int(geocode[:3]); "" at US) or of another width th
 a geocode whose prefix of the parent level's width is not a geocode of the next level read
 above (geounits are taken from DPQuery and Constraint together, since DPQuery omits bypassed
 geounits), a known query name with other axis specs than the layout's, the same (query,
-geocode) twice, and infeasible constraints (below). Nothing is dropped or clipped.
+geocode) twice, a partition read that holds no parquet file or only files without rows (the
+error names the partition's directory), and infeasible constraints (below). Nothing is
+dropped or clipped.
+
+The nation
+----------
+The US level's rows are of the nation: every state of the product run under it. The reader
+records which states the files hold (``file_states``: the State=FIPS and State=100+FIPS
+partition directories of the levels read below US, listed but not opened; the US level's own
+partition, State=0 in dpinfer's synthetic files, is not a state), and
+:attr:`NoisyMeasurementFiles.other_states` those not read. When every state in the files is
+read, the nation is the states read. Otherwise the nation is the states read plus a remainder
+R >= 0 whose counts nothing read describes: a US measurement says y_US = S + R + e, S the
+states' sums, and a US constraint lower <= S + R <= upper. Given a vague prior on R, the
+measurement's likelihood for S is sum_{R >= 0} p_e(y_US - S - R) = P(e <= y_US - S), which is
+~1 unless S comes within a few noise sds of y_US, and the constraint says only S <= upper:
+bounds on the states read by the whole nation, which their counts never approach when the
+states not read hold people. So the US rows carry (essentially) no information about the
+states read; :func:`~dpinfer.io.nmf.table.census_table` sets them aside (and says so in its
+``usage``), and the check below gives the nation its remainder.
 
 Constraints
 -----------
@@ -33,12 +65,31 @@ A constraint row says, for each cell c of its query at geounit g, (Q x_g)_c {=, 
 x_g the geounit's histogram (2016 cells). :meth:`NoisyMeasurementFiles.constraints` merges the
 rows of a level into intervals lower <= M x_g <= upper, one per (geounit, query cell), where
 queries with the same matrix (``hhgq_total_lb`` and ``hhgq_total_ub``) share their cells;
-lower starts at 0 (counts are >= 0) and upper at +inf. Infeasible: an equality v < 0, or
-lower > upper (a lower bound above an upper bound, an equality outside its bounds, two
-different equalities). Only each geounit's own rows are checked; consistency across levels
-(a state's total against its counties') is not. A cell with upper = 0 (``=`` 0 as
+lower starts at 0 (counts are >= 0) and upper at +inf. Infeasible at one geounit: an equality
+v < 0, or lower > upper (a lower bound above an upper bound, an equality outside its bounds,
+two different equalities), reported with the two rows. A cell with upper = 0 (``=`` 0 as
 ``nurse_nva_0``, or ``<=`` 0) is a *structural zero*: every histogram cell in its mask is 0 at
 that geounit and every geounit below it (:meth:`NoisyMeasurementFiles.structural_zeros`).
+
+Constraints across levels
+-------------------------
+The rows of all levels read must also hold together: for histograms x_l >= 0 on the geounits
+l of the lowest level read, each geounit's histogram the sum of those under it (plus the
+remainder R >= 0 at US when states are not read), every interval of every level. A state's
+total below the sum of its blocks' lower bounds, a nation's total that its states' totals do
+not add up to, or a US total imposed on one state all break this, whatever the rows of each
+geounit say alone. Checked exactly for the continuous relaxation, as a linear programme
+(:func:`dpinfer._infeasible.conflicting_rows`, HiGHS): the variables are the counts of each
+lowest-level geounit in each *atom*, the coarsest partition of the 2016 cells that every
+constraint cell is a union of (9 atoms for the PL94 constraints: the 8 hhgq types, nursing
+facilities split by voting age), so a state (5,490 blocks, 49,410 intervals) is a programme
+of about 50,000 columns and rows, decided in 0.3 s on a 2-core VM. Interval propagation up
+the tree would be cheaper but misses conflicts through overlapping queries at different
+levels (a total against the bounds of its cells below); the programme does not. If it is
+infeasible, :class:`NMFInfeasibleError` names an irreducible set of published rows that cannot
+all hold (each side of an interval a row of its own; a sparsest Farkas certificate, then a
+deletion filter), with their level, geocode, query, cell, sign, value, file and row. Whole
+counts are not checked here (the sampler's start is, and names its terms).
 
 Releases and privacy
 --------------------
@@ -76,6 +127,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +139,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import scipy.sparse
 
+from dpinfer._infeasible import conflicting_rows
 from dpinfer.io.nmf.layout import (
     AXES,
     CONSTRAINT_DIR,
@@ -99,17 +152,20 @@ from dpinfer.io.nmf.layout import (
     PL94_QUERIES,
     PRODUCTS,
     SIGNS,
+    US_CONSTRAINT_LEVELS,
     known_specs,
     query_matrix,
 )
 from dpinfer.io.noisy_measurements import ZCDPComposition
 from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
 
-__all__ = ["GeoLevel", "LevelConstraints", "NMFFileError", "NMFPrivacy", "NMFRelease",
+__all__ = ["GeoLevel", "LevelConstraints", "NMFFileError", "NMFInfeasibleError", "NMFMissingConstraintsWarning",
+           "NMFPrivacy", "NMFRelease", "NMFStrayFileWarning", "NMFUnknownQueryWarning", "NMFWarning",
            "NoisyMeasurementFiles", "QueryRows", "read_nmf"]
 
 NEIGHBOUR = "substitution"
 _KINDS = {DPQUERY_DIR: DPQUERY_SUFFIX, CONSTRAINT_DIR: CONSTRAINT_SUFFIX}
+_PUBLISHED = ("query", "sign", "value", "file", "row", "geocode", "cell")
 _COLUMNS = {DPQUERY_DIR: ("geocode", "query_name", *AXES, "query_shape", "value", "variance"),
             CONSTRAINT_DIR: ("geocode", "query_name", *AXES, "query_shape", "value", "sign")}
 
@@ -122,6 +178,37 @@ class NMFFileError(ValueError):
         self.file, self.column, self.row = file, column, row
         where = file + (f", column {column!r}" if column else "") + (f", row {row}" if row is not None else "")
         super().__init__(f"{where}: {problem}")
+
+
+class NMFInfeasibleError(NMFFileError):
+    """The constraints of the levels read cannot all hold (module docstring, "Constraints across
+    levels"). ``conflict`` lists the published rows that conflict, one per row: level, geocode,
+    query, axes, cell, sign, value, file, row; ``file`` and ``row`` are the first's."""
+
+    def __init__(self, conflict: pd.DataFrame, problem: str):
+        self.conflict = conflict
+        first = conflict.iloc[0]
+        super().__init__(first["file"], "value", int(first["row"]), problem)
+
+
+class NMFWarning(UserWarning):
+    """The files hold something the layout does not lead one to expect; it is read (or left
+    out) as the message says."""
+
+
+class NMFMissingConstraintsWarning(NMFWarning):
+    """A level's Constraint dataset, or a partition of it, is missing where its DPQuery one is
+    there: the constraints it would hold are not read."""
+
+
+class NMFUnknownQueryWarning(NMFWarning):
+    """A query name that is not one of the layout's PL94 person queries or constraints: read as
+    its axis specs say."""
+
+
+class NMFStrayFileWarning(NMFWarning):
+    """A file or partition that is not part of the layout (a ``.csv`` beside the parquet files,
+    a State partition that is not a state): not read."""
 
 
 # --- results -------------------------------------------------------------------------------
@@ -198,7 +285,10 @@ class LevelConstraints:
     (module docstring): ``geocodes`` (m,) the geounit g, ``matrix`` (m, 2016) 0/1 csr the
     histogram cells summed, ``lower`` (m,) float64 >= 0, ``upper`` (m,) float64 (inf if
     unbounded); ``query_axes`` lists the distinct query axis specs, ``query_index`` (m,) and
-    ``cell`` (m,) say which query cell a row is."""
+    ``cell`` (m,) say which query cell a row is. ``published`` holds the published cells merged
+    (query, sign, value, file, row, geocode, cell), and ``lower_from``, ``upper_from`` (m,) the
+    position in it of the cell that sets each row's lower and upper (-1: none does, the
+    default 0 or +inf)."""
 
     level: str
     geocodes: np.ndarray
@@ -208,6 +298,9 @@ class LevelConstraints:
     query_axes: tuple
     query_index: np.ndarray
     cell: np.ndarray
+    published: pd.DataFrame = field(repr=False)
+    lower_from: np.ndarray = field(repr=False)
+    upper_from: np.ndarray = field(repr=False)
 
     @property
     def equalities(self) -> np.ndarray:
@@ -238,18 +331,28 @@ class NMFPrivacy:
 class NoisyMeasurementFiles:
     """What :func:`read_nmf` read (module docstring).
 
-    ``dpqueries`` and ``constraint_rows`` map (level, query) to :class:`QueryRows`;
-    ``geography`` maps a level to its :class:`GeoLevel`; ``files`` lists every file opened."""
+    ``states`` are the states read (FIPS); ``file_states`` every state with a partition in the
+    files at a level read below US (from the partition directories' names: State=FIPS or
+    State=100+FIPS), read or not. ``dpqueries`` and ``constraint_rows`` map (level, query) to
+    :class:`QueryRows`; ``geography`` maps a level to its :class:`GeoLevel`; ``files`` lists
+    every file opened."""
 
     root: str
     product: str
     states: tuple
+    file_states: tuple
     levels: tuple
     dpqueries: dict
     constraint_rows: dict
     geography: dict
     files: tuple
     _constraints: dict = field(repr=False)
+
+    @property
+    def other_states(self) -> tuple:
+        """The states in the files that were not read: if any, the US level's rows are of a
+        nation larger than the states read (module docstring, "The nation")."""
+        return tuple(s for s in self.file_states if s not in self.states)
 
     def releases(self) -> list[NMFRelease]:
         """One :class:`NMFRelease` per (level, query, variance), levels top down."""
@@ -357,29 +460,45 @@ def read_nmf(root, states, *, levels=None, product: str | None = None,
     if not levels:
         raise ValueError(f"{product_dir} has no level directories (<Level>.parquet)")
 
-    files_read, tables = [], {}
+    files_read, tables, file_states = [], {}, set()
     for level in levels:
+        level_dir = f"{product_dir}/{level}.parquet"
+        partitions = {kind: _partitions(fs, f"{level_dir}/{kind}", level) for kind in _KINDS}
+        if level == "US":
+            chosen = {kind: sorted((parts or {}).items()) for kind, parts in partitions.items()}
+        else:
+            for kind, parts in partitions.items():
+                for value, path in sorted((parts or {}).items()):
+                    if _state_of(value) is None:
+                        warnings.warn(f"{path}: State={value} is neither a state (1..99) nor a state's AIAN "
+                                      f"part (101..199): not read", NMFStrayFileWarning, stacklevel=2)
+                    else:
+                        file_states.add(_state_of(value))
+            chosen = {kind: sorted((v, p) for v, p in (parts or {}).items() if _state_of(v) in fips)
+                      for kind, parts in partitions.items()}
+            present = {_state_of(v) for rows in chosen.values() for v, _ in rows}
+            missing = sorted(set(fips) - present)
+            if missing:
+                available = sorted({_state_of(v) for parts in partitions.values() for v in (parts or {})
+                                    if _state_of(v) is not None})
+                raise ValueError(f"states {missing} have no partition (State=FIPS or State=100+FIPS) at "
+                                 f"level {level} of {product_dir}; states there: {available}")
+        _warn_missing_constraints(level, level_dir, partitions, chosen)
         tables[level] = {}
-        present, available = set(), set()
         for kind in _KINDS:
-            kind_dir = f"{product_dir}/{level}.parquet/{kind}"
-            partitions = _partitions(fs, kind_dir, level)
-            if level == "US":
-                chosen = list(partitions.items())
-            else:
-                chosen = [(v, p) for v, p in partitions.items() if v % 100 in fips and 0 < v < 200]
-                present |= {v % 100 for v, _ in chosen}
             rows = []
-            for value, path in sorted(chosen):
-                for file in _parquet_files(fs, path):
-                    files_read.append(file)
-                    rows.append(_read_file(fs, file, kind, level, value))
+            for value, path in chosen[kind]:
+                files = _parquet_files(fs, path)
+                if not files:
+                    raise NMFFileError(path, None, None, f"the {level} {kind} partition State={value} holds no "
+                                       "parquet file")
+                part = [_read_file(fs, file, kind, level, value) for file in files]
+                if not any(f["n"] for f in part):
+                    raise NMFFileError(path, None, None, f"the {level} {kind} partition State={value} holds "
+                                       f"no rows (in {len(files)} parquet file{'s' if len(files) > 1 else ''})")
+                files_read += files
+                rows += part
             tables[level][kind] = rows
-            available |= {v % 100 for v in partitions if 0 < v < 200}
-        missing = sorted(set(fips) - present)
-        if level != "US" and missing:
-            raise ValueError(f"states {missing} have no partition (State=FIPS or State=100+FIPS) at "
-                             f"level {level} of {product_dir}; states there: {sorted(available)}")
 
     dpqueries, constraint_rows = {}, {}
     for level in levels:
@@ -389,7 +508,10 @@ def read_nmf(root, states, *, levels=None, product: str | None = None,
     constraints = {level: _level_constraints(level, [q for (lv, _), q in constraint_rows.items()
                                                      if lv == level])
                    for level in levels}
-    return NoisyMeasurementFiles(str(root), product, tuple(sorted(fips)), tuple(levels), dpqueries,
+    file_states = tuple(sorted(file_states))
+    unread = tuple(s for s in file_states if s not in fips)
+    _check_consistent(levels, geography, constraints, unread if levels[0] == "US" and len(levels) > 1 else ())
+    return NoisyMeasurementFiles(str(root), product, tuple(sorted(fips)), file_states, tuple(levels), dpqueries,
                                  constraint_rows, geography, tuple(files_read), constraints)
 
 
@@ -443,14 +565,22 @@ def _listdir(fs, path: str):
 
 
 def _is_metadata(name: str) -> bool:
-    return name.startswith(("_", "."))
+    """Spark/Hive bookkeeping, skipped without a word: names starting with ``_`` or ``.``
+    (``_SUCCESS``, ``_committed_*``, ``.part-*.crc``, ``_temporary/``) and checksums ``*.crc``."""
+    return name.startswith(("_", ".")) or name.endswith(".crc")
 
 
-def _partitions(fs, kind_dir: str, level: str) -> dict:
-    """{State value: directory} of a DPQuery or Constraint dataset ({} if it is absent)."""
+def _state_of(value: int) -> int | None:
+    """The state FIPS of a partition State=<value> below US: value (1..99) or value - 100 (its
+    AIAN part, 101..199); None for any other value."""
+    return value % 100 if 0 < value < 200 and value % 100 else None
+
+
+def _partitions(fs, kind_dir: str, level: str) -> dict | None:
+    """{State value: directory} of a DPQuery or Constraint dataset (None if it is absent)."""
     entries = _listdir(fs, kind_dir)
     if entries is None:
-        return {}
+        return None
     out = {}
     for e in entries:
         if _is_metadata(e.base_name):
@@ -463,10 +593,36 @@ def _partitions(fs, kind_dir: str, level: str) -> dict:
     return out
 
 
+def _warn_missing_constraints(level: str, level_dir: str, partitions: dict, chosen: dict) -> None:
+    """Warn where constraints of the partitions read are missing (module docstring)."""
+    dpq_dir, con_dir = f"{level_dir}/{DPQUERY_DIR}", f"{level_dir}/{CONSTRAINT_DIR}"
+    if partitions[CONSTRAINT_DIR] is None:
+        if chosen[DPQUERY_DIR] and level in US_CONSTRAINT_LEVELS:
+            warnings.warn(f"{con_dir}: no Constraint dataset, though {dpq_dir} exists and the layout puts "
+                          f"constraints {list(US_CONSTRAINT_LEVELS[level])} at {level}: no constraint of "
+                          f"{level} is read", NMFMissingConstraintsWarning, stacklevel=3)
+        return
+    for value, _ in chosen[DPQUERY_DIR]:
+        if value not in partitions[CONSTRAINT_DIR]:
+            warnings.warn(f"{con_dir}/State={value}: no such partition, though {dpq_dir}/State={value} "
+                          f"exists: no constraint of its {level} geounits is read",
+                          NMFMissingConstraintsWarning, stacklevel=3)
+
+
 def _parquet_files(fs, directory: str) -> list[str]:
+    """The ``*.parquet`` files under a partition (recursively); other files warn
+    (:class:`NMFStrayFileWarning`) unless they are metadata (:func:`_is_metadata`)."""
     infos = fs.get_file_info(pafs.FileSelector(directory, recursive=True))
-    return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
-                  and not any(_is_metadata(part) for part in i.path[len(directory):].split("/")))
+    out = []
+    for i in infos:
+        if i.type != pafs.FileType.File or any(_is_metadata(part) for part in i.path[len(directory):].split("/")):
+            continue
+        if i.base_name.endswith(".parquet"):
+            out.append(i.path)
+        else:
+            warnings.warn(f"{i.path}: not a parquet file (its name does not end in .parquet) in a partition "
+                          "directory: not read", NMFStrayFileWarning, stacklevel=3)
+    return sorted(out)
 
 
 def _read_file(fs, path: str, kind: str, level: str, partition: int) -> dict:
@@ -532,6 +688,11 @@ def _read_file(fs, path: str, kind: str, level: str, partition: int) -> dict:
         if known is not None and known != axes:
             raise NMFFileError(path, "query_name", row, f"query {query!r} has axis specs {axes}, but the "
                                f"layout gives it {known}")
+        if known is None:
+            names = list(PL94_QUERIES if kind == DPQUERY_DIR else PL94_CONSTRAINTS)
+            warnings.warn(f"{path}, row {row}: {kind} query {query!r} is not one of the layout's PL94 person "
+                          f"queries {names}; it is read as its axis specs {axes} say",
+                          NMFUnknownQueryWarning, stacklevel=3)
         wrong = np.flatnonzero(np.any(shapes[group] != shape, axis=1))
         if wrong.size:
             row = int(group[wrong[0]])
@@ -701,9 +862,10 @@ def _level_constraints(level: str, queries: list) -> LevelConstraints:
             "value": q.values.ravel(), "sign": np.repeat(q.sign, k), "query": q.query,
             "file": np.repeat(q.files, k), "row": np.repeat(q.rows, k)}))
     if not parts:
-        empty = np.array([], dtype=object)
+        empty, none = np.array([], dtype=object), np.zeros(0, np.int64)
         return LevelConstraints(level, empty, scipy.sparse.csr_array((0, N_CELLS), dtype=np.int8),
-                                np.zeros(0), np.zeros(0), (), np.zeros(0, np.int64), np.zeros(0, np.int64))
+                                np.zeros(0), np.zeros(0), (), none, none,
+                                pd.DataFrame(columns=list(_PUBLISHED)), none, none)
     frame = pd.concat(parts, ignore_index=True)
     negative = (frame["sign"] == "=") & (frame["value"] < 0)
     if negative.any():
@@ -734,5 +896,93 @@ def _level_constraints(level: str, queries: list) -> LevelConstraints:
     order = np.concatenate([np.flatnonzero(qid == i) for i in range(len(matrices))])
     stacked = scipy.sparse.vstack(blocks, format="csr")
     matrix = scipy.sparse.csr_array(stacked[np.argsort(order)])
+    low_from, up_from = low_at.to_numpy(), up_at.to_numpy()
     return LevelConstraints(level, keys["geocode"].to_numpy(dtype=object), matrix, lower, upper,
-                            tuple(axes_list), qid.astype(np.int64), cell.astype(np.int64))
+                            tuple(axes_list), qid.astype(np.int64), cell.astype(np.int64),
+                            frame[list(_PUBLISHED)],
+                            np.where(frame["low"].to_numpy()[low_from] >= 0, low_from, -1),
+                            np.where(np.isfinite(upper), up_from, -1))
+
+
+# --- consistency across levels -------------------------------------------------------------
+
+def _check_consistent(levels, geography: dict, constraints: dict, unread: tuple) -> None:
+    """Raise :class:`NMFInfeasibleError` naming the published rows that conflict if the
+    constraints of every level read cannot all hold for histograms >= 0 that add up the tree
+    (module docstring, "Constraints across levels"); ``unread``: the states in the files not
+    read, whose counts join the US level's as a remainder >= 0."""
+    with_rows = [lv for lv in levels if constraints[lv].geocodes.size]
+    if not with_rows:
+        return
+    # atoms: the coarsest partition of the histogram cells that every constraint cell is a union of
+    masks = {}
+    for lv in with_rows:
+        con = constraints[lv]
+        for qid, cell in {(int(q), int(c)) for q, c in zip(con.query_index, con.cell)}:
+            masks[(lv, qid, cell)] = query_matrix(con.query_axes[qid])[1][[cell]].toarray()[0] > 0
+    keys = list(masks)
+    signature = np.stack([masks[k] for k in keys])  # (masks, 2016)
+    _, atom = np.unique(signature.T, axis=0, return_inverse=True)
+    n_atoms = int(atom.max()) + 1
+    in_mask = np.zeros((len(keys), n_atoms), bool)  # mask k holds atom a
+    for k in range(len(keys)):
+        in_mask[k, np.unique(atom[signature[k]])] = True
+    mask_id = {k: i for i, k in enumerate(keys)}
+    # columns: x[leaf, atom] for the leaves (the lowest level read), then the remainder's atoms
+    leaves = geography[levels[-1]].geocodes
+    n_leaves = leaves.size
+    blocks, lower, upper, origin = [], [], [], []
+    for lv in with_rows:
+        con, geo = constraints[lv], geography[lv]
+        area = np.searchsorted(geo.geocodes, [g[: geo.width] for g in leaves]) if lv != levels[-1] \
+            else np.arange(n_leaves)
+        under = scipy.sparse.csr_array((np.ones(n_leaves), (area, np.arange(n_leaves))),
+                                       shape=(geo.geocodes.size, n_leaves))
+        rows = np.arange(con.geocodes.size)
+        equal = (con.lower == con.upper) & (con.lower_from == con.upper_from)
+        low_side = ~equal & (con.lower > 0)
+        up_side = ~equal & np.isfinite(con.upper)
+        for take, lo_on, up_on in ((equal, True, True), (low_side, True, False), (up_side, False, True)):
+            r = rows[take]
+            if r.size == 0:
+                continue
+            m = in_mask[[mask_id[(lv, int(q), int(c))] for q, c in zip(con.query_index[r], con.cell[r])]]
+            R = under[np.searchsorted(geo.geocodes, con.geocodes[r])].tocoo()
+            cols = [R.col * n_atoms + a for a in range(n_atoms)]
+            keep = [m[R.row, a] for a in range(n_atoms)]
+            coo_r = np.concatenate([R.row[k] for k in keep])
+            coo_c = np.concatenate([c[k] for c, k in zip(cols, keep)])
+            if lv == "US" and unread:  # the remainder of the nation
+                extra_r, extra_a = np.nonzero(m)
+                coo_r = np.concatenate([coo_r, extra_r])
+                coo_c = np.concatenate([coo_c, n_leaves * n_atoms + extra_a])
+            blocks.append(scipy.sparse.csr_array((np.ones(coo_r.size), (coo_r, coo_c)),
+                                                 shape=(r.size, (n_leaves + 1) * n_atoms)))
+            lower.append(con.lower[r] if lo_on else np.full(r.size, -np.inf))
+            upper.append(con.upper[r] if up_on else np.full(r.size, np.inf))
+            origin += [(lv, i, "=" if lo_on and up_on else ">=" if lo_on else "<=") for i in r]
+    A = scipy.sparse.vstack(blocks, format="csr")
+    n = A.shape[1]
+    conflict = conflicting_rows(A, np.concatenate(lower), np.concatenate(upper), np.zeros(n), np.full(n, np.inf))
+    if conflict is None:
+        return
+    records = []
+    for i in conflict:
+        lv, row, side = origin[i]
+        con = constraints[lv]
+        source = con.lower_from[row] if side in ("=", ">=") else con.upper_from[row]
+        p = con.published.iloc[source]
+        records.append({"level": lv, "geocode": p["geocode"], "query": p["query"],
+                        "axes": con.query_axes[con.query_index[row]], "cell": int(p["cell"]),
+                        "sign": p["sign"], "value": int(p["value"]), "file": p["file"], "row": int(p["row"]),
+                        "leaves": int(A[[i]].nnz)})
+    table = pd.DataFrame.from_records(records)
+    shown = [f"{r.level} {r.geocode!r}: {r.query!r} {r.sign} {r.value} on cell {r.cell} of {r.axes} "
+             f"({r.file}, row {r.row})" + (f" (no {levels[-1]} geounit under it)" if r.leaves == 0 else "")
+             for r in table.itertuples()]
+    more = f"; and {len(shown) - 12} more" if len(shown) > 12 else ""
+    nation = (f" (the US rows are the nation's: the states {list(unread)} in the files but not read add a "
+              "remainder >= 0)" if unread else "")
+    raise NMFInfeasibleError(table.drop(columns="leaves"), (
+        f"the constraints of the levels read cannot all hold for counts >= 0 that add up from {levels[-1]} "
+        f"to {levels[0]}{nation}; these {len(shown)} rows conflict: " + "; ".join(shown[:12]) + more))

@@ -22,7 +22,19 @@ Which measurements are used, and how (the ``usage`` table says it per level and 
 * a group whose histogram cells do not cover its coarse cells (``nurse_nva_0``'s nursing-home
   minors when hhgq is summed) is **not a query of the coarse cells** and is not used;
 * levels below the leaves are not used (their measurements would add independent noisy sums of
-  the leaves, their bounds weaker bounds: both left out, said in ``usage``).
+  the leaves, their bounds weaker bounds: both left out, said in ``usage``);
+* the **US level's** measurements and constraints are of the nation. If the files hold states
+  that were not read (:attr:`~dpinfer.io.nmf.reading.NoisyMeasurementFiles.other_states`), the
+  nation is the states read plus a remainder nothing read describes, and the US rows say
+  essentially nothing about the states read (only that their sums lie below the nation's: the
+  reader's module docstring, "The nation"); imposing them on the states read would be wrong
+  (the nation's exact total on one state). They are not used, each listed in ``usage`` with
+  the reason ("the nation's measurement; the files hold states [...] not read"), and the tree
+  starts at the states read (a virtual root "(all)" joins several). Leaving terms out keeps
+  the posterior valid: it is the posterior given the rest of the release. If every state in
+  the files is read, the nation is the states read and the US rows are used as any level's;
+* a query name that is not one of the layout's PL94 queries or constraints is used as its axis
+  specs say, and ``usage`` says so.
 
 Constraints (:meth:`~dpinfer.io.nmf.reading.NoisyMeasurementFiles.constraints`, intervals
 lower <= M x_g <= upper) are grouped the same way: a group's sum lies between the sums of its
@@ -39,7 +51,15 @@ import pandas as pd
 import scipy.sparse
 from scipy.sparse.csgraph import connected_components
 
-from dpinfer.io.nmf.layout import AXES, LEVELS, axis_partition, known_specs, query_matrix
+from dpinfer.io.nmf.layout import (
+    AXES,
+    LEVELS,
+    PL94_CONSTRAINTS,
+    PL94_QUERIES,
+    axis_partition,
+    known_specs,
+    query_matrix,
+)
 from dpinfer.mechanisms.nested import NestedMeasurements
 
 #: Named coarsenings: axis specs in AXES order.
@@ -137,15 +157,25 @@ class CensusTable:
     def aggregate(self, geocodes, cell_index, counts) -> np.ndarray:
         """(n_leaves, n_cells) int64: histogram counts given in long form (the geocode of a
         geounit at or below the leaves, the histogram cell 0..2015, the count) summed to the
-        leaves and the coarse cells (e.g. a synthetic file's truth)."""
+        leaves and the coarse cells (e.g. a synthetic file's truth). Rows of states the table
+        does not hold (their State geocode, the first 3 characters, is no leaf's: the truth of
+        a whole synthetic nation given to a table of some of its states) are left out; any
+        other geocode under no leaf is an error, and so is a table of none of the rows."""
         geocodes = np.asarray(geocodes).astype(str)
         width = len(self.leaves[0])
         leaf = self.leaves.get_indexer([g[:width] for g in geocodes])
-        if np.any(leaf < 0):
-            raise ValueError(f"geocodes {sorted(set(geocodes[leaf < 0]))[:3]} lie under no leaf of the table")
-        cell = self.coarse.matrix.toarray().argmax(axis=0)[np.asarray(cell_index, dtype=np.int64)]
+        states = {g[:3] for g in self.leaves} if width >= 3 else set()
+        elsewhere = np.array([width >= 3 and g[:3] not in states for g in geocodes], dtype=bool)
+        if np.any((leaf < 0) & ~elsewhere):
+            raise ValueError(f"geocodes {sorted(map(str, set(geocodes[(leaf < 0) & ~elsewhere])))[:3]} lie under "
+                             "no leaf of the table")
+        if geocodes.size and elsewhere.all():
+            raise ValueError(f"none of the geocodes is of the table's states {sorted(states)}: e.g. "
+                             f"{sorted(map(str, set(geocodes)))[:3]}")
+        keep = ~elsewhere
+        cell = self.coarse.matrix.toarray().argmax(axis=0)[np.asarray(cell_index, dtype=np.int64)[keep]]
         out = np.zeros((len(self.leaves), self.coarse.n_cells), dtype=np.int64)
-        np.add.at(out, (leaf, cell), np.asarray(counts, dtype=np.int64))
+        np.add.at(out, (leaf[keep], cell), np.asarray(counts, dtype=np.int64)[keep])
         return out
 
 
@@ -156,6 +186,10 @@ def census_table(nmf, leaf_level: str, cells="pl94-28") -> CensusTable:
         raise ValueError(f"leaf_level must be one of the levels read {nmf.levels}, got {leaf_level!r}")
     coarse = coarsening(cells)
     used_levels = [lv for lv in LEVELS if lv in nmf.levels and LEVELS.index(lv) <= LEVELS.index(leaf_level)]
+    nation = ""  # why the US rows are set aside, if they are
+    if used_levels[0] == "US" and len(used_levels) > 1 and nmf.other_states:
+        nation = f"the files hold states {list(nmf.other_states)} not read"
+        used_levels = used_levels[1:]
     # the tree: geounits top down, parents by the reader's prefix rule
     geocodes, level_of, parent = [], [], []
     index: dict = {}
@@ -180,6 +214,11 @@ def census_table(nmf, leaf_level: str, cells="pl94-28") -> CensusTable:
                                  area_names=[f"{lv} {g}" if g else lv for lv, g in zip(level_of, geocodes)])
     usage = []
     for (lv, query), rows in nmf.dpqueries.items():
+        unknown = "" if query in PL94_QUERIES else "not a PL94 query of the layout, used as its axis specs say: "
+        if lv == "US" and nation:
+            usage.append(_usage(lv, query, "measurement", f"not used: the nation's measurement; {nation}",
+                                0, rows.values.size))
+            continue
         if lv not in used_levels:
             usage.append(_usage(lv, query, "measurement", "not used: below the leaves", 0, 0))
             continue
@@ -196,16 +235,24 @@ def census_table(nmf, leaf_level: str, cells="pl94-28") -> CensusTable:
                f"summed ({summed.min()}-{summed.max()} published cells per term)" if groups else "")
         if unusable:
             how = (how + "; " if how else "") + f"{unusable} query cells not a query of the coarse cells: not used"
-        usage.append(_usage(lv, query, "measurement", how, len(groups) * len(areas), rows.values.size))
+        usage.append(_usage(lv, query, "measurement", unknown + how, len(groups) * len(areas), rows.values.size))
     for lv in nmf.levels:
         con = nmf.constraints(lv)
         if con.geocodes.size == 0:
+            continue
+        if lv == "US" and nation:
+            for qi, axes in enumerate(con.query_axes):
+                usage.append(_usage(lv, "+".join(axes), "constraint", f"not used: the nation's constraint; {nation}",
+                                    0, int(np.sum(con.query_index == qi))))
             continue
         if lv not in used_levels:
             usage.append(_usage(lv, "(constraints)", "constraint", "not used: below the leaves", 0, con.geocodes.size))
             continue
         for qi, axes in enumerate(con.query_axes):
             take = np.flatnonzero(con.query_index == qi)
+            names = sorted(name for (level, name), q in nmf.constraint_rows.items()
+                           if level == lv and q.axes == axes and name not in PL94_CONSTRAINTS)
+            unknown = f"{names} not PL94 constraints of the layout, used as their axis specs say: " if names else ""
             _, qmatrix = query_matrix(axes)
             groups, unusable = _groups(qmatrix, coarse.matrix)
             geos = np.unique(con.geocodes[take])
@@ -235,7 +282,7 @@ def census_table(nmf, leaf_level: str, cells="pl94-28") -> CensusTable:
             how = f"{len(groups)} groups of query cells as equalities and bounds" if groups else ""
             if unusable:
                 how = (how + "; " if how else "") + f"{unusable} query cells not a query of the coarse cells: not used"
-            usage.append(_usage(lv, "+".join(axes), "constraint", how, n_terms, take.size))
+            usage.append(_usage(lv, "+".join(axes), "constraint", unknown + how, n_terms, take.size))
     areas = pd.DataFrame({"geocode": geocodes, "level": level_of, "parent": parent})
     return CensusTable(release, leaf_level, pd.Index(leaf_geo, name="geocode"), coarse.cells, coarse, areas,
                        pd.DataFrame.from_records(usage))
