@@ -429,3 +429,19 @@ def test_groupings_that_do_not_nest_are_refused():
             dp.GroupedNegativeBinomial("x", TWO_MU, [1.0, 1.0], 1.0, [np.array([0, 0, 1, 1]), np.array([0, 1, 1, 1])])
         with pytest.raises(ValueError, match="one split concentration per grouping"):
             dp.GroupedNegativeBinomial("x", TWO_MU, [1.0], 1.0, TWO_GROUPS)
+
+
+def test_values_beyond_int32_reach_the_sampler_whole():
+    """PyMC stores integer observed data as int32; a bound of 3e9 (a state's group-quarters
+    upper bound is 99999 x its housing units) must reach the plan unwrapped."""
+    from dpinfer.inference import planning
+    from dpinfer.mechanisms.records import releases_of
+
+    nm = NestedMeasurements([-1, 0, 0], [1, 2], 1)
+    nm.measure("leaves", [1, 2], [[0]], [[3], [5]], 2.0)
+    nm.at_most("root (<=)", [0], [[0]], [[2_963_370_366]])
+    with pm.Model() as model:
+        x = pm.Poisson("x", 4.0, shape=(2, 1))
+        nm.observe("nmf", x)
+    plan = planning.plan_model(model, releases_of(model)).latents[0]
+    assert plan.sums.term_value.tolist() == [2_963_370_366, 3, 5]

@@ -15,7 +15,11 @@ model ``dpinfer nmf`` runs) is fitted twice:
 Targets: every (area, coarse cell) and every area's voting-age population, share Hispanic and
 share non-Hispanic white alone, at block group, tract and county level. Per target and
 quantile p in (0.05, 0.5, 0.95): the difference |q_EB - q_FB| against the bar 0.1 x the full-
-Bayes 90% interval's width (q_0.95 - q_0.05) plus Monte Carlo error. The Monte Carlo error of a
+Bayes 90% interval's width (q_0.95 - q_0.05) plus Monte Carlo error. Counts and populations are
+whole numbers, whose ordinary quantiles jump by one where the cumulative probability crosses p
+(a count that is 0 in 94% of one method's draws and 96% of the other's has 95% quantiles 1 and 0,
+width 0): they are compared by the quantiles of the count jittered by U(-1/2, 1/2)
+(:func:`jittered_quantile`), continuous in p. The Monte Carlo error of a
 quantile estimate: the p +- sqrt(p (1 - p) / ESS) quantiles of the draws (Vehtari et al. 2021,
 section 4.4: the quantile's standard error through the ESS of its indicator; here the smaller of
 the target's bulk and tail ESS), half their distance a standard error; the two methods' errors
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import tempfile
 import time
 from pathlib import Path
@@ -71,32 +76,46 @@ def derived_targets(table):
     return concat_targets(*out)
 
 
-def quantiles_with_error(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def quantiles_with_error(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(quantiles (3, k), their Monte Carlo standard errors (3, k)) of target draws (chains,
-    draws, k) (module docstring)."""
+    draws, k) (module docstring); the targets where ``counts`` (k,) is True are whole numbers,
+    jittered (:func:`jittered_quantile`)."""
     from dpinfer.inference.convergence import diagnostics, tail_ess
 
     chains, draws, k = values.shape
     finite = np.where(np.isfinite(values), values, 0.0)
     _, bulk = diagnostics(finite)
     ess = np.maximum(np.fmin(bulk, tail_ess(finite)), 1.0)
-    ordered = np.sort(values.reshape(chains * draws, k), axis=0)  # NaN (a share of 0 / 0) last
-    valid = np.sum(np.isfinite(ordered), axis=0)
-    q = np.stack([_quantile(ordered, valid, np.full(k, p)) for p in QUANTILES])
-    se = np.stack([(_quantile(ordered, valid, np.minimum(p + np.sqrt(p * (1 - p) / ess), 1.0))
-                    - _quantile(ordered, valid, np.maximum(p - np.sqrt(p * (1 - p) / ess), 0.0))) / 2
-                   for p in QUANTILES])
+    pooled = values.reshape(chains * draws, k)
+    q, se = np.empty((len(QUANTILES), k)), np.empty((len(QUANTILES), k))
+    for i in range(k):
+        column = pooled[:, i][np.isfinite(pooled[:, i])]
+        for j, p in enumerate(QUANTILES):
+            s = math.sqrt(p * (1 - p) / ess[i])
+            q[j, i], low, high = (jittered_quantile(column, x, counts[i])
+                                  for x in (p, max(p - s, 0.0), min(p + s, 1.0)))
+            se[j, i] = (high - low) / 2
     return q, se
 
 
-def _quantile(ordered: np.ndarray, valid: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """Column j's p[j]-quantile of its first valid[j] sorted values (NumPy's linear rule)."""
-    position = p * np.maximum(valid - 1, 0)
-    low = np.floor(position).astype(np.int64)
-    high = np.minimum(low + 1, np.maximum(valid - 1, 0))
-    columns = np.arange(ordered.shape[1])
-    a, b = ordered[low, columns], ordered[high, columns]
-    return np.where(valid > 0, a + (position - low) * (b - a), np.nan)
+def jittered_quantile(draws: np.ndarray, p: float, whole: bool) -> float:
+    """The p-quantile of ``draws``: for whole numbers, of the count jittered by a uniform on
+    (-1/2, 1/2) (the continuous extension of a discrete law; Machado & Santos Silva 2005,
+    "Quantiles for counts"), computed exactly: the inverse of the piecewise-linear CDF through
+    (x - 1/2, P(X < x)) and (x + 1/2, P(X <= x)) at the values x drawn. Where an integer's
+    ordinary quantile jumps by one as the probability crosses p (a count that is 0 in 94% of one
+    method's draws and 96% of the other's has 95% quantiles 1 and 0, a 90% interval of width 0),
+    this moves continuously, and a point mass has a 90% interval of width 0.9. Shares
+    (``whole`` False): NumPy's linear quantile. NaN without draws."""
+    if draws.size == 0:
+        return math.nan
+    if not whole:
+        return float(np.quantile(draws, p))
+    support, counts = np.unique(draws, return_counts=True)
+    after = np.cumsum(counts) / draws.size
+    before = after - counts / draws.size
+    return float(np.interp(p, np.column_stack([before, after]).reshape(-1),
+                           np.column_stack([support - 0.5, support + 0.5]).reshape(-1)))
 
 
 def compare(table, full, empirical) -> pd.DataFrame:
@@ -107,7 +126,7 @@ def compare(table, full, empirical) -> pd.DataFrame:
         draws = idata.posterior["counts"].values
         chains, n = draws.shape[:2]
         values = targets.values(draws.reshape(chains * n, *draws.shape[2:])).reshape(chains, n, -1)
-        rows[name] = quantiles_with_error(values)
+        rows[name] = quantiles_with_error(values, ~targets.is_ratio)
     (q_fb, se_fb), (q_eb, se_eb) = rows["fb"], rows["eb"]
     width = q_fb[2] - q_fb[0]
     diff = np.abs(q_eb - q_fb)
@@ -117,7 +136,9 @@ def compare(table, full, empirical) -> pd.DataFrame:
     for j, p in enumerate(QUANTILES):
         frame[f"fb_q{int(p * 100):02d}"] = q_fb[j]
         frame[f"eb_q{int(p * 100):02d}"] = q_eb[j]
-        frame[f"diff_over_width_q{int(p * 100):02d}"] = np.where(width > 0, diff[j] / width, np.where(diff[j] > 0, np.inf, 0.0))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frame[f"diff_over_width_q{int(p * 100):02d}"] = np.where(width > 0, diff[j] / width,
+                                                                     np.where(diff[j] > 0, np.inf, 0.0))
     frame["worst_excess"] = excess.max(axis=0)
     frame["meets_bar"] = frame["worst_excess"] <= 0
     return frame

@@ -52,6 +52,9 @@ from dpinfer.mechanisms.records import releases_of
 MAX_WIDENINGS = 4
 METHODS = ("auto", "marginal", "fibre", "nutpie")
 INFERENCES = ("full-bayes", "empirical-bayes")
+UNCERTAINTIES = ("none", "normal")
+EMPIRICAL_BAYES = {"uncertainty": "none", "every": 25, "burn": 5}  # dp.sample's empirical_bayes= defaults
+EMPIRICAL_BAYES_KEYS = ("burn_in", "max_iterations", "tolerance", *EMPIRICAL_BAYES)
 CONTINUOUS_METHOD = ("NUTS on the continuous latent with the release observed (its exact "
                      "likelihood; nothing to marginalise)")
 
@@ -131,7 +134,11 @@ def sample(
         None (the default): ``draws`` draws only.
     empirical_bayes
         Settings of the estimate (``burn_in``, ``max_iterations``, ``tolerance``:
-        :func:`dpinfer.inference.empirical_bayes.estimate`).
+        :func:`dpinfer.inference.empirical_bayes.estimate`) and of what follows it:
+        ``uncertainty`` ``"none"`` (the default: the parameters held at the estimate) or
+        ``"normal"`` (drawn afresh every ``every`` (25) stored draws from the normal law of the
+        estimate and its approximate posterior sds, each draw followed by ``burn`` (5) count
+        draws: the parameters' uncertainty propagated to the counts, approximately).
     sample_kwargs
         Passed to ``pm.sample`` (PyMC engine); nutpie takes ``target_accept`` and
         ``max_treedepth``; the compiled engine takes ``initvals``, ``target_accept`` (0.8) and
@@ -158,8 +165,11 @@ def sample(
     if inference not in INFERENCES:
         raise ValueError(f"inference must be one of {INFERENCES}, got {inference!r}")
     if empirical_bayes is not None and (inference != "empirical-bayes" or not isinstance(empirical_bayes, dict)):
-        raise TypeError("empirical_bayes takes a dict of settings (burn_in, max_iterations, tolerance) and "
+        raise TypeError(f"empirical_bayes takes a dict of settings {EMPIRICAL_BAYES_KEYS} and "
                         f"inference='empirical-bayes'; got {empirical_bayes!r} with inference={inference!r}")
+    unknown = sorted(set(empirical_bayes or {}) - set(EMPIRICAL_BAYES_KEYS))
+    if unknown:
+        raise TypeError(f"empirical_bayes got {unknown}; its settings are {EMPIRICAL_BAYES_KEYS}")
     for name, value, least in (("draws", draws, 1), ("tune", tune, 0), ("chains", chains, 1)):
         if int(value) != value or value < least:
             raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
@@ -325,11 +335,19 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
     plans = plan.latents
     planning.first_windows(plans, tol, exact_tails=engine == "compiled",
                            at_least={} if engine == "compiled" else pymc_engine.kept_widths(model))
-    held = None
+    held = spread = None
     if inference == "empirical-bayes":
+        settings = EMPIRICAL_BAYES | empirical_bayes
+        uncertainty, every, burn = (settings.pop(k) for k in ("uncertainty", "every", "burn"))
+        if uncertainty not in UNCERTAINTIES:
+            raise ValueError(f"empirical_bayes['uncertainty'] must be one of {UNCERTAINTIES}, got {uncertainty!r}")
+        for name, value, least in (("every", every, 1), ("burn", burn, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"empirical_bayes[{name!r}] must be a whole number >= {least}, got {value!r}")
+        spread = {"every": every, "burn": burn} if uncertainty == "normal" else None
         held = compiled_engine.estimate_parameters(fitted, compiled, plans, chains=chains, cores=cores, rng=rng,
                                                    progressbar=progressbar,
-                                                   initvals=sample_kwargs.get("initvals"), **empirical_bayes)
+                                                   initvals=sample_kwargs.get("initvals"), **settings)
         if progressbar:
             print(f"dpinfer: empirical Bayes: {_estimate_line(held)}", file=sys.stderr, flush=True)
     seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
@@ -344,7 +362,7 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
             idata, report, failed = compiled_engine.run(
                 fitted, compiled, plans, draws=draws, tune=tune, chains=chains, cores=cores,
                 rng=rng, tol=tol, progressbar=progressbar, checkpoint=checkpoint, held=held,
-                deadline=deadline, **sample_kwargs)
+                deadline=deadline, spread=spread, **sample_kwargs)
         else:
             idata, report, failed, fit = pymc_engine.run(
                 model, plans, draws=draws, tune=tune, chains=chains, cores=cores,
@@ -352,7 +370,7 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
                 sample_kwargs=sample_kwargs)
         if not failed:
             if held is not None:
-                idata.posterior.attrs["dpinfer_empirical_bayes"] = json.dumps(_estimate_entry(compiled, held))
+                idata.posterior.attrs["dpinfer_empirical_bayes"] = json.dumps(_estimate_entry(compiled, held, spread))
             return idata, report, attempt, fit
         if attempt == MAX_WIDENINGS:
             nested = [p for p in plans if p.kind == "nested" and p.latent_name in failed]
@@ -383,19 +401,25 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
             print(f"dpinfer: widening the windows of {sorted(failed)} and refitting")
 
 
-def _estimate_entry(compiled, held) -> dict:
+def _estimate_entry(compiled, held, spread) -> dict:
     """The report of an empirical-Bayes estimate: the method, and per parameter (unconstrained,
-    as NUTS would see it) the estimate, its Monte Carlo standard error and the approximate
-    posterior sd (:class:`~dpinfer.inference.empirical_bayes.Estimate`)."""
+    as NUTS would see it) the estimate, its Monte Carlo standard error, the approximate
+    posterior sd and the sd given the counts (:class:`~dpinfer.inference.empirical_bayes.Estimate`)."""
     def by_name(values):
         return {name: np.asarray(values[sl]).reshape(shape).tolist()
                 for name, sl, shape in zip(compiled.names, compiled.slices, compiled.shapes)}
 
-    return {"method": ("empirical Bayes: the continuous parameters at the mode of their marginal posterior "
-                       "(counts summed out; stochastic-approximation EM-gradient with the exact count draws, "
-                       "dpinfer.inference.empirical_bayes), then held there: the counts' posterior given "
-                       "them, which ignores the parameters' uncertainty"),
+    method = ("empirical Bayes: the continuous parameters' marginal posterior mode (counts summed out; "
+              "stochastic-approximation EM-gradient with the exact count draws, dpinfer.inference.empirical_bayes)")
+    if spread is None:
+        method += ", then held there: the counts' posterior given them, which ignores the parameters' uncertainty"
+    else:
+        method += (f", then drawn every {spread['every']} stored draws from the normal law of that mode and the "
+                   f"approximate posterior sds (Louis's observed information, diagonal; {spread['burn']} count "
+                   "draws after each): the counts' posterior averaged over that approximation of the parameters'")
+    return {"method": method, "uncertainty": "normal" if spread is not None else "none",
             "parameters": by_name(held.q), "mc_se": by_name(held.mc_se), "posterior_sd": by_name(held.posterior_sd),
+            "conditional_sd": by_name(held.conditional_sd),
             "settled": held.settled, "tolerance": held.tolerance, "burn_in": held.burn_in,
             "iterations": held.iterations, "seconds": held.seconds}
 

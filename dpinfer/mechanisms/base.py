@@ -14,7 +14,7 @@ import numpy as np
 import pymc as pm
 
 from dpinfer import privacy
-from dpinfer._graphs import shape_of
+from dpinfer._graphs import observed_integers, shape_of
 from dpinfer._validation import (
     as_integer_array,
     as_real_array,
@@ -155,7 +155,7 @@ class Mechanism(abc.ABC):
                 f"observed has shape {value.shape} but true_values has shape {true_shape}; "
                 "each true value needs exactly one released value"
             )
-        rv = model.register_rv(rv, name, observed=observed, dims=dims)
+        rv = model.register_rv(rv, name, observed=observed_integers(observed), dims=dims)
         if hasattr(true_values, "owner"):  # tag the latent counts (also behind a query Q @ x)
             latents = latent_candidates(model, true_values)
             if len(latents) == 1:  # otherwise not latent counts: dpinfer.sample reports it

@@ -202,10 +202,11 @@ class NestedMeasurements:
         counts ``counts`` (shape (n_leaves, n_cells)), and record it for ``dpinfer.sample``.
         ``values``: the terms' values in the order of :attr:`values` (default: those given to
         the builder), or a ``pm.Data`` of them, which ``pm.set_data`` can replace between fits
-        (a simulation study refits one model)."""
+        (a simulation study refits one model; make it float64 where values exceed 2^31 - 1, as
+        PyMC stores integer data as int32)."""
         import pymc as pm
 
-        from dpinfer._graphs import shape_of
+        from dpinfer._graphs import observed_integers, shape_of
         from dpinfer.mechanisms.guard import install as install_guard
         from dpinfer.mechanisms.records import check_latent_type, latent_candidates, record_release
 
@@ -224,7 +225,7 @@ class NestedMeasurements:
         if np.shape(current) != sums.term_value.shape:
             raise ValueError(f"values must hold one value per term ({sums.term_value.size}), got shape "
                              f"{np.shape(current)}")
-        rv = model.register_rv(rv, name, observed=values)
+        rv = model.register_rv(rv, name, observed=observed_integers(values))
         if hasattr(counts, "owner"):
             latents = latent_candidates(model, counts)
             if len(latents) == 1:

@@ -55,7 +55,7 @@ import numba
 import numpy as np
 from numba import literal_unroll
 
-from dpinfer._random_stream import new_stream
+from dpinfer._random_stream import new_stream, standard_normal
 from dpinfer.inference.checkpoint import ChainState, Interrupted, interrupted_message
 from dpinfer.inference.engines.compiled.count_blocks import GroupTotals, IndependentCells
 from dpinfer.inference.engines.compiled.exact_counts import (
@@ -199,7 +199,7 @@ def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row, re
 @numba.njit(cache=True, nogil=True)
 def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt, metric_count,
             metric_mean, metric_m2, window_ends, max_depth, cells, totals, nested, rng, out_q, out_counts,
-            out_stats, row, nuts_per_sweep, counts_per_sweep):
+            out_stats, row, nuts_per_sweep, counts_per_sweep, spread, spread_every, spread_burn):
     """Iterations first..last-1 of a chain (module docstring). Returns 0, or 1 if a count
     block found a window without mass, 2 if the parameters' log density is not finite.
 
@@ -216,19 +216,29 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt,
     ``nuts_per_sweep`` = 0 **holds the parameters** at q (empirical Bayes: the counts' posterior
     given them, :mod:`dpinfer.inference.empirical_bayes`): an iteration is ``counts_per_sweep``
     count draws (one while tuning, which is then a burn-in), no NUTS and no adaptation; the
-    nested blocks' tables are filled once per call, as neither q nor the counts change between
-    their draws otherwise."""
+    nested blocks' tables are filled only when q has changed (and once per call), as the counts
+    move by their own draws alone otherwise. With ``spread_every`` > 0, every ``spread_every``
+    stored draws q is drawn afresh, q = spread[0] + spread[1] * z with z standard normal (the
+    parameters' approximate marginal posterior: empirical Bayes with their uncertainty), and
+    ``spread_burn`` count draws follow it before the next stored one (the counts forget the
+    previous q)."""
     n = q.shape[0]
     held = nuts_per_sweep == 0
     warm_start = 0 if held else min(50, tune // 10)
+    stale = True  # the nested blocks' tables are not those of q and the counts
     for it in range(first, last):
         row[:] = 0.0
         hold_ratio = HOLD_RATIO if it >= tune else HOLD_RATIO_TUNING
         if held:
-            for t in range(counts_per_sweep if it >= tune else 1):
-                if not _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row,
-                                    it == first and t == 0):
+            burn = 0
+            if spread_every > 0 and it >= tune and (it - tune) % spread_every == 0:
+                for i in range(n):
+                    q[i] = spread[0, i] + spread[1, i] * standard_normal(rng)
+                stale, burn = True, spread_burn
+            for t in range(burn + (counts_per_sweep if it >= tune else 1)):
+                if not _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row, stale):
                     return 1
+                stale = False
             if it >= tune:
                 k = it - tune
                 out_q[k] = q
@@ -342,7 +352,7 @@ class Stepper:
 
     def __init__(self, model, blocks, state: ChainState, *, tune: int, draws: int,
                  max_tree_depth: int = MAX_TREE_DEPTH, nuts_per_sweep: int = NUTS_PER_SWEEP,
-                 counts_per_sweep: int = COUNTS_PER_SWEEP):
+                 counts_per_sweep: int = COUNTS_PER_SWEEP, spread=None):
         self.model, self.state, self.tune, self.total = model, state, tune, tune + draws
         self.env = model.environment(state.counts)  # the model functions' view of the counts and the data
         self.names, columns = stat_columns(blocks)
@@ -357,6 +367,9 @@ class Stepper:
         self.window_ends = np.asarray(metric_windows(tune) or [-1], dtype=np.int64)
         self.max_tree_depth, self.nuts_per_sweep, self.counts_per_sweep = (
             max_tree_depth, nuts_per_sweep, counts_per_sweep)
+        # spread: (centre, sd, every, burn) of held parameters drawn afresh (_sweeps), or None
+        centre, sd, self.spread_every, self.spread_burn = spread or (np.zeros(model.n), np.zeros(model.n), 0, 0)
+        self.spread = np.stack([np.asarray(centre, float), np.asarray(sd, float)])
 
     def advance(self, last: int) -> None:
         """Run iterations ``state.done`` .. ``last`` - 1 (raises :class:`SamplingError`)."""
@@ -364,7 +377,8 @@ class Stepper:
         code = _sweeps(s.done, last, self.tune, self.model.logp_grad_address, s.q, self.grad, s.counts, self.env,
                        s.inv_mass, s.adapt, s.metric_count, s.metric_mean, s.metric_m2, self.window_ends,
                        self.max_tree_depth, self.cells, self.totals, self.nested, s.stream, s.draws_q,
-                       s.draws_counts, s.draws_stats, self.row, self.nuts_per_sweep, self.counts_per_sweep)
+                       s.draws_counts, s.draws_stats, self.row, self.nuts_per_sweep, self.counts_per_sweep,
+                       self.spread, self.spread_every, self.spread_burn)
         if code == 1:
             raise SamplingError("a count block's window holds no mass (a release far outside "
                                 "its window without exact tails)")
@@ -401,7 +415,7 @@ class Stepper:
 def run_chain(model, blocks, state: ChainState, *, tune: int, draws: int,
               max_tree_depth: int = MAX_TREE_DEPTH, nuts_per_sweep: int = NUTS_PER_SWEEP,
               counts_per_sweep: int = COUNTS_PER_SWEEP, progress=None, save=None,
-              save_every: int = 0, stop: threading.Event | None = None) -> ChainResult | None:
+              save_every: int = 0, stop: threading.Event | None = None, spread=None) -> ChainResult | None:
     """Run a chain (module docstring) from ``state`` (:func:`fresh_state`, or a checkpoint's)
     to its ``tune + draws`` iterations (``model`` and ``blocks`` as :class:`Stepper`'s).
     ``save(state)`` is called every ``save_every`` iterations, at the end and when the chain
@@ -409,7 +423,7 @@ def run_chain(model, blocks, state: ChainState, *, tune: int, draws: int,
     Calls take about half a second each (sized from the last one), so a stop is prompt."""
     start_time = time.perf_counter() - state.seconds
     stepper = Stepper(model, blocks, state, tune=tune, draws=draws, max_tree_depth=max_tree_depth,
-                      nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep)
+                      nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep, spread=spread)
     total = tune + draws
     longest = max(1, math.ceil(total / _CHUNKS))
     chunk = 1
@@ -506,7 +520,7 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
                seeds: list, starts: list, progressbar: bool = True,
                max_tree_depth: int = MAX_TREE_DEPTH, target_accept: float = 0.8,
                nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int = COUNTS_PER_SWEEP,
-               checkpoint=None, more=None) -> list[ChainResult]:
+               checkpoint=None, more=None, spread=None) -> list[ChainResult]:
     """``chains`` chains, ``cores`` at a time in threads; ``starts`` gives (q0, counts0) per
     chain, ``seeds`` a ``numpy.random.Generator`` per chain for its random stream. Returns the
     chains' results in order. With ``checkpoint``
@@ -519,7 +533,7 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
     and the seconds an iteration of the round took; it returns how many more draws every chain should make
     (0: none). The chains then **sample on** from where they are (the kernel after tuning is
     fixed, so the continued chains are the same Markov chains; a saved chain carries its draws
-    so far, so a resumed fit continues with them)."""
+    so far, so a resumed fit continues with them). ``spread``: :class:`Stepper`'s."""
     n_stats = len(stat_columns(blocks)[0])
     states = []
     for c in range(chains):
@@ -541,7 +555,7 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
         return run_chain(model, blocks, states[c], tune=tune, draws=draws, max_tree_depth=max_tree_depth,
                          nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep,
                          progress=progress, save=save, save_every=checkpoint.every if checkpoint else 0,
-                         stop=stop)
+                         stop=stop, spread=spread)
 
     with _ctrl_c_sets(stop, progressbar):
         while True:

@@ -114,7 +114,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
         rng: np.random.Generator, tol: float, progressbar: bool, initvals=None,
         target_accept: float = 0.8, max_treedepth: int = MAX_TREE_DEPTH,
         nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int | None = None, checkpoint=None,
-        held=None, deadline: float | None = None):
+        held=None, deadline: float | None = None, spread: dict | None = None):
     """One fit with the plans' current windows: (DataTree, report, failed), ``failed`` mapping
     each latent whose window (without exact tails) missed ``tol`` to its largest bound.
     ``counts_per_sweep`` defaults to min(COUNTS_PER_SWEEP, nuts_per_sweep). ``checkpoint``: a
@@ -122,7 +122,10 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
     :class:`~dpinfer.inference.checkpoint.Checkpoint` (or None). ``held``: an
     :class:`~dpinfer.inference.empirical_bayes.Estimate` whose parameters are held while the
     counts are drawn given them (``counts_per_sweep`` draws per stored draw, default 1; the
-    chains start from its counts; no NUTS). ``deadline`` (``time.monotonic()`` seconds): while
+    chains start from its counts; no NUTS); ``spread`` ({"every": K, "burn": B}): the held
+    parameters drawn afresh from the normal law of the estimate's mode and approximate posterior
+    sds every K stored draws, B count draws after each (empirical Bayes with the parameters'
+    uncertainty). ``deadline`` (``time.monotonic()`` seconds): while
     the draws miss the convergence targets and time is left, the chains sample on
     (:func:`sample_on`)."""
     if held is not None:
@@ -135,7 +138,8 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
                      cores=cores, rng=rng, progressbar=progressbar, max_tree_depth=max_treedepth,
                      target_accept=target_accept, initvals=initvals, nuts_per_sweep=nuts_per_sweep,
                      counts_per_sweep=counts_per_sweep, checkpoint=checkpoint, held=held,
-                     more=None if deadline is None else sample_on(compiled, held is not None, deadline, progressbar))
+                     more=None if deadline is None else sample_on(compiled, held is not None, deadline, progressbar),
+                     spread=None if spread is None else (held.q, held.posterior_sd, spread["every"], spread["burn"]))
     except SamplingError as err:
         raise RuntimeError(f"dpinfer.sample: {err}") from err
     report, failed = {}, {}
@@ -305,7 +309,7 @@ def held_too_often(held) -> bool:
 def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int, chains: int,
          cores: int, rng: np.random.Generator, progressbar: bool, max_tree_depth: int,
          target_accept: float, initvals: dict | None, nuts_per_sweep: int,
-         counts_per_sweep: int, checkpoint=None, held=None, more=None):
+         counts_per_sweep: int, checkpoint=None, held=None, more=None, spread=None):
     """Run the chains and return the DataTree. ``initial_counts`` maps each latent to a start
     on its fibre; the parameters start at PyMC's jittered initial point, or at ``initvals``
     where given (constrained values by variable name, as for ``pm.sample``). ``checkpoint``
@@ -323,7 +327,7 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
                          seeds=streams, starts=starts, progressbar=progressbar,
                          max_tree_depth=max_tree_depth, target_accept=target_accept,
                          nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep,
-                         checkpoint=checkpoint, more=more)
+                         checkpoint=checkpoint, more=more, spread=spread)
     seconds = time.perf_counter() - start
     if checkpoint is not None:
         seconds = max(seconds, max(r.seconds for r in results))  # a resumed fit: its chains' whole time
