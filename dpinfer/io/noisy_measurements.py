@@ -448,8 +448,7 @@ def _add_terms(add, name: str, geocodes, row_cells, values, cell_names, index: d
     """Rows (geocode, cells summed, value) as terms of a NestedMeasurements: one call of ``add``
     (its ``measure`` or ``equal``) per set of geocodes whose rows sum the same cells in the same
     order, with values (geocodes, query cells)."""
-    geocodes = np.asarray(geocodes, dtype=object)
-    by_geocode = {g: np.flatnonzero(geocodes == g) for g in dict.fromkeys(geocodes)}
+    by_geocode = pd.Series(np.arange(len(geocodes))).groupby(np.asarray(geocodes, dtype=object), sort=False).indices
     groups: dict = {}
     for g, rows in by_geocode.items():
         key = tuple(tuple(np.flatnonzero(row_cells[i])) for i in rows)
