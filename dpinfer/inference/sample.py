@@ -39,7 +39,7 @@ import xarray as xr
 
 from dpinfer._validation import check_probability
 from dpinfer.inference import checkpoint as checkpoints
-from dpinfer.inference import convergence, planning
+from dpinfer.inference import convergence, failures, planning
 from dpinfer.inference.engines import closed_form
 from dpinfer.inference.engines import nutpie as nutpie_engine
 from dpinfer.inference.engines.compiled import engine as compiled_engine
@@ -373,27 +373,8 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
                 idata.posterior.attrs["dpinfer_empirical_bayes"] = json.dumps(_estimate_entry(compiled, held, spread))
             return idata, report, attempt, fit
         if attempt == MAX_WIDENINGS:
-            nested = [p for p in plans if p.kind == "nested" and p.latent_name in failed]
-            if nested:
-                entry = report[nested[0].latent_name]
-                raise RuntimeError(
-                    f"the counts {nested[0].latent_name!r} of the nested release {entry['release']!r} still "
-                    f"reached the edges of their boxes (±{entry['box_half_width_sds']} pilot sds) after "
-                    f"{MAX_WIDENINGS} widenings: {entry.get('cells_at_box_edges', [])}. The posterior puts "
-                    "these counts far from every measurement of them: check the model's prior for them "
-                    "(rates far from the data, a support that excludes them) and the release's values")
-            held = sorted(name for name, bound in failed.items() if bound == np.inf)
-            if held:
-                raise RuntimeError(
-                    f"cells of {held} were held (not updated) in most draws after {MAX_WIDENINGS} "
-                    "widenings of their windows: at the parameters the chains visit, their "
-                    "windows hold almost none of the counts' conditional law. Either the chains "
-                    "have not reached the posterior (raise tune) or the model puts the counts far "
-                    "from the releases - check the model")
-            raise RuntimeError(
-                f"the window bound still exceeds tol={tol} after {MAX_WIDENINGS} widenings for "
-                f"{sorted(failed)}; the posterior puts mass where the likelihood is tiny - check the model"
-            )
+            raise RuntimeError(failures.message(model, plans, failed, report, idata, engine=engine, tol=tol,
+                                                widenings=MAX_WIDENINGS))
         planning.widen(plans, failed, tol)
         if checkpoint is not None:
             checkpoint.widened(failed)

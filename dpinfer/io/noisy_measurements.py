@@ -62,18 +62,44 @@ composition (Bun & Steinke 2016: zCDP composes additively), with the sum of the 
 (:meth:`NoisyMeasurements.privacy`). Splitting one (query, level) by variance over disjoint
 geocodes would allow parallel composition; the sum does not use it, so it is an upper bound.
 
-Exact counts in ``dp.sample``
------------------------------
-dpinfer conditions latent counts on exact linear counts through a release conditioned on
-invariants (:class:`~dpinfer.mechanisms.conditioned.Conditioned`): with invariants on every
-released cell the noise is conditioned on e = 0, so
+The table as one nested release
+-------------------------------
+A measurement at geocode g covers the leaves whose geocodes start with g, so the geocodes
+form a tree of areas: every geocode of the table and of the invariants, and every leaf, lies
+under the longest other one that is a prefix of it (the prefixes of a leaf form a chain), and
+under a virtual root (geocode "", geolevel "(all)") when several have none
+(:attr:`NoisyMeasurements.areas`). The leaves under an area are then exactly the leaves its
+geocode covers (the reader's coverage rule), provided no leaf is a prefix of another (then
+leaves would overlap; refused). With x[l, c] the counts of leaf l and histogram cell c, each
+row of the table is a term at its geocode's area summing the cells that have the row's level
+of every attribute its query keeps, and each invariant an equality there:
 
-    p(b | x) = prod_i f(b_i - (A x)_i) / P(e = 0) = 1{A x = b},
+    s_r = sum_{c in cells_r} S_{g_r, c} + e_r,   b_i = sum_{c in cells_i} S_{g_i, c},
 
-the exact observation of b. ``dp.sample`` then keeps A x = b on every draw (exact Gibbs updates
-along Markov moves of the fibre, :mod:`dpinfer.inference.planning.fibre`). :meth:`NoisyMeasurements.observe`
-does this by default; ``invariants="drop"`` leaves them out (with a warning: it throws away
-information and the posterior no longer respects the published counts).
+S_{v, c} = sum of x[l, c] over the leaves under area v, which is Q_r x and A_i x of the
+releases' matrices. :meth:`NoisyMeasurements.nested` gives that
+:class:`~dpinfer.mechanisms.nested.NestedMeasurements` (terms named "<geolevel>/<query>
+[<geocode>, <attribute>=<level>, ...]", invariants "<geolevel>/<query> (=) [...]", the cells'
+shape the histogram's, so that its interaction moves are made) and
+:meth:`NoisyMeasurements.observe` registers it as one release of the counts:
+
+    p(s, b | x) = prod_r f_{sigma_r^2}(s_r - Q_r x) * 1{A x = b},
+
+the releases' likelihood times the exact observation of b. ``dp.sample`` then draws the
+counts on the compiled engine with exact sum-tree moves (:mod:`dpinfer.lattice.nested`,
+planned by :mod:`dpinfer.inference.planning.nested`), which keep A x = b on every draw, and the
+parameters by NUTS. ``invariants="drop"`` leaves the equalities out (with a warning: it throws
+away information and the posterior no longer respects the published counts).
+
+The sum-tree moves keep equalities at one area only when their cell sets are disjoint or
+nested (a total and its margins, structural zeros). Invariants at one geocode that overlap
+partly (the voting-age and the Hispanic-origin margins both exact at one county) cannot be
+kept by them: for those tables :meth:`NoisyMeasurements.observe` registers each release as an
+observation of Q @ x (:meth:`QueryRelease.observe`) and the invariants as a release
+conditioned on invariants on every cell (:class:`~dpinfer.mechanisms.conditioned.Conditioned`,
+whose likelihood is 1{A x = b}), which ``dp.sample`` draws with Markov moves of the fibre on
+the PyMC engine (:mod:`dpinfer.inference.planning.fibre`), far slower; a warning names the
+overlapping invariants.
 """
 
 from __future__ import annotations
@@ -94,6 +120,7 @@ from dpinfer.lattice.invariants import Invariants
 from dpinfer.mechanisms.base import check_neighbour
 from dpinfer.mechanisms.conditioned import Conditioned
 from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
+from dpinfer.mechanisms.nested import NestedMeasurements
 from dpinfer.utility.baselines import generalized_least_squares
 
 __all__ = ["NoisyMeasurements", "QueryRelease", "ZCDPComposition", "read_noisy_measurements"]
@@ -103,6 +130,8 @@ CENSUS_GEOLEVELS = {2: "state", 5: "county", 11: "tract", 12: "block_group", 15:
 #: The l2 sensitivity of a marginal query over a partition of the records (module docstring).
 L2_SENSITIVITY = {"add-remove": 1.0, "substitution": math.sqrt(2.0)}
 INVARIANT_OPTIONS = ("impose", "drop")
+#: The virtual root's geolevel, when the table has several top geocodes.
+ROOT_GEOLEVEL = "(all)"
 
 
 @dataclass(frozen=True)
@@ -173,6 +202,10 @@ class NoisyMeasurements:
     invariant_labels : pandas.MultiIndex or None
         (query, geocode, attributes...) of the rows of A (NaN where a query sums over the
         attribute).
+    neighbour : str
+    areas : pandas.DataFrame
+        The tree of areas (module docstring), one row per area: ``geocode``, ``geolevel`` and
+        ``parent`` (the parent's row, -1 for the root).
     """
 
     cells: pd.MultiIndex
@@ -181,6 +214,12 @@ class NoisyMeasurements:
     invariant_values: np.ndarray | None
     invariant_labels: pd.MultiIndex | None
     neighbour: str
+    areas: pd.DataFrame
+
+    @property
+    def shape(self) -> tuple:
+        """(n_leaves, n_cells): the shape of the counts the nested release observes."""
+        return self.cells.levshape[0], len(self.cells) // self.cells.levshape[0]
 
     def privacy(self) -> ZCDPComposition:
         """rho = sum over releases of Delta_2^2 / (2 sigma^2) (module docstring); invariants
@@ -188,31 +227,91 @@ class NoisyMeasurements:
         per_release = {r.name: r.rho for r in self.releases}
         return ZCDPComposition(float(sum(per_release.values())), self.neighbour, per_release)
 
-    def observe(self, counts, *, invariants: str = "impose", model=None) -> list:
-        """Register every release in the current PyMC model as an observation of Q @ counts
-        (``counts`` flattened in C order, one entry per :attr:`cells`), and the exact counts
-        b = A counts as a release conditioned on invariants on every cell (module docstring),
-        named ``"invariants"``. ``invariants="drop"`` leaves the exact counts out (a warning
+    def nested(self, invariants: str = "impose") -> NestedMeasurements:
+        """The table as one :class:`~dpinfer.mechanisms.nested.NestedMeasurements` of counts of
+        shape :attr:`shape` (module docstring): each release's rows as measurements at their
+        geocodes' areas, each invariant as an equality (left out with
+        ``invariants="drop"``). A new object on every call (its terms freeze when used)."""
+        _check_invariant_option(invariants)
+        index = {g: i for i, g in enumerate(self.areas["geocode"])}
+        leaves = self.cells.get_level_values(0)[::self.shape[1]]
+        release = NestedMeasurements(
+            self.areas["parent"].to_numpy(), [index[g] for g in leaves], self.shape[1],
+            area_names=[g or ROOT_GEOLEVEL for g in self.areas["geocode"]],
+            cell_shape=self.cells.levshape[1:])
+        for r in self.releases:
+            _add_terms(release.measure, r.name, r.labels.get_level_values("geocode"), self._row_cells(r.matrix),
+                       r.values, _cell_names(r.labels, ["geocode"]), index, sigma2=r.mechanism.sigma**2)
+        if self.invariants is None or invariants == "drop":
+            return release
+        geocodes = self.invariant_labels.get_level_values("geocode")
+        level = self.areas.set_index("geocode")["geolevel"]
+        names = [f"{level[g]}/{q} (=)" for q, g in zip(self.invariant_labels.get_level_values("query"), geocodes)]
+        row_cells = self._row_cells(self.invariants.constraint_matrix)
+        cell_names = _cell_names(self.invariant_labels, ["query", "geocode"])
+        for name in dict.fromkeys(names):
+            rows = np.flatnonzero(np.array(names) == name)
+            _add_terms(release.equal, name, geocodes[rows], row_cells[rows], self.invariant_values[rows],
+                       [cell_names[i] for i in rows], index)
+        return release
+
+    def _row_cells(self, matrix: np.ndarray) -> np.ndarray:
+        """(rows, n_cells) bool: the cells each row of a query matrix sums at its geocode (the
+        matrix's row is the geocode's leaves times these cells)."""
+        return np.asarray(matrix).reshape(-1, *self.shape).any(axis=1)
+
+    def overlapping_invariants(self) -> tuple | None:
+        """Two invariants at one geocode whose cell sets overlap partly (labels of
+        :attr:`invariant_labels`), which the sum-tree moves cannot keep together (module
+        docstring), or None."""
+        if self.invariants is None:
+            return None
+        row_cells = self._row_cells(self.invariants.constraint_matrix)
+        geocodes = np.asarray(self.invariant_labels.get_level_values("geocode"))
+        for g in dict.fromkeys(geocodes):
+            rows = np.flatnonzero(geocodes == g)
+            for k, i in enumerate(rows):
+                for j in rows[k + 1:]:
+                    a, b = row_cells[i], row_cells[j]
+                    if np.any(a & b) and np.any(a & ~b) and np.any(b & ~a):
+                        return self.invariant_labels[i], self.invariant_labels[j]
+        return None
+
+    def observe(self, counts, *, name: str = "nmf", invariants: str = "impose", model=None) -> list:
+        """Register the table in the current PyMC model as one nested release named ``name``
+        of ``counts`` (:meth:`nested`): the counts of shape :attr:`shape` (leaves x histogram
+        cells), or of any shape whose C-order flattening is leaf-major (one entry per
+        :attr:`cells`), reshaped. ``invariants="drop"`` leaves the exact counts out (a warning
         says so: the posterior then ignores published information). Returns the observed
-        variables."""
+        variables: the one release, or, when invariants overlap partly at one geocode
+        (:meth:`overlapping_invariants`; a warning says so), every release as an observation
+        of Q @ counts and the invariants as a conditioned release named ``"invariants"``
+        (module docstring)."""
         import pytensor.tensor as pt
 
-        if invariants not in INVARIANT_OPTIONS:
-            raise ValueError(f"invariants must be one of {INVARIANT_OPTIONS}, got {invariants!r}")
-        flat = pt.as_tensor_variable(counts).flatten()
-        size = shape_of(flat)[0]
+        _check_invariant_option(invariants)
+        counts = pt.as_tensor_variable(counts)
+        size = int(np.prod(shape_of(counts)))
         if size != len(self.cells):
             raise ValueError(f"counts has {size} entries, but the table has {len(self.cells)} cells "
                              "(leaves x histogram cells, NoisyMeasurements.cells)")
-        observed = [r.observe(flat, model=model) for r in self.releases]
-        if self.invariants is None:
-            return observed
-        if invariants == "drop":
+        if self.invariants is not None and invariants == "drop":
             warnings.warn(
                 f"observe(invariants='drop'): the {len(self.invariant_values)} exact counts of the "
                 "table are left out of the model, so the posterior does not respect them",
                 UserWarning, stacklevel=2)
-            return observed
+        overlap = self.overlapping_invariants() if invariants == "impose" else None
+        if overlap is None:
+            if tuple(shape_of(counts)) != self.shape:
+                counts = counts.reshape(self.shape)
+            return [self.nested(invariants).observe(name, counts, model=model)]
+        warnings.warn(
+            f"the invariants {overlap[0]} and {overlap[1]} overlap partly at one geocode, which the "
+            "sum-tree moves cannot keep together: the table is observed as separate releases of "
+            "Q @ counts and a conditioned release 'invariants', drawn with fibre moves on the "
+            "PyMC engine (much slower)", UserWarning, stacklevel=2)
+        flat = counts.flatten()
+        observed = [r.observe(flat, model=model) for r in self.releases]
         m = len(self.invariant_values)
         exact = Conditioned(DiscreteGaussian(1.0), Invariants.from_matrix(np.eye(m, dtype=np.int64)))
         matrix = pt.constant(self.invariants.constraint_matrix)
@@ -298,6 +397,7 @@ def read_noisy_measurements(
     counts = _whole_numbers("table", count_column, frame[count_column])
     variances = _variances(frame, rows, variance_column)
     leaves = _leaves(rows["geocode"], leaves)
+    _check_disjoint(leaves)
     cells = pd.MultiIndex.from_product([leaves, *levels], names=["geocode", *attributes])
     cover = _coverage("table", geocode_column, rows["geocode"], leaves)
     cell_levels = np.stack(np.unravel_index(np.arange(int(np.prod([len(v) for v in levels]))),
@@ -325,7 +425,38 @@ def read_noisy_measurements(
              *[[lv[i] if i >= 0 else np.nan for i in inv_rows["levels"][:, k]]
                for k, lv in enumerate(levels)]],
             names=["query", "geocode", *attributes])
-    return NoisyMeasurements(cells, releases, inv, inv_values, inv_labels, neighbour)
+    geocodes = rows["geocode"] + (list(inv_labels.get_level_values("geocode")) if inv is not None else [])
+    areas = _areas(leaves, geocodes, geolevels)
+    return NoisyMeasurements(cells, releases, inv, inv_values, inv_labels, neighbour, areas)
+
+
+def _check_invariant_option(invariants) -> None:
+    if invariants not in INVARIANT_OPTIONS:
+        raise ValueError(f"invariants must be one of {INVARIANT_OPTIONS}, got {invariants!r}")
+
+
+def _cell_names(labels: pd.MultiIndex, skip: list) -> list:
+    """A label per row of ``labels`` from its attributes' levels, the levels ``skip`` left out
+    ("votingage=18+, hispanic=no"; NaN levels, summed over, left out; "all cells" when none is
+    kept)."""
+    frame = labels.to_frame(index=False).drop(columns=skip)
+    return [", ".join(f"{a}={v}" for a, v in row.items() if not (not isinstance(v, str) and pd.isna(v)))
+            or "all cells" for _, row in frame.iterrows()]
+
+
+def _add_terms(add, name: str, geocodes, row_cells, values, cell_names, index: dict, **kwargs) -> None:
+    """Rows (geocode, cells summed, value) as terms of a NestedMeasurements: one call of ``add``
+    (its ``measure`` or ``equal``) per set of geocodes whose rows sum the same cells in the same
+    order, with values (geocodes, query cells)."""
+    by_geocode = pd.Series(np.arange(len(geocodes))).groupby(np.asarray(geocodes, dtype=object), sort=False).indices
+    groups: dict = {}
+    for g, rows in by_geocode.items():
+        key = tuple(tuple(np.flatnonzero(row_cells[i])) for i in rows)
+        groups.setdefault(key, []).append(g)
+    for members in groups.values():
+        rows = np.stack([by_geocode[g] for g in members])
+        add(name, [index[g] for g in members], row_cells[rows[0]], np.asarray(values)[rows],
+            cell_names=[cell_names[i] for i in rows[0]], **kwargs)
 
 
 def _check_histogram(histogram) -> tuple[list, list]:
@@ -458,6 +589,33 @@ def _leaves(geocodes: list, leaves) -> list:
     if len(set(leaves)) != len(leaves):
         raise ValueError("leaves must not repeat a geocode")
     return leaves
+
+
+def _check_disjoint(leaves: list) -> None:
+    """No leaf is a prefix of another (a measurement at the shorter would cover both: leaves
+    that overlap)."""
+    known = set(leaves)
+    for leaf in leaves:
+        inside = [leaf[:k] for k in range(1, len(leaf)) if leaf[:k] in known]
+        if inside:
+            raise ValueError(f"leaves must not contain one another: leaf {leaf!r} starts with leaf "
+                             f"{inside[-1]!r}, so the two would overlap")
+
+
+def _areas(leaves: list, geocodes: list, geolevels: dict) -> pd.DataFrame:
+    """The tree of areas (module docstring): every geocode and leaf under the longest other one
+    that is a prefix of it, under a virtual root "" when several have none; shorter geocodes
+    first. Columns geocode, geolevel, parent (row index, -1 for the root)."""
+    known = set(geocodes) | set(leaves)
+    parent_code = {g: next((g[:k] for k in range(len(g) - 1, 0, -1) if g[:k] in known), None) for g in known}
+    if sum(p is None for p in parent_code.values()) > 1:
+        parent_code = {g: "" if p is None else p for g, p in parent_code.items()} | {"": None}
+    nodes = sorted(parent_code, key=lambda g: (len(g), g))
+    row = {g: i for i, g in enumerate(nodes)}
+    return pd.DataFrame({
+        "geocode": nodes,
+        "geolevel": [ROOT_GEOLEVEL if g == "" else geolevels.get(len(g), f"geo{len(g)}") for g in nodes],
+        "parent": [-1 if parent_code[g] is None else row[parent_code[g]] for g in nodes]})
 
 
 def _coverage(argument: str, column: str, geocodes: list, leaves: list) -> np.ndarray:

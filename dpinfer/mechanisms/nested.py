@@ -92,7 +92,7 @@ class NestedMeasurements:
             raise ValueError(f"areas must be area indices 0 .. {self.parent.size - 1}")
         return areas
 
-    def _add(self, name: str, areas, cells, values, tables) -> None:
+    def _add(self, name: str, areas, cells, values, tables, cell_names=None) -> None:
         if self._sums is not None:
             raise RuntimeError("the terms are frozen once the release is used; add every term first")
         areas, mask = self._areas(areas), self._cells(cells)
@@ -104,15 +104,21 @@ class NestedMeasurements:
             raise ValueError(f"{name}: values must be whole numbers")
         tables = np.broadcast_to(np.asarray(tables, dtype=np.int64), values.shape)
         n, k = values.shape
-        labels = np.array([f"{name} [{self.area_names[a]}, query cell {j}]" for a in areas for j in range(k)],
+        if cell_names is None:
+            cell_names = [f"query cell {j}" for j in range(k)]
+        elif len(cell_names) != k:
+            raise ValueError(f"{name}: cell_names must name the {k} query cells, got {len(cell_names)} names")
+        labels = np.array([f"{name} [{self.area_names[a]}, {cell_names[j]}]" for a in areas for j in range(k)],
                           dtype=object)
         self._terms.append((np.repeat(areas, k), np.tile(mask, (n, 1)), values.astype(np.int64).reshape(-1),
                             tables.reshape(-1), labels))
 
-    def measure(self, name: str, areas, cells, values, sigma2, summed=1) -> None:
+    def measure(self, name: str, areas, cells, values, sigma2, summed=1, *, cell_names=None) -> None:
         """Noisy measurements y[i, j] = sum of cells[j] at areas[i] + e, e the sum of
         ``summed[j]`` discrete Gaussians N_Z(0, sigma2[i]). ``cells``: a (k, n_cells) bool mask
-        or k lists of cell indices; ``values`` (n_areas, k); ``sigma2`` a scalar or (n_areas,)."""
+        or k lists of cell indices; ``values`` (n_areas, k); ``sigma2`` a scalar or (n_areas,);
+        ``cell_names`` (optional): k labels of the query cells for the terms' names (default
+        "query cell j"), which messages quote."""
         areas = self._areas(areas)
         k = self._cells(cells).shape[0]
         sigma2 = np.broadcast_to(np.asarray(sigma2, dtype=float), (areas.size,))
@@ -125,13 +131,14 @@ class NestedMeasurements:
             raise ValueError(f"{name}: summed must be >= 1 for every query cell")
         tables = np.array([[self.tables.add_discrete_gaussian(s, m) for m in summed] for s in sigma2],
                           dtype=np.int64).reshape(areas.size, k)
-        self._add(name, areas, cells, values, tables)
+        self._add(name, areas, cells, values, tables, cell_names)
         self.releases.append({"name": name, "sigma2": sigma2.copy(), "summed": summed.copy(),
                               "areas": areas.size, "query_cells": k})
 
-    def equal(self, name: str, areas, cells, values) -> None:
-        """Exact equalities: sum of cells[j] at areas[i] == values[i, j]."""
-        self._add(name, areas, cells, values, self.tables.add_equality())
+    def equal(self, name: str, areas, cells, values, *, cell_names=None) -> None:
+        """Exact equalities: sum of cells[j] at areas[i] == values[i, j] (``cell_names`` as in
+        :meth:`measure`)."""
+        self._add(name, areas, cells, values, self.tables.add_equality(), cell_names)
 
     def zero(self, name: str, areas, cells) -> None:
         """Structural zeros: every count of ``cells`` under ``areas`` is 0 (an equality to 0)."""

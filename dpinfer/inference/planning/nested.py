@@ -103,6 +103,47 @@ class NestedPlan:
         self.start = start.reshape(-1)
 
 
+    def describe_count(self, leaf: int, cell: int, draws: np.ndarray) -> str:
+        """One count for a message: its area and cell, its box, the range of its ``draws``
+        (n, n_leaves, n_cells), the pilot, and the measurements of that cell alone at its leaf
+        or the lowest area above that has one (name = published value, sd)."""
+        g = self.window.gibbs
+        names = self.record.mechanism.area_names
+        sums = self.sums
+        measured, _, _, _, variance = sums.term_kinds()
+        alone = measured & (sums.term_cells.sum(1) == 1) & sums.term_cells[:, cell]
+        v, shown = int(sums.leaf_area[leaf]), []
+        while v >= 0 and not shown:
+            shown = [f"{sums.term_name[r]} = {sums.term_value[r]} (sd {math.sqrt(variance[r]):.3g})"
+                     for r in np.flatnonzero(alone & (sums.term_area == v))[:2]]
+            v = int(sums.parent[v])
+        measured_as = "; ".join(shown) if shown else "no measurement of this cell alone"
+        return (f"{names[sums.leaf_area[leaf]]}, cell {cell}: box {g.box_lo[leaf, cell]}..{g.box_hi[leaf, cell]}, "
+                f"stored draws {draws[:, leaf, cell].min()}..{draws[:, leaf, cell].max()}, pilot "
+                f"{self.pilot[leaf, cell]:.1f}; {measured_as}")
+
+    def exact_terms_evidence(self, limit: int = 8) -> list:
+        """The release's equalities and bounds (at most ``limit``) for a message: each term's
+        name, its published value, and its sum at the least-squares fit of the measurements
+        alone (:func:`pilot_estimate` without the exact terms)."""
+        sums = self.sums
+        measured = sums.term_kinds()[0]
+        exact = np.flatnonzero(~measured)[:limit]
+        if exact.size == 0:
+            return []
+        kinds = {"eq": "=", "le": "<=", "ge": ">="}
+        alone = measured_only(sums)
+        fit = None if alone is None else leaf_matrix(sums, exact) @ pilot_estimate(alone, self.support).reshape(-1)
+        out = []
+        for i, r in enumerate(exact):
+            kind = kinds.get(sums.tables.params(int(sums.term_table[r]))[0], "?")
+            text = f"{sums.term_name[r]} {kind} {sums.term_value[r]}"
+            if fit is not None:
+                text += f" (the measurements alone put this sum at {fit[i]:.1f})"
+            out.append(text)
+        return out
+
+
 def nested_plan(model, record: ReleaseRecord, latent, values) -> NestedPlan:
     """The plan of ``latent`` (the counts) behind the nested release ``record``, whose observed
     ``values`` are the current data (they may have been replaced with ``pm.set_data``)."""
@@ -131,6 +172,17 @@ def nested_plan(model, record: ReleaseRecord, latent, values) -> NestedPlan:
         plan.mixing_areas = np.concatenate([group_areas(sums, g, names) for g in mixing[0].groups])
         plan.mixing_groups, plan.mixing_parents = mixing[0].leaf_group, mixing[0].group_parent
     return plan
+
+
+def measured_only(sums):
+    """The same tree with the measurements only (the equalities and bounds left out), or None
+    without measurements."""
+    keep = sums.term_kinds()[0]
+    if not np.any(keep):
+        return None
+    return type(sums)(sums.parent, sums.leaf_area, sums.n_cells, sums.term_area[keep], sums.term_cells[keep],
+                      sums.term_value[keep], sums.term_table[keep], sums.tables, sums.term_name[keep],
+                      sums.cell_shape)
 
 
 def group_areas(sums, group: np.ndarray, area_names) -> np.ndarray:

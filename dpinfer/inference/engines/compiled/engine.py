@@ -266,25 +266,49 @@ def plan_report(plan, idata, block, tol: float) -> tuple[dict, float | None]:
 
 
 def _nested_report(plan, idata, block) -> tuple[dict, float | None]:
-    """A nested plan's entry. Its boxes are a truncation: a draw after tuning on a box edge
-    the support does not make means the posterior reaches the box, so the fit is redone with
-    wider boxes (bound inf); the entry names the counts whose stored draws reached an edge
-    (``cells_at_box_edges``: area name and cell, at most 10). Trimmed message edges reached
-    are reported (and warned of)."""
+    """A nested plan's entry. Its boxes are a truncation: a count on a box edge the support
+    does not make, after tuning, means the posterior reaches the box, so the fit is redone with
+    wider boxes (bound inf), and so is a fit where moves had no mass. Trimmed message edges
+    reached are reported (and warned of).
+
+    Box edges are seen two ways: the kernel counts a count that a move puts on an edge
+    (``box_edges_hit_after_tuning``), and the stored draws are checked
+    (``stored_draws_on_box_edges``), because a count pushed against an edge stays there by
+    moves of 0, which the kernel does not count again. The entry then names the counts
+    involved, with their boxes, draws and measurements
+    (:meth:`~dpinfer.inference.planning.nested.NestedPlan.describe_count`; at most 10 in
+    ``cells_at_box_edges``, their (leaf, cell) in ``cells_at_box_edges_index``): those on an
+    edge in the stored draws or, when none is (an edge reached and left between two stored
+    draws: a sweep makes many moves and ``counts_per_sweep`` sweeps run per stored draw), those
+    that came nearest one. With moves without mass (the law of a move, trimmed ``trim`` nats
+    below its peak, is zero at every value the equalities and bounds allow), ``exact_terms``
+    lists the release's equalities and bounds
+    (:meth:`~dpinfer.inference.planning.nested.NestedPlan.exact_terms_evidence`)."""
     trimmed, edges, empty = (int(idata.sample_stats[name].values.sum()) for name in block.stat_names)
+    g = plan.window.gibbs
+    draws = idata.posterior[plan.latent_name].values.reshape(-1, *g.box_lo.shape)
+    room = g.box_hi > g.box_lo  # a box of one value (a structural zero) has no edge to reach
+    gap = np.minimum(np.where(g.lo_open & room, draws - g.box_lo, np.inf),
+                     np.where(g.hi_open & room, g.box_hi - draws, np.inf))
+    stored = int(np.count_nonzero(np.any(gap == 0, axis=(1, 2))))
     entry = window_entry(plan, METHODS["nested"], 0.0, math.inf)
     entry.update(box_half_width_sds=plan.window.half_width, box_edges_hit_after_tuning=edges,
-                 trimmed_edges_hit_after_tuning=trimmed, moves_without_mass_after_tuning=empty)
+                 stored_draws_on_box_edges=stored, trimmed_edges_hit_after_tuning=trimmed,
+                 moves_without_mass_after_tuning=empty)
     if plan.mixing_tables is not None:
         G, C = plan.mixing_tables.shape
         entry["group_rates_summed_out"] = (f"GroupedNegativeBinomial: the gamma rates of the {G} x {C} (group, cell) pairs "
                                            "summed out, a factor on each group's sum in the sum-tree draws")
-    if edges:
-        g = plan.window.gibbs
-        draws = idata.posterior[plan.latent_name].values.reshape(-1, *g.box_lo.shape)
-        at_edge = np.any(((draws == g.box_lo) & g.lo_open) | ((draws == g.box_hi) & g.hi_open), axis=0)
-        names = plan.record.mechanism.area_names[plan.sums.leaf_area]
-        entry["cells_at_box_edges"] = [f"{names[leaf]}, cell {cell}" for leaf, cell in np.argwhere(at_edge)[:10]]
+    if edges or stored:
+        nearest = gap.min(axis=0)
+        order = np.argsort(nearest, axis=None, kind="stable")[:10]
+        if stored:
+            order = order[nearest.reshape(-1)[order] == 0]
+        index = [[int(k) for k in np.unravel_index(i, nearest.shape)] for i in order]
+        entry["cells_at_box_edges"] = [plan.describe_count(leaf, cell, draws) for leaf, cell in index]
+        entry["cells_at_box_edges_index"] = index
+    if empty:
+        entry["exact_terms"] = plan.exact_terms_evidence()
     if trimmed:
         import warnings
 
@@ -292,7 +316,7 @@ def _nested_report(plan, idata, block) -> tuple[dict, float | None]:
                       f"of a message trimmed at {plan.window.gibbs.trim:g} nats: the rest of the tree pulls "
                       "some area sums far from their own evidence; check the model", RuntimeWarning,
                       stacklevel=2)
-    return entry, (math.inf if edges or empty else None)
+    return entry, (math.inf if edges or stored or empty else None)
 
 
 def held_too_often(held) -> bool:

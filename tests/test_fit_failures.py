@@ -1,0 +1,122 @@
+"""The errors dp.sample stops with when a model cannot be fitted (dpinfer/inference/failures.py):
+each deliberately misspecified model (a prior far from every release) provokes its message,
+which names the release, the counts or terms involved and their numbers; and the nested
+report names counts whenever box edges were reached (never an empty list)."""
+
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pymc as pm
+import pytest
+import xarray as xr
+
+import dpinfer as dp
+from dpinfer.inference import planning
+from dpinfer.inference.engines.compiled.engine import _nested_report
+from dpinfer.mechanisms.records import releases_of
+from test_noisy_measurements import HIST, synthetic_state
+
+SEX = {"sex": ["m", "f"]}
+
+
+def far_prior_table():
+    """2 counties x 2 cells measured once each (variance 400) and a Poisson prior of rate 10^6:
+    the posterior sits ~2400 above the measurements, ~340 pilot sds, beyond the widest box."""
+    rows = [(g, "detailed", s, v, 400.0) for g, values in (("01001", (10, 12)), ("01003", (9, 30)))
+            for s, v in zip(SEX["sex"], values)]
+    nmf = dp.read_noisy_measurements(pd.DataFrame(rows, columns=["geocode", "query", "sex", "noisy_count",
+                                                                 "variance"]), SEX)
+    with pm.Model() as model:
+        nmf.observe(pm.Poisson("counts", 1e6, shape=nmf.shape))
+    return model
+
+
+def test_counts_pushed_past_every_box_are_named_with_their_numbers():
+    with pytest.raises(RuntimeError) as err:
+        dp.sample(100, tune=100, chains=1, model=far_prior_table(), random_seed=2, progressbar=False)
+    text = str(err.value)
+    print(text)
+    assert "stopped after 4 widenings" in text
+    assert "the counts 'counts' of the nested release 'nmf' reached the edges of their boxes" in text
+    assert "±240 pilot sds" in text and "Counts on an edge in 100 stored draws" in text
+    # each count: its box, its draws at the edge, its measurement, the prior's draws near 10^6
+    for line in [r"01001, cell 0: box 0\.\.(\d+), stored draws \d+\.\.\1, pilot 10\.0; "
+                 r"county/detailed \[01001, sex=m\] = 10 \(sd 20\); the prior at the posterior's "
+                 r"parameters 99\d{4}\.\.100\d{4}",
+                 r"01003, cell 1: box 0\.\.\d+, .*county/detailed \[01003, sex=f\] = 30 \(sd 20\)"]:
+        assert any(re.search(line, row) for row in text.splitlines()), line
+
+
+def test_moves_without_mass_name_the_equalities():
+    """The reported three-level table with a Poisson prior of rate 10^4 per count: the exact
+    state total (845) holds the counts far below where the prior puts them, so every move
+    has no mass; wider boxes cannot help and the message says which equality, what the
+    measurements alone say of it and where the prior puts it."""
+    table, invariants, truth, _ = synthetic_state(2, 3, seed=1)
+    nmf = dp.read_noisy_measurements(table, HIST, invariants=invariants)
+    with pm.Model() as model:
+        nmf.observe(pm.Poisson("counts", 1e4, shape=nmf.shape))
+    with pytest.raises(RuntimeError) as err:
+        dp.sample(50, tune=50, chains=1, model=model, random_seed=2, progressbar=False)
+    text = str(err.value)
+    print(text)
+    assert truth.sum() == 845
+    assert "the counts 'counts' of the nested release 'nmf':" in text and "moves after tuning had no mass" in text
+    assert "wider boxes do not help" in text and "reached the edges" not in text
+    assert ("state/total (=) [01, all cells] = 845 (the measurements alone put this sum at 844.4); the prior "
+            "at the posterior's parameters puts this sum at 239") in text
+
+
+def test_box_edges_reached_between_stored_draws_still_name_counts():
+    """The kernel counted box edges, but no stored draw lies on one (an edge reached and left
+    between stored draws): the report lists the counts that came nearest an edge, never []."""
+    model = far_prior_table()
+    plan = planning.plan_model(model, releases_of(model)).latents[0]
+    plan.set_half_width(15)
+    g = plan.window.gibbs
+    draws = np.broadcast_to(plan.start.reshape(g.box_lo.shape), (1, 3, *g.box_lo.shape)).copy()
+    draws[0, 1, 1, 1] = g.box_hi[1, 1] - 1  # one draw one step from its upper edge
+    stats = {"counts_trimmed_edges_hit": 0, "counts_box_edges_hit": 2, "counts_moves_without_mass": 0}
+    idata = SimpleNamespace(
+        posterior=xr.Dataset({"counts": (("chain", "draw", "leaf", "cell"), draws)}),
+        sample_stats=xr.Dataset({k: (("chain", "draw"), [[0, v, 0]]) for k, v in stats.items()}))
+    block = SimpleNamespace(stat_names=tuple(stats))
+    entry, bound = _nested_report(plan, idata, block)
+    assert bound == np.inf and entry["stored_draws_on_box_edges"] == 0
+    assert entry["cells_at_box_edges_index"][0] == [1, 1] and len(entry["cells_at_box_edges"]) == 4
+    assert entry["cells_at_box_edges"][0].startswith(f"01003, cell 1: box 0..{g.box_hi[1, 1]}, stored draws ")
+
+
+def pinned_rate_model():
+    """Counts of rate exp(N(log 10^8, 0.001)) released as 10, 12 and 9 with sd 1."""
+    with pm.Model() as model:
+        rate = pm.LogNormal("rate", np.log(1e8), 0.001)
+        x = pm.Poisson("x", rate, shape=3)
+        dp.DiscreteGaussian(1.0).observe("rel", x, np.array([10, 12, 9]))
+    return model
+
+
+def test_held_cells_are_named_with_their_numbers():
+    """Compiled engine: the cells are held at their releases in every draw."""
+    with pytest.raises(RuntimeError) as err:
+        dp.sample(100, tune=100, chains=2, model=pinned_rate_model(), random_seed=1, progressbar=False)
+    text = str(err.value)
+    print(text)
+    assert "cells of 'x' (release 'rel', compiled engine) were held, not updated, in most draws of a chain" in text
+    assert re.search(r"x\[1\]: published 12, window 0\.\.\d+, posterior draws 12\.\.12, the prior "
+                                   r"at the posterior's parameters \d{7,}\.\.\d{7,}", text), text
+
+
+def test_an_empty_windowed_likelihood_is_named_with_its_numbers():
+    """PyMC engine: the windowed likelihood underflows to 0 (an infinite bound)."""
+    with pytest.raises(RuntimeError) as err:
+        dp.sample(100, tune=100, chains=2, model=pinned_rate_model(), random_seed=1, progressbar=False,
+                  method="marginal")
+    text = str(err.value)
+    print(text)
+    assert "the counts 'x' (release 'rel', pymc engine): the bound on the likelihood mass neglected" in text
+    assert "was infinite: the windowed likelihood was 0 at some posterior draws" in text
+    assert re.search(r"x\[0\]: published 10, window 0\.\.\d+, posterior draws \d+\.\.\d+, the prior "
+                                   r"at the posterior's parameters \d{7,}\.\.\d{7,}", text), text
