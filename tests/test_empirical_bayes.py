@@ -4,6 +4,7 @@ all but ~1e-30 of them), and the counts' posterior given it matches the enumerat
 result names the approximation; refusals."""
 
 import json
+import warnings
 
 import numpy as np
 import pymc as pm
@@ -12,7 +13,7 @@ import scipy.optimize
 from scipy import special, stats
 
 import dpinfer as dp
-from dpinfer.inference.convergence import diagnostics
+from dpinfer.inference.convergence import ConvergenceWarning, diagnostics
 from test_nested_inference import small_release
 from test_nested_sums import C, enumerate_posterior
 
@@ -130,3 +131,23 @@ def test_refusals():
         dp.sample(model=model, inference="empirical-bayes", method="marginal", progressbar=False)
     with pytest.raises(ValueError, match="burn_in must be between 1 and max_iterations"):
         dp.sample(model=model, inference="empirical-bayes", empirical_bayes={"burn_in": 0}, progressbar=False)
+
+
+def test_auto_runs_full_bayes_where_it_fits_the_time_and_says_why():
+    """inference='auto': the estimate, then full Bayes started from it when its predicted time
+    fits max_minutes (a small table: it does), else empirical Bayes (no time: max_minutes=0)."""
+    idata = dp.sample(model=nb_model(small_release()), draws=300, tune=100, chains=2, random_seed=3,
+                      progressbar=False, inference="auto", max_minutes=30)
+    chosen = json.loads(idata.posterior.attrs["dpinfer_inference"])
+    assert chosen["inference"] == "full-bayes" and chosen["asked"] == "auto"
+    assert "full Bayes predicted to need" in chosen["why"] and "has" in chosen["why"]
+    assert idata.posterior["m"].values.std() > 0  # sampled, not held
+    with warnings.catch_warnings():  # 50 draws: a ConvergenceWarning, not the point here
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        idata = dp.sample(model=nb_model(small_release()), draws=50, tune=10, chains=2, random_seed=3,
+                          progressbar=False, inference="auto", max_minutes=0)
+    chosen = json.loads(idata.posterior.attrs["dpinfer_inference"])
+    assert chosen["inference"] == "empirical-bayes" and "would not end in time" in chosen["why"]
+    assert idata.posterior["m"].values.std() == 0
+    with pytest.raises(ValueError, match="give max_minutes"):
+        dp.sample(model=nb_model(small_release()), inference="auto")

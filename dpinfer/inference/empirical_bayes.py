@@ -52,9 +52,12 @@ iterates form a stationary chain around q^ (to first order: E[q_{t+1} | q_t] = q
 locally quadratic log p(q | y) and exact D - V), and q^ is estimated by their average. Its Monte
 Carlo standard error comes from batch means (sqrt(n) batches of sqrt(n) iterations). The
 averaging stops once every coordinate's standard error is at most ``tolerance`` times its
-approximate posterior sd 1 / sqrt(max(D - V, D / 10)) (so the estimate's Monte Carlo error
-moves each hyperparameter by at most a tenth of its posterior uncertainty by default), or at
-``max_iterations`` (then the estimate is reported as not settled). The approximate posterior
+approximate posterior sd 1 / sqrt(max(D - V, D / 10)) (by default a fifth: the plug-in itself
+ignores the whole posterior spread, and a fifth of it shifts the normal law the parameters are
+drawn from, with ``uncertainty="normal"``, by little), or at ``max_iterations`` (then the
+estimate is reported as not settled). Each iteration's score has variance V against the
+information D - V, so a parameter whose fraction of missing information is rho = V / D needs
+about rho / (1 - rho) / (chains x tolerance^2) iterations: 112 with two chains at rho = 0.9. The approximate posterior
 sds (Louis's observed information, diagonal) are reported with the estimate.
 """
 
@@ -93,7 +96,16 @@ class Estimate:
     settled: bool
     tolerance: float
     seconds: float
+    draw_seconds: float = math.nan  # an iteration's count draws (the chains in parallel)
+    gradient_seconds: float = math.nan  # one evaluation of the log density and its gradient
     counts: list = field(repr=False, default_factory=list)
+
+    @property
+    def missing_information(self) -> np.ndarray:
+        """Each parameter's fraction of missing information 1 - s_cond^2 / s_post^2: the lag-1
+        autocorrelation of one cycle of data augmentation (counts given the parameters, then
+        the parameters given the counts) for a Gaussian target (module docstring)."""
+        return 1.0 - (self.conditional_sd / self.posterior_sd) ** 2
 
     @property
     def worst(self) -> int:
@@ -102,7 +114,7 @@ class Estimate:
 
 
 def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_in: int = 30,
-             max_iterations: int = 400, tolerance: float = 0.1, cores: int = 1, progress=None) -> Estimate:
+             max_iterations: int = 300, tolerance: float = 0.2, cores: int = 1, progress=None) -> Estimate:
     """The mode of the parameters' marginal posterior by the algorithm of the module docstring.
 
     ``steppers``: one :class:`~dpinfer.inference.engines.compiled.chains.Stepper` per chain
@@ -124,13 +136,17 @@ def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_i
     averaged: list[np.ndarray] = []
     burned = None
     pool = ThreadPoolExecutor(max_workers=max(1, min(cores, chains)))
+    drawing = evaluating = 0.0
     try:
         for t in range(max_iterations):
+            began = time.perf_counter()
             list(pool.map(lambda s: s.draw_counts(q), steppers))
+            drawn = time.perf_counter()
             v = rng.choice(np.array([-1.0, 1.0]), size=n)
             for c, s in enumerate(steppers):
                 _finite(s.log_density(q, grads[c]), "at the current estimate")
                 _finite(s.log_density(q + PROBE * v, probed[c]), "beside the current estimate")
+            drawing, evaluating = drawing + drawn - began, evaluating + time.perf_counter() - drawn
             d = np.mean(-(probed - grads) / PROBE * v, axis=0)
             var = 0.5 * (grads[0] - grads[1]) ** 2 if chains > 1 else np.zeros(n)
             D = np.maximum(d, 1e-12) if D is None else np.maximum(D + (d - D) / WINDOW, 1e-12)
@@ -159,8 +175,8 @@ def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_i
     elif mc_se is None:
         mc_se = _batch_se(averaged) if len(averaged) >= 4 else np.full(n, np.inf)
     return Estimate(np.mean(averaged, axis=0), mc_se, sd, 1.0 / np.sqrt(D), burned or max_iterations, t + 1,
-                    settled, tolerance, time.perf_counter() - start_time,
-                    [s.state.counts.copy() for s in steppers])
+                    settled, tolerance, time.perf_counter() - start_time, drawing / (t + 1),
+                    evaluating / (2 * chains * (t + 1)), [s.state.counts.copy() for s in steppers])
 
 
 def _finite(lp: float, where: str) -> None:

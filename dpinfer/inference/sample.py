@@ -51,7 +51,7 @@ from dpinfer.mechanisms.records import releases_of
 
 MAX_WIDENINGS = 4
 METHODS = ("auto", "marginal", "fibre", "nutpie")
-INFERENCES = ("full-bayes", "empirical-bayes")
+INFERENCES = ("full-bayes", "empirical-bayes", "auto")
 UNCERTAINTIES = ("none", "normal")
 EMPIRICAL_BAYES = {"uncertainty": "none", "every": 25, "burn": 5}  # dp.sample's empirical_bayes= defaults
 EMPIRICAL_BAYES_KEYS = ("burn_in", "max_iterations", "tolerance", *EMPIRICAL_BAYES)
@@ -125,7 +125,10 @@ def sample(
         report, with the estimate, its Monte Carlo error and approximate posterior sds in
         ``posterior.attrs["dpinfer_empirical_bayes"]``; the convergence verdict is the
         counts'. Each stored draw is ``counts_per_sweep`` (1) draws of the counts; ``tune``
-        iterations of them are a burn-in.
+        iterations of them are a burn-in. ``"auto"`` (needs ``max_minutes``): the estimate
+        first, then full Bayes started from it if it is predicted to converge in the time left
+        (:func:`~dpinfer.inference.engines.compiled.engine.full_bayes_seconds`), else empirical
+        Bayes; ``posterior.attrs["dpinfer_inference"]`` says which ran and why.
     max_minutes
         Compiled engine: while the draws miss the convergence targets (R-hat <= 1.01, bulk and
         tail ESS >= 400 over what the verdict judges), **sample on**: every chain continues
@@ -164,9 +167,9 @@ def sample(
         deadline = time.monotonic() + 60.0 * max_minutes
     if inference not in INFERENCES:
         raise ValueError(f"inference must be one of {INFERENCES}, got {inference!r}")
-    if empirical_bayes is not None and (inference != "empirical-bayes" or not isinstance(empirical_bayes, dict)):
-        raise TypeError(f"empirical_bayes takes a dict of settings {EMPIRICAL_BAYES_KEYS} and "
-                        f"inference='empirical-bayes'; got {empirical_bayes!r} with inference={inference!r}")
+    if empirical_bayes is not None and (inference == "full-bayes" or not isinstance(empirical_bayes, dict)):
+        raise TypeError(f"empirical_bayes takes a dict of settings {EMPIRICAL_BAYES_KEYS} and inference="
+                        f"'empirical-bayes' or 'auto'; got {empirical_bayes!r} with inference={inference!r}")
     unknown = sorted(set(empirical_bayes or {}) - set(EMPIRICAL_BAYES_KEYS))
     if unknown:
         raise TypeError(f"empirical_bayes got {unknown}; its settings are {EMPIRICAL_BAYES_KEYS}")
@@ -183,7 +186,10 @@ def sample(
 
     plan = planning.plan_model(model, records, method=method)  # 1. plan
     engine, fitted, compiled, reason = _engine(model, plan, method, sample_kwargs)  # 2. engine
-    if inference == "empirical-bayes":
+    if inference == "auto" and deadline is None:
+        raise ValueError("inference='auto' chooses full Bayes where it is predicted to converge within "
+                         "max_minutes: give max_minutes")
+    if inference in ("empirical-bayes", "auto"):
         _check_empirical_bayes(engine, plan, compiled, reason)
     if deadline is not None and engine != "compiled":
         raise ValueError(f"max_minutes (sampling on until converged) needs the compiled engine; this model is "
@@ -220,8 +226,9 @@ def sample(
         if reason is not None:
             entry["engine_reason"] = reason
     idata.posterior.attrs["dpinfer"] = json.dumps(report)
+    used = json.loads(idata.posterior.attrs.get("dpinfer_inference", "{}")).get("inference", inference)
     held = ({rv.name for rv in model.free_RVs} - {p.latent_name for p in plan.latents}
-            if inference == "empirical-bayes" else set())
+            if used == "empirical-bayes" else set())
     return _with_convergence(model, idata, progressbar, exclude=held)
 
 
@@ -335,8 +342,9 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
     plans = plan.latents
     planning.first_windows(plans, tol, exact_tails=engine == "compiled",
                            at_least={} if engine == "compiled" else pymc_engine.kept_widths(model))
-    held = spread = None
-    if inference == "empirical-bayes":
+    held = spread = start = None
+    used, why = inference, "asked for"
+    if inference in ("empirical-bayes", "auto"):
         settings = EMPIRICAL_BAYES | empirical_bayes
         uncertainty, every, burn = (settings.pop(k) for k in ("uncertainty", "every", "burn"))
         if uncertainty not in UNCERTAINTIES:
@@ -350,6 +358,19 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
                                                    initvals=sample_kwargs.get("initvals"), **settings)
         if progressbar:
             print(f"dpinfer: empirical Bayes: {_estimate_line(held)}", file=sys.stderr, flush=True)
+        if inference == "auto":
+            predicted, why = compiled_engine.full_bayes_seconds(
+                compiled, held, chains=chains, tune=tune, **{k: v for k, v in sample_kwargs.items()
+                                                              if k in ("nuts_per_sweep", "counts_per_sweep")})
+            left = deadline - time.monotonic()
+            used = "full-bayes" if predicted <= left else "empirical-bayes"
+            why += (f"; {max(left, 0) / 60:.1f} min left of max_minutes: "
+                    + ("full Bayes, started at the empirical-Bayes estimate" if used == "full-bayes" else
+                       "empirical Bayes (full Bayes would not end in time)"))
+            if progressbar:
+                print(f"dpinfer: {why}", file=sys.stderr, flush=True)
+            if used == "full-bayes":
+                held, spread, start = None, None, held
     seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
     replay = checkpoint.widenings_to_replay() if checkpoint is not None else []
     fit = None
@@ -362,15 +383,18 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
             idata, report, failed = compiled_engine.run(
                 fitted, compiled, plans, draws=draws, tune=tune, chains=chains, cores=cores,
                 rng=rng, tol=tol, progressbar=progressbar, checkpoint=checkpoint, held=held,
-                deadline=deadline, spread=spread, **sample_kwargs)
+                deadline=deadline, spread=spread, start=start, **sample_kwargs)
         else:
             idata, report, failed, fit = pymc_engine.run(
                 model, plans, draws=draws, tune=tune, chains=chains, cores=cores,
                 seed=int(seeds[attempt]), rng=rng, tol=tol, progressbar=progressbar,
                 sample_kwargs=sample_kwargs)
         if not failed:
-            if held is not None:
-                idata.posterior.attrs["dpinfer_empirical_bayes"] = json.dumps(_estimate_entry(compiled, held, spread))
+            estimate = held if held is not None else start
+            if estimate is not None:
+                idata.posterior.attrs["dpinfer_empirical_bayes"] = json.dumps(_estimate_entry(compiled, estimate, spread))
+            idata.posterior.attrs["dpinfer_inference"] = json.dumps({"inference": used, "asked": inference,
+                                                                     "why": why})
             return idata, report, attempt, fit
         if attempt == MAX_WIDENINGS:
             raise RuntimeError(failures.message(model, plans, failed, report, idata, engine=engine, tol=tol,

@@ -114,7 +114,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
         rng: np.random.Generator, tol: float, progressbar: bool, initvals=None,
         target_accept: float = 0.8, max_treedepth: int = MAX_TREE_DEPTH,
         nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int | None = None, checkpoint=None,
-        held=None, deadline: float | None = None, spread: dict | None = None):
+        held=None, deadline: float | None = None, spread: dict | None = None, start=None):
     """One fit with the plans' current windows: (DataTree, report, failed), ``failed`` mapping
     each latent whose window (without exact tails) missed ``tol`` to its largest bound.
     ``counts_per_sweep`` defaults to min(COUNTS_PER_SWEEP, nuts_per_sweep). ``checkpoint``: a
@@ -125,7 +125,8 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
     chains start from its counts; no NUTS); ``spread`` ({"every": K, "burn": B}): the held
     parameters drawn afresh from the normal law of the estimate's mode and approximate posterior
     sds every K stored draws, B count draws after each (empirical Bayes with the parameters'
-    uncertainty). ``deadline`` (``time.monotonic()`` seconds): while
+    uncertainty). ``start``: an estimate whose parameters and counts start the chains of a
+    full-Bayes fit. ``deadline`` (``time.monotonic()`` seconds): while
     the draws miss the convergence targets and time is left, the chains sample on
     (:func:`sample_on`)."""
     if held is not None:
@@ -137,7 +138,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
         idata = _fit(model, compiled, blocks, starts, draws=draws, tune=tune, chains=chains,
                      cores=cores, rng=rng, progressbar=progressbar, max_tree_depth=max_treedepth,
                      target_accept=target_accept, initvals=initvals, nuts_per_sweep=nuts_per_sweep,
-                     counts_per_sweep=counts_per_sweep, checkpoint=checkpoint, held=held,
+                     counts_per_sweep=counts_per_sweep, checkpoint=checkpoint, held=held, start=start,
                      more=None if deadline is None else sample_on(compiled, held is not None, deadline, progressbar),
                      spread=None if spread is None else (held.q, held.posterior_sd, spread["every"], spread["burn"]))
     except SamplingError as err:
@@ -174,6 +175,46 @@ def sample_on(compiled, held: bool, deadline: float, progressbar: bool):
         return extra
 
     return more
+
+
+LEAPFROG_STEPS = 15  # per NUTS transition, in full_bayes_seconds (census tables: ~45 per draw of 3)
+
+
+def full_bayes_seconds(compiled, estimate, *, chains: int, tune: int, nuts_per_sweep: int = NUTS_PER_SWEEP,
+                       counts_per_sweep: int | None = None, ess: float = 400.0) -> tuple[float, str]:
+    """(seconds, why): a prediction of the time full Bayes needs to reach a bulk ESS of ``ess``
+    over the parameters, from an empirical-Bayes estimate. Data augmentation moves a parameter
+    whose fraction of missing information is rho (the estimate's
+    :attr:`~dpinfer.inference.empirical_bayes.Estimate.missing_information`) with lag-1
+    autocorrelation rho per count draw (a Gaussian target), so a stored draw with c count
+    draws has autocorrelation r = rho^c and ESS (1 - r) / (1 + r) per draw; the slowest
+    parameter needs 1.25 ``ess`` / (chains x that) draws per chain. A tuning iteration is one
+    count draw and one NUTS transition, a stored draw c count draws and ``nuts_per_sweep``
+    transitions, each transition LEAPFROG_STEPS gradients; the count draws and gradients take
+    what they took in the estimate. Conservative where the estimate's missing information is
+    noisy (it overstates the slowest parameter's: validation/results/eb_vs_full_bayes.md)."""
+    c = _counts_per_sweep(counts_per_sweep, nuts_per_sweep)
+    rho = np.clip(estimate.missing_information, 0.0, 0.999)
+    slowest = int(np.argmax(rho))
+    r = rho[slowest] ** c
+    per_draw = (1.0 - r) / (1.0 + r)
+    draws = math.ceil(1.25 * ess / (chains * per_draw))
+    sweep, gradient = estimate.draw_seconds, estimate.gradient_seconds
+    seconds = tune * (sweep + LEAPFROG_STEPS * gradient) + draws * (c * sweep + nuts_per_sweep * LEAPFROG_STEPS * gradient)
+    why = (f"full Bayes predicted to need {seconds / 60:.1f} min: its slowest parameter, "
+           f"{parameter_label(compiled, slowest)}, has {rho[slowest]:.0%} of its information missing given the "
+           f"counts, so about {per_draw:.3f} ESS per draw and {draws} draws per chain for ESS {ess:.0f}, at "
+           f"{sweep:.2g} s a count draw and {gradient * 1000:.2g} ms a gradient")
+    return seconds, why
+
+
+def parameter_label(compiled, i: int) -> str:
+    """The name and index of coordinate ``i`` of the unconstrained parameters q."""
+    for name, sl, shape in zip(compiled.names, compiled.slices, compiled.shapes):
+        if sl.start <= i < sl.stop:
+            index = np.unravel_index(i - sl.start, shape) if len(shape) else ()
+            return f"{name}[{', '.join(map(str, index))}]" if index else name
+    raise IndexError(i)
 
 
 def estimate_parameters(model, compiled, plans, *, chains: int, cores: int, rng: np.random.Generator,
@@ -333,17 +374,18 @@ def held_too_often(held) -> bool:
 def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int, chains: int,
          cores: int, rng: np.random.Generator, progressbar: bool, max_tree_depth: int,
          target_accept: float, initvals: dict | None, nuts_per_sweep: int,
-         counts_per_sweep: int, checkpoint=None, held=None, more=None, spread=None):
+         counts_per_sweep: int, checkpoint=None, held=None, more=None, spread=None, start=None):
     """Run the chains and return the DataTree. ``initial_counts`` maps each latent to a start
     on its fibre; the parameters start at PyMC's jittered initial point, or at ``initvals``
     where given (constrained values by variable name, as for ``pm.sample``). ``checkpoint``
-    and ``held``: as :func:`run`'s (held: every chain at the estimate's parameters and its own
-    counts from the estimate)."""
+    ``held`` and ``start``: as :func:`run`'s (every chain at the estimate's parameters and its
+    own counts from the estimate)."""
     counts0 = compiled.counts_vector(initial_counts)
     start_seeds, streams = chain_seeds(rng, chains)
     starts = [(compiled.initial_q(seed, model, initvals), counts0) for seed in start_seeds]
-    if held is not None:
-        starts = [(held.q, held.counts[c % len(held.counts)]) for c in range(chains)]
+    begin = held if held is not None else start
+    if begin is not None:
+        starts = [(begin.q, begin.counts[c % len(begin.counts)]) for c in range(chains)]
     if checkpoint is not None:
         checkpoint = checkpoint(model_hash(compiled.key, compiled.data.values, counts0))
     start = time.perf_counter()
