@@ -46,23 +46,40 @@ def main(argv=None) -> None:
 def nmf_main(argv) -> None:
     """``dpinfer nmf ROOT --state FIPS [--leaves LEVEL] [--cells NAME] [--out DIR] ...``
     (:mod:`dpinfer.io.nmf.fit`)."""
+    from dpinfer.io.nmf.fit import INFERENCES
     from dpinfer.io.nmf.layout import LEVELS
+    from dpinfer.io.nmf.model import LEAF_SIZES
     from dpinfer.io.nmf.table import COARSENINGS
 
     parser = argparse.ArgumentParser(
         prog="dpinfer nmf", description=COMMANDS["nmf"],
-        epilog="writes report.md (the convergence verdict first), summary.csv (per level, geocode "
-               "and cell: mean, sd, median, 5%% and 95%% quantiles, R-hat, bulk ESS), a figure per "
-               "level and posterior.nc")
-    parser.add_argument("root", help="the run root holding US_Person_PL_PROD/ (a local path or URL)")
+        epilog="phases: the files read, the table, the fit (inference 'auto': the hyperparameters' "
+               "empirical-Bayes estimate, then full Bayes if it is predicted to converge within "
+               "--max-minutes, else empirical Bayes; sampling on until R-hat <= 1.01 and bulk and tail "
+               "ESS >= 400 or the time is up), the summaries and report. Writes report.html (the method "
+               "and the convergence verdict first, then every level's intervals beside GLS), summary.csv "
+               "(per level, geocode and quantity: mean, sd, median, 5%% and 95%% quantiles, R-hat, bulk "
+               "and tail ESS, the GLS estimate and sd, the truth if given) and posterior.nc")
+    parser.add_argument("root", help="the directory holding US_Person_PL_PROD/ (a local path or URL)")
     parser.add_argument("--state", required=True, type=int, help="state FIPS code, e.g. 19")
-    parser.add_argument("--leaves", default="Tract", choices=LEVELS[1:],
-                        help="the level whose geographies carry the latent counts (default Tract)")
+    parser.add_argument("--leaves", default="Block_Group", choices=LEVELS[1:],
+                        help="the level whose geographies carry the latent counts (default Block_Group)")
     parser.add_argument("--cells", default="pl94-28", choices=sorted(COARSENINGS),
                         help="the coarse cells (default pl94-28: votingage x hispanic x 7 race groups)")
     parser.add_argument("--out", default=None, help="output directory (default nmf-STATE-LEAVES)")
-    parser.add_argument("--draws", type=int, default=1000)
-    parser.add_argument("--tune", type=int, default=1000)
+    parser.add_argument("--inference", default="auto", choices=INFERENCES,
+                        help="full Bayes, empirical Bayes, or auto (default): full Bayes where it is predicted "
+                             "to converge within --max-minutes")
+    parser.add_argument("--max-minutes", type=float, default=20.0,
+                        help="the whole run's time: sample on until converged or this is up (default 20)")
+    parser.add_argument("--uncertainty", default="normal", choices=("normal", "none"),
+                        help="empirical Bayes: the hyperparameters drawn from the normal approximation of their "
+                             "posterior (default) or held at its mode")
+    parser.add_argument("--leaf-sizes", default="published", choices=LEAF_SIZES,
+                        help="each leaf's expected share of its parent: its published total (default) or "
+                             "estimated (a parameter per leaf)")
+    parser.add_argument("--draws", type=int, default=1000, help="draws per chain before sampling on (default 1000)")
+    parser.add_argument("--tune", type=int, default=1000, help="full Bayes's tuning iterations (default 1000)")
     parser.add_argument("--chains", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--truth", default=None, help="a synthetic file's truth.parquet: adds the truth to the outputs")
@@ -78,15 +95,24 @@ def nmf_main(argv) -> None:
     try:
         out = fit_nmf(args.root, args.state, leaves=args.leaves, cells=args.cells, out=args.out,
                       draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed, truth=args.truth,
-                      checkpoint_every=args.checkpoint_every or None)
+                      checkpoint_every=args.checkpoint_every or None, inference=args.inference,
+                      max_minutes=args.max_minutes, uncertainty=args.uncertainty, leaf_sizes=args.leaf_sizes)
     except Interrupted as err:
         again = ("; run the same command again to continue" if args.checkpoint_every else "")
         print(f"dpinfer nmf: {err}{again}", file=sys.stderr)
         raise SystemExit(130) from None
     except (ValueError, TypeError, OSError) as err:  # a bad root or file: one line naming it
         raise SystemExit(f"dpinfer nmf: {' '.join(str(err).splitlines())}") from None
-    print(f"dpinfer nmf: wrote {out}/report.md, summary.csv, posterior.nc and the figures")
-    print((out / "report.md").read_text().splitlines()[2])
+    import json
+
+    import xarray as xr
+
+    from dpinfer.io.nmf.report import verdict_text
+
+    with xr.open_datatree(out / "posterior.nc") as tree:
+        verdict = json.loads(tree.posterior.attrs["dpinfer_convergence"])
+    print(f"dpinfer nmf: {verdict_text(verdict)}")
+    print(f"dpinfer nmf: report {out / 'report.html'}")
 
 
 def cache_main(argv) -> None:

@@ -2,6 +2,7 @@
 level (against the geocodes' own nesting and the shipped truth file), and the command end to
 end on the shipped synthetic state."""
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -41,19 +42,48 @@ def test_summaries_add_the_leaves_up_to_every_level_as_the_geocodes_nest(table, 
 
     leaves = pd.Index(table.leaves)
     cells = list(table.coords["cell"])
+    adult = np.array([c[0] == "18 and over" for c in table.cells])
+    hispanic = np.array([c[1] == "Hispanic or Latino" for c in table.cells])
+    white = np.array([c[1] == "Not Hispanic or Latino" and c[2] == "white alone" for c in table.cells])
     assert set(out.level) == set(LEVELS)
+    derived = ["total", "voting-age population", "share Hispanic", "share non-Hispanic white alone"]
     for _, area in table.areas.iterrows():
         rows = out[(out.level == area.level) & (out.geocode == area.geocode)].set_index("cell")
-        assert list(rows.index) == cells + ["total"]
+        assert list(rows.index) == cells + derived
         under = leaves.str.startswith(area.geocode)
         sums = draws[:, :, under, :].sum(axis=2).reshape(80, -1)
-        sums = np.concatenate([sums, sums.sum(1, keepdims=True)], axis=1)
+        total = sums.sum(1, keepdims=True)
+        sums = np.concatenate([sums, total, sums[:, adult].sum(1, keepdims=True),
+                               sums[:, hispanic].sum(1, keepdims=True) / total,
+                               sums[:, white].sum(1, keepdims=True) / total], axis=1)
         np.testing.assert_allclose(rows["mean"], sums.mean(0))
         np.testing.assert_allclose(rows["q05"], np.quantile(sums, 0.05, axis=0))
         np.testing.assert_allclose(rows["q95"], np.quantile(sums, 0.95, axis=0))
         persons = truth_long.loc[truth_long.geocode.str.startswith(area.geocode), "count"].sum()
         assert rows.loc["total", "truth"] == persons
-    assert out.r_hat.notna().all() and (out.ess_bulk > 0).all()
+    assert out.r_hat.notna().all() and (out.ess_bulk > 0).all() and (out.ess_tail > 0).all()
+
+
+def test_the_gls_columns_are_the_baselines_estimates_of_the_same_quantities(table):
+    """summaries(gls=...) sets beside each row the GLS estimate and sd of the same quantity
+    (nested_gls's targets: a cell, a total, a share by the delta method)."""
+    from dpinfer.utility.baselines.nested.gls import nested_gls
+    from dpinfer.utility.baselines.nested.targets import area_sum_targets, ratio_targets
+
+    fit = nested_gls(table.release)
+    draws = np.ones((2, 8, len(table.leaves), len(table.cells)), np.int64)
+    out = summaries(table, SimpleNamespace(posterior=xr.Dataset(
+        {"counts": (("chain", "draw", "geocode", "cell"), draws)})), gls=fit)
+    areas = table.areas.reset_index(drop=True)
+    county = int(np.flatnonzero(areas.level == "County")[1])
+    hispanic = [c[1] == "Hispanic or Latino" for c in table.cells]
+    want = fit.targets(area_sum_targets(table.release, [county], np.ones(len(table.cells), bool), "t"))
+    row = out[(out.level == "County") & (out.geocode == areas.geocode[county]) & (out.cell == "total")]
+    assert row.gls.item() == pytest.approx(want.estimate.item()) and row.gls_sd.item() == pytest.approx(want.sd.item())
+    want = fit.targets(ratio_targets(table.release, [county], hispanic, np.ones(len(table.cells), bool), "s"))
+    row = out[(out.level == "County") & (out.geocode == areas.geocode[county]) & (out.cell == "share Hispanic")]
+    assert row.gls.item() == pytest.approx(want.estimate.item()) and row.gls_sd.item() == pytest.approx(want.sd.item())
+    assert out.gls.notna().all()
 
 
 def test_the_model_sums_every_geographys_rates_out(table):
@@ -111,23 +141,19 @@ def test_dpinfer_nmf_writes_the_report_the_csv_and_the_figures(tmp_path):
 
     out = tmp_path / "fit"
     main(["nmf", str(SHIPPED), "--state", "19", "--leaves", "County", "--draws", "60", "--tune", "60",
-          "--out", str(out), "--truth", str(SHIPPED / "truth.parquet")])
-    for name in ("report.md", "summary.csv", "posterior.nc", "us_totals.png", "state_totals.png",
-                 "county_totals.png"):
+          "--inference", "full-bayes", "--max-minutes", "0.5", "--out", str(out),
+          "--truth", str(SHIPPED / "truth.parquet")])
+    for name in ("report.html", "summary.csv", "posterior.nc", "us.png", "state.png", "county.png"):
         assert (out / name).stat().st_size > 0, name
-    report = (out / "report.md").read_text()
-    verdict = report.splitlines()[2]
+    report = (out / "report.html").read_text()
     summary = pd.read_csv(out / "summary.csv", dtype={"geocode": str})
     assert list(summary.level.unique()) == ["US", "State", "County"]
-    # 60 draws cannot reach the ESS target: the report must say so before anything else
-    assert verdict.startswith("**NOT CONVERGED: not a result yet**")
+    # 60 draws of full Bayes cannot reach the ESS target: the report says so before any figure
+    assert "NOT CONVERGED: not a result yet" in report.split("<img")[0]
     assert summary.ess_bulk.min() < 400
     county = summary[(summary.level == "County") & (summary.cell == "total")]
-    assert len(county) == 4
-    assert "## Against the truth" in report
-    covered = ((summary.q05 <= summary.truth) & (summary.truth <= summary.q95)).groupby(summary.level).mean()
-    for level, value in covered.items():
-        assert f"| {level} | {int((summary.level == level).sum())} | {value:.3f} |" in report
+    assert len(county) == 4 and county.gls.notna().all()
+    assert "Against the truth" in report
 
 
 @pytest.mark.validation
@@ -139,7 +165,7 @@ def test_an_interrupted_dpinfer_nmf_continues_when_run_again(tmp_path, ctrl_c_af
     from dpinfer.cli import main
 
     args = [str(SHIPPED), "--state", "19", "--leaves", "County", "--draws", "60", "--tune", "60",
-            "--checkpoint-every", "20"]
+            "--inference", "full-bayes", "--checkpoint-every", "20"]
     disarm = ctrl_c_after_saves(2)
     out = tmp_path / "fit"
     with pytest.raises(SystemExit) as stopped:
@@ -201,11 +227,11 @@ def test_the_leaf_effects_are_an_isometric_image_of_their_free_coordinates():
     np.testing.assert_allclose(J @ J.T, np.eye(n) - 1.0 / n, atol=1e-12)
 
 
-def test_the_report_states_the_verdict_first(table, truth_long):
-    """report.md without a fit: its third line is the verdict ("NOT CONVERGED: not a result
-    yet" with the advice to sample longer, or "Converged"), and the coverage table is
-    computed from the summaries it is given."""
-    from dpinfer.io.nmf.fit import _report
+def test_the_report_states_the_method_and_the_verdict_first(table, truth_long, tmp_path):
+    """report.html without a fit: the method (full or empirical Bayes and why), then the
+    verdict ("NOT CONVERGED: not a result yet" with the advice, or "Converged"), then the
+    table's size; the coverage table is computed from the summaries it is given."""
+    from dpinfer.io.nmf.report import report_html, truth_table, verdict_text
 
     nmf = dp.read_nmf(SHIPPED, 19, levels=LEVELS)
     truth = table.aggregate(truth_long["geocode"], truth_long["cell"], truth_long["count"])
@@ -213,15 +239,25 @@ def test_the_report_states_the_verdict_first(table, truth_long):
     summary = summaries(table, SimpleNamespace(posterior=xr.Dataset(
         {"counts": (("chain", "draw", "geocode", "cell"), draws)})), truth=truth)
     verdict = {"converged": False, "max_rhat": 1.2, "worst_rhat": "counts[0, 1]", "min_ess_bulk": 12.0,
-               "worst_ess": "counts[2, 3]", "quantities": 700, "divergences": 0,
-               "targets": {"rhat": 1.01, "ess_bulk": 400}}
-    text = _report(SHIPPED, 19, nmf, table, summary, verdict, ["x.png"], 1.0, 2.0)
-    line = text.splitlines()[2]
-    assert line.startswith("**NOT CONVERGED: not a result yet**") and "counts[2, 3]" in line
-    assert "--draws" in line
-    for level, rows in summary.groupby("level"):
-        covered = ((rows.q05 <= rows.truth) & (rows.truth <= rows.q95)).mean()
-        assert f"| {level} | {len(rows)} | {covered:.3f} |" in text
-    verdict.update(converged=True, max_rhat=1.004, min_ess_bulk=812.0)
-    line = _report(SHIPPED, 19, nmf, table, summary, verdict, [], 1.0, 2.0).splitlines()[2]
-    assert line.startswith("**Converged**") and "1.0040" in line and "NOT" not in line
+               "worst_ess": "counts[2, 3]", "min_ess_tail": 9.0, "worst_ess_tail": "counts[4, 5]",
+               "quantities": 700, "subject": "counts given the parameters' empirical-Bayes estimate",
+               "divergences": 0, "targets": {"rhat": 1.01, "ess_bulk": 400}}
+    attrs = {"dpinfer_convergence": json.dumps(verdict),
+             "dpinfer_inference": json.dumps({"inference": "empirical-bayes", "asked": "auto",
+                                              "why": "full Bayes predicted to need 50 min"})}
+    page = report_html(root=SHIPPED, state=19, nmf=nmf, table=table, attrs=attrs, summary=summary,
+                       figures=["county.png"], seconds={"fit": 1.0, "all": 2.0})
+    method, head, sizes = (page.index(f"id='{k}'") for k in ("method", "verdict", "sizes"))
+    assert method < head < sizes
+    assert "Empirical Bayes (full Bayes predicted to need 50 min)" in page
+    line = verdict_text(verdict)
+    assert line.startswith("NOT CONVERGED: not a result yet") and "counts[4, 5]" in line and "--max-minutes" in line
+    assert "class='not-converged'" in page
+    coverage = truth_table(summary)
+    cells = summary[(summary.level == "Tract") & ~summary.cell.isin(
+        ["total", "voting-age population", "share Hispanic", "share non-Hispanic white alone"])]
+    want = ((cells.q05 <= cells.truth) & (cells.truth <= cells.q95)).mean()
+    got = coverage[(coverage.level == "Tract") & (coverage.quantity == "cells")]["dpinfer coverage"].item()
+    assert got == pytest.approx(want)
+    verdict.update(converged=True, max_rhat=1.004, min_ess_bulk=812.0, min_ess_tail=700.0)
+    assert verdict_text(verdict).startswith("Converged") and "1.0040" in verdict_text(verdict)

@@ -230,6 +230,15 @@ class FitCheckpoint:
         self.settings, self.entropy = settings, entropy
         self.checkpoint: Checkpoint | None = None
 
+    def inference(self, chosen: str) -> str:
+        """The inference a fit of ``inference="auto"`` runs: ``chosen`` for a new checkpoint
+        (recorded in its identity), the checkpointed fit's choice when resuming (the choice
+        depends on the time left, which a resumed fit does not share)."""
+        if self.resume:
+            return read_identity(self.path)["settings"].get("inference_used", chosen)
+        self.settings["inference_used"] = chosen
+        return chosen
+
     def widenings_to_replay(self) -> list[dict]:
         """The widenings a resumed fit had made before its checkpointed fit (latent -> bound each)."""
         return read_identity(self.path)["widenings"] if self.resume else []

@@ -146,7 +146,8 @@ def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_i
             for c, s in enumerate(steppers):
                 _finite(s.log_density(q, grads[c]), "at the current estimate")
                 _finite(s.log_density(q + PROBE * v, probed[c]), "beside the current estimate")
-            drawing, evaluating = drawing + drawn - began, evaluating + time.perf_counter() - drawn
+            if t > 0 or max_iterations == 1:  # the first call may compile the kernels: not a measure
+                drawing, evaluating = drawing + drawn - began, evaluating + time.perf_counter() - drawn
             d = np.mean(-(probed - grads) / PROBE * v, axis=0)
             var = 0.5 * (grads[0] - grads[1]) ** 2 if chains > 1 else np.zeros(n)
             D = np.maximum(d, 1e-12) if D is None else np.maximum(D + (d - D) / WINDOW, 1e-12)
@@ -175,8 +176,8 @@ def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_i
     elif mc_se is None:
         mc_se = _batch_se(averaged) if len(averaged) >= 4 else np.full(n, np.inf)
     return Estimate(np.mean(averaged, axis=0), mc_se, sd, 1.0 / np.sqrt(D), burned or max_iterations, t + 1,
-                    settled, tolerance, time.perf_counter() - start_time, drawing / (t + 1),
-                    evaluating / (2 * chains * (t + 1)), [s.state.counts.copy() for s in steppers])
+                    settled, tolerance, time.perf_counter() - start_time, drawing / max(t, 1),
+                    evaluating / (2 * chains * max(t, 1)), [s.state.counts.copy() for s in steppers])
 
 
 def _finite(lp: float, where: str) -> None:

@@ -53,7 +53,7 @@ MAX_WIDENINGS = 4
 METHODS = ("auto", "marginal", "fibre", "nutpie")
 INFERENCES = ("full-bayes", "empirical-bayes", "auto")
 UNCERTAINTIES = ("none", "normal")
-EMPIRICAL_BAYES = {"uncertainty": "none", "every": 25, "burn": 5}  # dp.sample's empirical_bayes= defaults
+EMPIRICAL_BAYES = {"uncertainty": "none", "every": 25, "burn": 5, "tune": 20}  # empirical_bayes= defaults
 EMPIRICAL_BAYES_KEYS = ("burn_in", "max_iterations", "tolerance", *EMPIRICAL_BAYES)
 CONTINUOUS_METHOD = ("NUTS on the continuous latent with the release observed (its exact "
                      "likelihood; nothing to marginalise)")
@@ -124,8 +124,9 @@ def sample(
         given them: an approximation that ignores the parameters' uncertainty, named in the
         report, with the estimate, its Monte Carlo error and approximate posterior sds in
         ``posterior.attrs["dpinfer_empirical_bayes"]``; the convergence verdict is the
-        counts'. Each stored draw is ``counts_per_sweep`` (1) draws of the counts; ``tune``
-        iterations of them are a burn-in. ``"auto"`` (needs ``max_minutes``): the estimate
+        counts'. Each stored draw is ``counts_per_sweep`` (1) draws of the counts, after
+        ``empirical_bayes["tune"]`` (20) burn-in iterations (not ``tune``: the counts start from
+        the estimate's, already drawn given it). ``"auto"`` (needs ``max_minutes``): the estimate
         first, then full Bayes started from it if it is predicted to converge in the time left
         (:func:`~dpinfer.inference.engines.compiled.engine.full_bayes_seconds`), else empirical
         Bayes; ``posterior.attrs["dpinfer_inference"]`` says which ran and why.
@@ -138,7 +139,8 @@ def sample(
     empirical_bayes
         Settings of the estimate (``burn_in``, ``max_iterations``, ``tolerance``:
         :func:`dpinfer.inference.empirical_bayes.estimate`) and of what follows it:
-        ``uncertainty`` ``"none"`` (the default: the parameters held at the estimate) or
+        ``tune`` (the counts' burn-in, above), ``uncertainty`` ``"none"`` (the default: the
+        parameters held at the estimate) or
         ``"normal"`` (drawn afresh every ``every`` (25) stored draws from the normal law of the
         estimate and its approximate posterior sds, each draw followed by ``burn`` (5) count
         draws: the parameters' uncertainty propagated to the counts, approximately).
@@ -346,10 +348,10 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
     used, why = inference, "asked for"
     if inference in ("empirical-bayes", "auto"):
         settings = EMPIRICAL_BAYES | empirical_bayes
-        uncertainty, every, burn = (settings.pop(k) for k in ("uncertainty", "every", "burn"))
+        uncertainty, every, burn, held_tune = (settings.pop(k) for k in ("uncertainty", "every", "burn", "tune"))
         if uncertainty not in UNCERTAINTIES:
             raise ValueError(f"empirical_bayes['uncertainty'] must be one of {UNCERTAINTIES}, got {uncertainty!r}")
-        for name, value, least in (("every", every, 1), ("burn", burn, 0)):
+        for name, value, least in (("every", every, 1), ("burn", burn, 0), ("tune", held_tune, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"empirical_bayes[{name!r}] must be a whole number >= {least}, got {value!r}")
         spread = {"every": every, "burn": burn} if uncertainty == "normal" else None
@@ -367,10 +369,15 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
             why += (f"; {max(left, 0) / 60:.1f} min left of max_minutes: "
                     + ("full Bayes, started at the empirical-Bayes estimate" if used == "full-bayes" else
                        "empirical Bayes (full Bayes would not end in time)"))
+            if checkpoint is not None and checkpoint.inference(used) != used:
+                used = checkpoint.inference(used)
+                why += f"; resuming a checkpointed fit that chose {used}, which continues"
             if progressbar:
                 print(f"dpinfer: {why}", file=sys.stderr, flush=True)
             if used == "full-bayes":
                 held, spread, start = None, None, held
+        if used == "empirical-bayes":
+            tune = held_tune  # the counts start from the estimate's, in equilibrium given it
     seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
     replay = checkpoint.widenings_to_replay() if checkpoint is not None else []
     fit = None

@@ -1,14 +1,15 @@
 """``dpinfer nmf``: the noisy measurement files of a state in, a posterior of its coarse counts
-at every level out (a report with the convergence verdict first, figures per level, and a tidy
-CSV of posterior summaries per geography and cell). The model is
-:func:`~dpinfer.io.nmf.model.census_model`.
+at every level out: a tidy CSV of posterior summaries per geography and quantity (cells,
+totals, voting-age population, shares) beside the GLS baseline, and an HTML report with the
+method, the convergence verdict and figures per level (:mod:`dpinfer.io.nmf.report`). The
+model is :func:`~dpinfer.io.nmf.model.census_model`.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -21,159 +22,202 @@ from dpinfer.io.nmf.reading import read_nmf
 from dpinfer.io.nmf.table import CensusTable, census_table
 
 
-def area_draws(table: CensusTable, draws: np.ndarray, level: str) -> tuple[np.ndarray, np.ndarray]:
-    """(geocodes of ``level``, their sums (chains, draws, n_areas, n_cells)) from leaf draws
-    (chains, draws, n_leaves, n_cells)."""
+def quantities(table: CensusTable) -> list[tuple[str, np.ndarray, np.ndarray | None]]:
+    """What the summaries report per area: (label, numerator cells, denominator cells or None)
+    as boolean masks over the coarse cells: every cell, the total, and, where the cells keep
+    the axes, the voting-age population, the share Hispanic and the share non-Hispanic white
+    alone."""
+    n = len(table.cells)
+    labels = list(table.coords["cell"])
+    out = [(label, np.eye(n, dtype=bool)[j], None) for j, label in enumerate(labels)]
+    everyone = np.ones(n, bool)
+    out.append(("total", everyone, None))
+    names = list(table.cells.names)
+
+    def having(**levels):
+        return np.array([all(c[names.index(a)] == v for a, v in levels.items()) for c in table.cells])
+
+    if "votingage" in names:
+        out.append(("voting-age population", having(votingage="18 and over"), None))
+    if "hispanic" in names:
+        out.append(("share Hispanic", having(hispanic="Hispanic or Latino"), everyone))
+        if "cenrace" in names:
+            out.append(("share non-Hispanic white alone",
+                        having(hispanic="Not Hispanic or Latino", cenrace="white alone"), everyone))
+    return out
+
+
+def _members(table: CensusTable, level: str) -> tuple[np.ndarray, scipy.sparse.csr_matrix]:
+    """(the areas of ``level`` (rows of ``table.areas``), a 0/1 (areas, leaves) matrix of the
+    leaves under each)."""
     areas = table.areas
     rows = np.flatnonzero(areas.level.to_numpy() == level)
     parent = areas.parent.to_numpy()
-    leaf_area = table.release.sums.leaf_area
     member = np.full(len(areas), -1)
     member[rows] = np.arange(rows.size)
-    leaf_to = np.empty(leaf_area.size, dtype=np.int64)
-    for i, v in enumerate(leaf_area):
+    leaf_to = np.empty(table.release.sums.leaf_area.size, dtype=np.int64)
+    for i, v in enumerate(table.release.sums.leaf_area):
         while member[v] < 0:
             v = parent[v]
         leaf_to[i] = member[v]
-    M = scipy.sparse.csr_matrix((np.ones(leaf_to.size), (leaf_to, np.arange(leaf_to.size))),
-                                shape=(rows.size, leaf_to.size))
-    chains, n, L, C = draws.shape
-    flat = draws.reshape(chains * n, L, C).transpose(1, 0, 2).reshape(L, -1)
-    out = (M @ flat).reshape(rows.size, chains * n, C).transpose(1, 0, 2).reshape(chains, n, rows.size, C)
-    return areas.geocode.to_numpy()[rows], out
+    return rows, scipy.sparse.csr_matrix((np.ones(leaf_to.size), (leaf_to, np.arange(leaf_to.size))),
+                                         shape=(rows.size, leaf_to.size))
 
 
-def summaries(table: CensusTable, idata, *, name: str = "counts", truth=None) -> pd.DataFrame:
-    """A tidy table per (level, geocode, cell): posterior mean, sd, median, 5% and 95%
-    quantiles, R-hat and bulk ESS (:func:`dpinfer.inference.convergence.diagnostics`), the
-    cell "total" over cells, and the truth where given ((n_leaves, n_cells) counts)."""
-    from dpinfer.inference.convergence import diagnostics
+def _values(M, counts: np.ndarray, wanted) -> np.ndarray:
+    """The ``wanted`` quantities (:func:`quantities`) of the areas of M's rows from leaf counts
+    (..., n_leaves, n_cells): (..., areas, quantities) float, a share of 0 persons NaN."""
+    lead = counts.shape[:-2]
+    L, C = counts.shape[-2:]
+    flat = np.moveaxis(counts.reshape(-1, L, C), 1, 0).reshape(L, -1)
+    sums = np.moveaxis(np.asarray(M @ flat).reshape(M.shape[0], -1, C), 0, 1)  # (draws, areas, cells)
+    num = sums @ np.stack([q[1] for q in wanted], axis=1).astype(float)
+    den = sums @ np.stack([q[2] if q[2] is not None else q[1] for q in wanted], axis=1).astype(float)
+    ratio = np.array([q[2] is not None for q in wanted])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(ratio, num / np.where(den == 0, np.nan, den), num)
+    return out.reshape(*lead, M.shape[0], len(wanted))
+
+
+def summaries(table: CensusTable, idata, *, name: str = "counts", truth=None, gls=None,
+              block: int = 256) -> pd.DataFrame:
+    """A tidy table per (level, geocode, quantity): every cell, the total and the derived
+    quantities of :func:`quantities`; posterior mean, sd, median, 5% and 95% quantiles, R-hat,
+    bulk and tail ESS (:mod:`dpinfer.inference.convergence`; NaN for a share never defined),
+    the GLS estimate and sd (``gls``, a :func:`~dpinfer.utility.baselines.nested.gls.nested_gls`
+    fit) and the truth ((n_leaves, n_cells) counts) where given. Areas are summarised ``block``
+    at a time, so memory stays near that of the draws."""
+    from dpinfer.inference.convergence import diagnostics, tail_ess
 
     draws = idata.posterior[name].values
-    levels = [lv for lv in LEVELS if lv in set(table.areas.level)]
-    labels = list(table.coords["cell"]) + ["total"]
+    chains, n = draws.shape[:2]
+    wanted = quantities(table)
+    K = len(wanted)
     frames = []
-    for level in levels:
-        geocodes, sums = area_draws(table, draws, level)
-        sums = np.concatenate([sums, sums.sum(-1, keepdims=True)], axis=-1).astype(float)
-        c, n, A, K = sums.shape
-        flat = sums.reshape(c, n, A * K)
-        rhat, ess = diagnostics(flat)
-        pooled = flat.reshape(c * n, A * K)
-        q05, q50, q95 = np.quantile(pooled, [0.05, 0.5, 0.95], axis=0)
-        frame = pd.DataFrame({
-            "level": level, "geocode": np.repeat(geocodes, K), "cell": np.tile(labels, A),
-            "mean": pooled.mean(0), "sd": pooled.std(0), "median": q50, "q05": q05, "q95": q95,
-            "r_hat": rhat, "ess_bulk": ess})
-        if truth is not None:
-            _, true_sums = area_draws(table, np.asarray(truth)[None, None], level)
-            true_sums = np.concatenate([true_sums, true_sums.sum(-1, keepdims=True)], axis=-1)
-            frame["truth"] = true_sums.reshape(-1)
-        frames.append(frame)
-    return pd.concat(frames, ignore_index=True)
+    for level in [lv for lv in LEVELS if lv in set(table.areas.level)]:
+        rows, M = _members(table, level)
+        for b0 in range(0, rows.size, block):
+            part = M[b0:b0 + block]
+            values = _values(part, draws, wanted).reshape(chains, n, -1)
+            finite = np.where(np.isfinite(values), values, 0.0)
+            rhat, ess = diagnostics(finite)
+            tail = tail_ess(finite)
+            pooled = values.reshape(chains * n, -1)
+            undefined = np.all(np.isnan(pooled), axis=0)
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN shares: NaN, said below
+                q05, q50, q95 = np.nanquantile(pooled, [0.05, 0.5, 0.95], axis=0)
+                mean, sd = np.nanmean(pooled, axis=0), np.nanstd(pooled, axis=0)
+            frame = pd.DataFrame({
+                "level": level, "geocode": np.repeat(table.areas.geocode.to_numpy()[rows[b0:b0 + block]], K),
+                "cell": np.tile([q[0] for q in wanted], part.shape[0]), "mean": mean, "sd": sd, "median": q50,
+                "q05": q05, "q95": q95, "r_hat": np.where(undefined, np.nan, rhat),
+                "ess_bulk": np.where(undefined, np.nan, ess), "ess_tail": np.where(undefined, np.nan, tail)})
+            if truth is not None:
+                frame["truth"] = _values(part, np.asarray(truth)[None], wanted).reshape(-1)
+            frames.append(frame)
+    out = pd.concat(frames, ignore_index=True)
+    if gls is not None:
+        out = out.merge(gls_summary(table, gls), on=["level", "geocode", "cell"], how="left", validate="1:1")
+    return out
 
 
-def fit_nmf(root, state, *, leaves: str = "Tract", cells="pl94-28", out=None, draws: int = 1000,
+def gls_summary(table: CensusTable, fit) -> pd.DataFrame:
+    """The GLS estimate and sd (``fit``: :func:`~dpinfer.utility.baselines.nested.gls.nested_gls`)
+    of every quantity of :func:`summaries`' rows: level, geocode, cell, gls, gls_sd."""
+    from dpinfer.utility.baselines.nested.targets import area_sum_targets, concat_targets, ratio_targets
+
+    parts, keys = [], []
+    for level in [lv for lv in LEVELS if lv in set(table.areas.level)]:
+        rows, _ = _members(table, level)
+        for label, num, den in quantities(table):
+            parts.append(area_sum_targets(table.release, rows, num, level, name=label) if den is None else
+                         ratio_targets(table.release, rows, num, den, level, name=label))
+            keys.append(pd.DataFrame({"level": level, "geocode": table.areas.geocode.to_numpy()[rows],
+                                      "cell": label}))
+    estimates = fit.targets(concat_targets(*parts))
+    out = pd.concat(keys, ignore_index=True)
+    out["gls"], out["gls_sd"] = estimates["estimate"].to_numpy(), estimates["sd"].to_numpy()
+    return out
+
+
+INFERENCES = ("auto", "full-bayes", "empirical-bayes")
+REPORT_SECONDS = 60.0  # kept from --max-minutes for the summaries, the GLS baseline and the report
+
+
+def fit_nmf(root, state, *, leaves: str = "Block_Group", cells="pl94-28", out=None, draws: int = 1000,
             tune: int = 1000, chains: int = 2, seed: int = 0, truth=None, progressbar: bool = True,
-            checkpoint_every: int | None = None) -> Path:
-    """Read ``state``'s files under ``root`` down to ``leaves``, fit :func:`census_model` with
-    ``dpinfer.sample`` and write ``summary.csv``, ``report.md``, one figure per level and
-    ``posterior.nc`` into ``out`` (default ``nmf-<state>-<leaves>``). ``truth``: a parquet file
-    of the true histogram (geocode, cell, count; a synthetic file's ``truth.parquet``), added
-    to the summaries and the figures. ``checkpoint_every``: save the chains every this many
-    iterations in ``out/checkpoint`` (``dpinfer.sample(checkpoint=...)``), and continue from
-    there if an earlier run of the same fit was interrupted; removed once the outputs are
-    written. Returns ``out``."""
+            checkpoint_every: int | None = None, inference: str = "auto", max_minutes: float = 20.0,
+            uncertainty: str = "normal", leaf_sizes: str = "published", log=None) -> Path:
+    """Read ``state``'s files under ``root`` down to ``leaves``, fit
+    :func:`~dpinfer.io.nmf.model.census_model` (``leaf_sizes``) with ``dpinfer.sample`` and write
+    ``report.html``, ``summary.csv``, one figure per level and ``posterior.nc`` into ``out``
+    (default ``nmf-<state>-<leaves>``). Returns ``out``.
+
+    Phases, each announced on ``log`` (default stderr) with the time left of ``max_minutes``:
+    the files read; the table (leaves, cells, counts, terms); the fit, ``inference``
+    ``"auto"`` (the default: the hyperparameters' empirical-Bayes estimate, then full Bayes
+    if it is predicted to converge in the time left, else empirical Bayes with the
+    hyperparameters' ``uncertainty``, ``"normal"`` or ``"none"``: ``dp.sample``'s
+    ``inference`` and ``empirical_bayes``), ``"full-bayes"`` or ``"empirical-bayes"``;
+    sampling on until the convergence targets are met or the time is up (``max_minutes``,
+    less REPORT_SECONDS for the last phase); the summaries beside the GLS baseline
+    (:func:`~dpinfer.utility.baselines.nested.gls.nested_gls`) and the report.
+
+    ``truth``: a parquet file of the true histogram (geocode, cell, count; a synthetic file's
+    ``truth.parquet``), added to the summaries, figures and report. ``checkpoint_every``: save
+    the chains every this many iterations in ``out/checkpoint`` (``dpinfer.sample(checkpoint=...)``)
+    and continue from there when the same command runs again after an interruption; removed
+    once the outputs are written."""
+    import sys
+
     import dpinfer as dp
     from dpinfer.inference.checkpoint import resume_or_start
+    from dpinfer.io.nmf.report import write_report
+    from dpinfer.utility.baselines.nested.gls import nested_gls
 
-    out = Path(out or f"nmf-{state}-{leaves}")
-    out.mkdir(parents=True, exist_ok=True)
-    levels = LEVELS[: LEVELS.index(leaves) + 1] if leaves in LEVELS else None
-    if levels is None:
+    if leaves not in LEVELS:
         raise ValueError(f"leaves must be one of {LEVELS}, got {leaves!r}")
+    if inference not in INFERENCES:
+        raise ValueError(f"inference must be one of {INFERENCES}, got {inference!r}")
+    if isinstance(max_minutes, bool) or not isinstance(max_minutes, (int, float)) or not (
+            np.isfinite(max_minutes) and max_minutes > 0):
+        raise ValueError(f"max_minutes must be a finite number of minutes > 0, got {max_minutes!r}")
+    log = sys.stderr if log is None else log
     start = time.perf_counter()
-    nmf = read_nmf(root, state, levels=levels)
+
+    def phase(k: int, text: str) -> None:
+        left = max_minutes - (time.perf_counter() - start) / 60
+        print(f"dpinfer nmf: [{k}/4] {text} ({time.perf_counter() - start:.0f} s; {max(left, 0):.1f} min of "
+              f"--max-minutes left)", file=log, flush=True)
+
+    nmf = read_nmf(root, state, levels=LEVELS[: LEVELS.index(leaves) + 1])
+    phase(1, f"read {len(nmf.files)} files of state {state}: levels {', '.join(nmf.levels)}")
     table = census_table(nmf, leaves, cells)
-    read_seconds = time.perf_counter() - start
+    counts = len(table.leaves) * len(table.cells)
+    phase(2, f"table: {len(table.leaves):,} {leaves} leaves x {len(table.cells)} cells = {counts:,} counts, "
+             f"{table.release.sums.term_value.size:,} terms")
     true_counts = None
     if truth is not None:
         t = pd.read_parquet(truth)
         true_counts = table.aggregate(t["geocode"], t["cell"], t["count"])
-    model = census_model(table)
+    out = Path(out or f"nmf-{state}-{leaves}")
+    out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "checkpoint"
+    model = census_model(table, leaf_sizes=leaf_sizes)
+    sampling_minutes = max(max_minutes - (time.perf_counter() - start + REPORT_SECONDS) / 60, 0.0)
+    phase(3, f"fit: {inference} inference, until converged or {sampling_minutes:.1f} min")
     idata = dp.sample(model=model, draws=draws, tune=tune, chains=chains, random_seed=seed,
-                      progressbar=progressbar,
+                      progressbar=progressbar, inference=inference, max_minutes=sampling_minutes,
+                      **({"empirical_bayes": {"uncertainty": uncertainty}} if inference != "full-bayes" else {}),
                       **(resume_or_start(checkpoint, checkpoint_every) if checkpoint_every else {}))
-    seconds = time.perf_counter() - start
-    summary = summaries(table, idata, truth=true_counts)
+    fitted = time.perf_counter() - start
+    gls = nested_gls(table.release)
+    summary = summaries(table, idata, truth=true_counts, gls=gls)
     summary.to_csv(out / "summary.csv", index=False)
     idata.to_netcdf(out / "posterior.nc")
-    figures = _figures(summary, out)
-    verdict = json.loads(idata.posterior.attrs["dpinfer_convergence"])
-    (out / "report.md").write_text(_report(root, state, nmf, table, summary, verdict, figures,
-                                           read_seconds, seconds))
+    write_report(out, root=root, state=state, nmf=nmf, table=table, idata=idata, summary=summary,
+                 seconds={"fit": fitted, "all": time.perf_counter() - start})
     shutil.rmtree(checkpoint, ignore_errors=True)  # the fit is in posterior.nc now
+    phase(4, f"wrote {out}/report.html, summary.csv ({len(summary):,} rows, GLS beside), posterior.nc")
     return out
-
-
-def _figures(summary: pd.DataFrame, out: Path) -> list[str]:
-    """One PNG per level: every geography's total population, posterior median and 90%
-    interval (and the truth where known), geographies in order of their median."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = []
-    for level, rows in summary[summary.cell == "total"].groupby("level", sort=False):
-        rows = rows.sort_values("median")
-        fig, ax = plt.subplots(figsize=(7, 3.2))
-        x = np.arange(len(rows))
-        ax.errorbar(x, rows["median"], yerr=[rows["median"] - rows["q05"], rows["q95"] - rows["median"]],
-                    fmt="o", ms=3, lw=1, label="posterior median, 90% interval")
-        if "truth" in rows:
-            ax.plot(x, rows["truth"], "x", ms=4, color="black", label="truth")
-        ax.set_xlabel(f"{level} (ordered by median)")
-        ax.set_ylabel("persons")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        name = f"{level.lower()}_totals.png"
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        names.append(name)
-    return names
-
-
-def _report(root, state, nmf, table, summary, verdict, figures, read_seconds, seconds) -> str:
-    converged = verdict["converged"]
-    head = ("**Converged**" if converged else "**NOT CONVERGED: not a result yet**") + (
-        f": max R-hat {verdict['max_rhat']:.4f} ({verdict['worst_rhat']}), min bulk ESS "
-        f"{verdict['min_ess_bulk']:.0f} ({verdict['worst_ess']}) over {verdict['quantities']} "
-        f"parameters and counts, {verdict.get('divergences', 0)} divergences (targets R-hat <= "
-        f"{verdict['targets']['rhat']}, ESS >= {verdict['targets']['ess_bulk']}, no divergences).")
-    if not converged:
-        head += " Run again with more draws and tune (`--draws`, `--tune`)."
-    privacy = nmf.privacy()
-    lines = [f"# Noisy measurement files: state {state}, leaves {table.leaf_level}", "", head, "",
-             f"Read {len(nmf.files)} files from `{root}` ({read_seconds:.1f} s); fit in {seconds:.0f} s in all. "
-             f"{len(table.leaves)} leaves x {len(table.cells)} cells; {table.release}. "
-             f"The measurements read are rho = {privacy.rho:.4g} zCDP by composition.", ""]
-    if "truth" in summary:
-        lines += ["## Against the truth", "", "| level | geographies x cells | 90% coverage | mean width | "
-                  "mean abs error of the median |", "|---|---:|---:|---:|---:|"]
-        for level, rows in summary.groupby("level", sort=False):
-            inside = (rows.truth >= rows.q05) & (rows.truth <= rows.q95)
-            lines.append(f"| {level} | {len(rows)} | {inside.mean():.3f} | {(rows.q95 - rows.q05).mean():.1f} | "
-                         f"{(rows['median'] - rows.truth).abs().mean():.2f} |")
-        lines.append("")
-    lines += ["## Figures", ""] + [f"![{f}]({f})" for f in figures] + [""]
-    lines += ["## What was used", "", _markdown(table.usage), ""]
-    return "\n".join(lines)
-
-
-def _markdown(df: pd.DataFrame) -> str:
-    head = "| " + " | ".join(df.columns) + " |"
-    rule = "|" + "---|" * len(df.columns)
-    rows = ["| " + " | ".join(str(v) for v in r) + " |" for r in df.itertuples(index=False)]
-    return "\n".join([head, rule, *rows])
