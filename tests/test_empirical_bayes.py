@@ -148,6 +148,6 @@ def test_auto_runs_full_bayes_where_it_fits_the_time_and_says_why():
                           progressbar=False, inference="auto", max_minutes=0)
     chosen = json.loads(idata.posterior.attrs["dpinfer_inference"])
     assert chosen["inference"] == "empirical-bayes" and "would not end in time" in chosen["why"]
-    assert idata.posterior["m"].values.std() == 0
+    assert np.ptp(idata.posterior["m"].values) == 0  # held
     with pytest.raises(ValueError, match="give max_minutes"):
         dp.sample(model=nb_model(small_release()), inference="auto")

@@ -13,7 +13,7 @@ model (:func:`dpinfer.io.nmf.model.census_model`). The same measurements go to t
 * the NNLS projection (point estimates only).
 
 Targets: every (area, coarse cell) at block group, tract and county level; every area's
-voting-age population and share Hispanic. Scored per (method, group): coverage of the 90%
+voting-age population, share Hispanic and share non-Hispanic white alone. Scored per (method, group): coverage of the 90%
 intervals (with its binomial Monte Carlo standard error, which treats the targets of one state
 as independent: a rough guide, since they share the state's data), mean width, MAE and RMSE of
 the point estimate (dpinfer: the posterior median).
@@ -50,14 +50,18 @@ SEED = 20261127
 LEVELS = ("County", "Tract", "Block_Group")
 
 
-def run(draws: int = 3000, seed: int = SEED):
+def run(draws: int = 3000, seed: int = SEED, *, root=STATE, leaf_sizes: str = "estimated", **sample_options):
+    """Fit the state at ``root`` (block-group leaves, 28 cells; ``census_model(leaf_sizes=)``,
+    ``dp.sample`` with ``draws`` draws and tune and ``sample_options``) and score it beside the
+    baselines: (scores, the convergence verdict, seconds, leaves, cells)."""
     start = time.perf_counter()
-    nmf = dp.read_nmf(STATE, 19, levels=("US", "State", *LEVELS))
+    nmf = dp.read_nmf(root, 19, levels=("US", "State", *LEVELS))
     table = census_table(nmf, "Block_Group", "pl94-28")
-    truth_long = pd.read_parquet(STATE / "truth.parquet")
+    truth_long = pd.read_parquet(Path(root) / "truth.parquet")
     truth = table.aggregate(truth_long["geocode"], truth_long["cell"], truth_long["count"])
-    model = census_model(table)
-    idata = dp.sample(model=model, draws=draws, tune=draws, chains=2, random_seed=seed, progressbar=False)
+    model = census_model(table, leaf_sizes=leaf_sizes)
+    idata = dp.sample(model=model, draws=draws, tune=draws, chains=2, random_seed=seed, progressbar=False,
+                      **sample_options)
     fit_seconds = time.perf_counter() - start
     counts = idata.posterior["counts"].values
     posterior = counts.reshape(-1, *counts.shape[2:])
@@ -66,6 +70,7 @@ def run(draws: int = 3000, seed: int = SEED):
     cells = list(table.cells)
     adult = [i for i, c in enumerate(cells) if c[0] == "18 and over"]
     hispanic = [i for i, c in enumerate(cells) if c[1] == "Hispanic or Latino"]
+    white = [i for i, c in enumerate(cells) if c[1] == "Not Hispanic or Latino" and c[2] == "white alone"]
     everyone = list(range(len(cells)))
     targets = []
     for level in LEVELS:
@@ -74,6 +79,7 @@ def run(draws: int = 3000, seed: int = SEED):
         targets.append(area_cell_targets(release, rows, f"{name} cells"))
         targets.append(area_sum_targets(release, rows, adult, f"{name} voting-age population"))
         targets.append(ratio_targets(release, rows, hispanic, everyone, f"{name} share Hispanic"))
+        targets.append(ratio_targets(release, rows, white, everyone, f"{name} share non-Hispanic white"))
     targets = concat_targets(*targets)
     per_target = nested_target_table(release, truth, posterior, targets, seed=seed)
     scores = compare_nested(release, truth, posterior, targets, table=per_target)

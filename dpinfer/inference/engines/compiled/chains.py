@@ -329,8 +329,11 @@ def stat_columns(blocks) -> tuple[list, list]:
 
 
 def fresh_state(model, n_stats: int, *, draws: int, rng: np.random.Generator,
-                q0: np.ndarray, counts0: np.ndarray, target_accept: float) -> ChainState:
-    """A chain before its first iteration: at (q0, counts0), its stream drawn from ``rng``."""
+                q0: np.ndarray, counts0: np.ndarray, target_accept: float,
+                count_dtype=np.int64) -> ChainState:
+    """A chain before its first iteration: at (q0, counts0), its stream drawn from ``rng``;
+    its stored counts of ``count_dtype`` (int32 halves a state's draws where every count is
+    known to stay below 2^31: :func:`~dpinfer.inference.engines.compiled.engine.count_dtype`)."""
     n = model.n
     adapt = np.zeros(7)
     adapt[_TARGET] = target_accept
@@ -338,7 +341,7 @@ def fresh_state(model, n_stats: int, *, draws: int, rng: np.random.Generator,
     return ChainState(q=np.array(q0, dtype=float), counts=counts, inv_mass=np.ones(n), adapt=adapt,
                       metric_count=np.zeros(1), metric_mean=np.zeros((2, n)), metric_m2=np.zeros((2, n)),
                       stream=new_stream(rng), draws_q=np.empty((draws, n)),
-                      draws_counts=np.empty((draws, counts.size), dtype=np.int64),
+                      draws_counts=np.empty((draws, counts.size), dtype=count_dtype),
                       draws_stats=np.zeros((draws, n_stats)))
 
 
@@ -520,7 +523,7 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
                seeds: list, starts: list, progressbar: bool = True,
                max_tree_depth: int = MAX_TREE_DEPTH, target_accept: float = 0.8,
                nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int = COUNTS_PER_SWEEP,
-               checkpoint=None, more=None, spread=None) -> list[ChainResult]:
+               checkpoint=None, more=None, spread=None, count_dtype=np.int64) -> list[ChainResult]:
     """``chains`` chains, ``cores`` at a time in threads; ``starts`` gives (q0, counts0) per
     chain, ``seeds`` a ``numpy.random.Generator`` per chain for its random stream. Returns the
     chains' results in order. With ``checkpoint``
@@ -533,7 +536,8 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
     and the seconds an iteration of the round took; it returns how many more draws every chain should make
     (0: none). The chains then **sample on** from where they are (the kernel after tuning is
     fixed, so the continued chains are the same Markov chains; a saved chain carries its draws
-    so far, so a resumed fit continues with them). ``spread``: :class:`Stepper`'s."""
+    so far, so a resumed fit continues with them). ``spread``: :class:`Stepper`'s;
+    ``count_dtype``: :func:`fresh_state`'s."""
     n_stats = len(stat_columns(blocks)[0])
     states = []
     for c in range(chains):
@@ -541,7 +545,7 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
         q0, counts0 = starts[c]
         states.append(saved if saved is not None else fresh_state(
             model, n_stats, draws=draws, rng=seeds[c], q0=q0, counts0=counts0,
-            target_accept=target_accept))
+            target_accept=target_accept, count_dtype=count_dtype))
     draws = max([draws] + [s.draws_q.shape[0] for s in states])  # a resumed fit may have sampled on
     for s in states:
         _extend(s, draws - s.draws_q.shape[0])

@@ -393,13 +393,21 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
                          seeds=streams, starts=starts, progressbar=progressbar,
                          max_tree_depth=max_tree_depth, target_accept=target_accept,
                          nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep,
-                         checkpoint=checkpoint, more=more, spread=spread)
+                         checkpoint=checkpoint, more=more, spread=spread, count_dtype=count_dtype(blocks))
     seconds = time.perf_counter() - start
     if checkpoint is not None:
         seconds = max(seconds, max(r.seconds for r in results))  # a resumed fit: its chains' whole time
     return datatree(model, compiled, results, tune=tune, seconds=seconds,
                      max_tree_depth=max_tree_depth, nuts_per_sweep=nuts_per_sweep,
                      counts_per_sweep=counts_per_sweep)
+
+
+def count_dtype(blocks):
+    """The stored counts' dtype: int32 where every block is nested and its boxes end below
+    2^31 (the counts cannot leave them), else int64 (windows with exact tails bound nothing)."""
+    bounded = all(b.kind == "nested" for b in blocks) and all(
+        int(b.gibbs.box_hi.max(initial=0)) < np.iinfo(np.int32).max for b in blocks)
+    return np.int32 if bounded else np.int64
 
 
 def chain_seeds(rng: np.random.Generator, chains: int) -> tuple[list, list]:
@@ -413,7 +421,10 @@ def datatree(model, compiled, results, *, tune: int, seconds: float,
               max_tree_depth: int, nuts_per_sweep: int, counts_per_sweep: int) -> xr.DataTree:
     chains, draws = len(results), results[0].q.shape[0]
     q = np.stack([r.q for r in results]).reshape(chains * draws, compiled.n)
-    counts = np.stack([r.counts for r in results]).reshape(chains * draws, -1)
+    counts = np.empty((chains, draws, results[0].counts.shape[1]), results[0].counts.dtype)
+    for c, r in enumerate(results):  # a chain at a time, each released once copied (peak memory)
+        counts[c], r.counts = r.counts, None
+    counts = counts.reshape(chains * draws, -1)
     values = compiled.expand(q, counts)
     for name in compiled.latents:
         values[name] = counts[:, compiled.latent_slices[name]].reshape(
