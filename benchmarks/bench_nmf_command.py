@@ -103,14 +103,13 @@ def main(argv=None) -> None:
     gls_inside = (cells.gls - 1.645 * cells.gls_sd <= cells.truth) & (cells.truth <= cells.gls + 1.645 * cells.gls_sd)
     phases = {m.group(1): float(m.group(2)) for line in row["lines"]
               if (m := re.match(r"dpinfer nmf: \[(\d)/4\].*\((\d+) s;", line))}
-    print(f"\n| counties | counts | method | draws per chain | in all | read + table | fit | summaries, GLS, report | "
-          f"peak RSS | max R-hat | min bulk ESS | min tail ESS | converged | BG cells 90% cover (dpinfer / GLS) | "
-          f"GLS alone |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|")
+    began = phases.get("3", np.nan)
+    print("\n| counties | counts | method | draws per chain | in all (cold) | read, table, model | fit, summaries, "
+          "GLS, report | peak RSS | max R-hat | min bulk ESS | min tail ESS | converged | BG cells 90% cover "
+          "(dpinfer / GLS) | GLS alone |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|")
     print(f"| {args.counties} | {len(cells):,} | {chosen['inference']} ({args.uncertainty}) | {draws} | "
-          f"{row['seconds']:.0f} s | {phases.get('2', np.nan):.0f} s | "
-          f"{phases.get('3', np.nan) - phases.get('2', np.nan):.0f} s + sampling to {phases.get('4', np.nan):.0f} s | "
-          f"{row['seconds'] - phases.get('4', np.nan):.0f} s after | {row['peak_rss_gb']:.2f} GB | "
+          f"{row['seconds']:.0f} s | {began:.0f} s | {row['seconds'] - began:.0f} s | {row['peak_rss_gb']:.2f} GB | "
           f"{verdict['max_rhat']:.4f} | {verdict['min_ess_bulk']:.0f} | {verdict['min_ess_tail']:.0f} | "
           f"{verdict['converged']} | {inside.mean():.3f} / {gls_inside.mean():.3f} | {row['gls_seconds']:.0f} s |")
     print(f"method: {chosen['why']}")

@@ -7,7 +7,7 @@ state's pilot lies within a few measurement sds of its truth; reading every stat
 Constraints that cannot all hold stop the reader with exactly the published rows that conflict
 (built by hand here, so the expected set is known): the nation's total on one state, state
 totals that do not add up to the nation's, a state's total below its blocks' lower bounds.
-The conflict finder (dpinfer/_infeasible.py) and the sampler's start (feasible_start) are
+The conflict finder (dpinfer/lattice/infeasible.py) and the sampler's start (feasible_start) are
 checked on hand-made systems whose conflicts are known."""
 
 import math
@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import dpinfer as dp
-from dpinfer._infeasible import MAX_FILTERED, conflicting_rows
+from dpinfer.lattice.infeasible import MAX_FILTERED, conflicting_rows
 from dpinfer.cli import main
 from dpinfer.io.nmf.reading import NMFInfeasibleError
 from dpinfer.io.nmf.table import census_table

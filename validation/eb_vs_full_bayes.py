@@ -10,7 +10,9 @@ model ``dpinfer nmf`` runs) is fitted twice:
   moves), run until it converges (R-hat <= 1.01, bulk and tail ESS >= 400 over every parameter
   and count; a fit that has not is reported as such and not used as the reference);
 * **empirical Bayes**: ``dp.sample(inference="empirical-bayes")``, the concentrations at the
-  mode of their marginal posterior, then the counts given them.
+  mode of their marginal posterior, then the counts given them, with the concentrations held
+  there (``uncertainty="none"``) or drawn every 25 draws from the normal approximation of
+  their marginal posterior (``"normal"``, ``dpinfer nmf``'s default).
 
 Targets: every (area, coarse cell) and every area's voting-age population, share Hispanic and
 share non-Hispanic white alone, at block group, tract and county level. Per target and
@@ -19,12 +21,19 @@ Bayes 90% interval's width (q_0.95 - q_0.05) plus Monte Carlo error. Counts and 
 whole numbers, whose ordinary quantiles jump by one where the cumulative probability crosses p
 (a count that is 0 in 94% of one method's draws and 96% of the other's has 95% quantiles 1 and 0,
 width 0): they are compared by the quantiles of the count jittered by U(-1/2, 1/2)
-(:func:`jittered_quantile`), continuous in p. The Monte Carlo error of a
+(:func:`jittered_quantile`), continuous in p. A share of an area of fewer than MIN_PERSONS
+persons (full Bayes's median) takes a few values (0, 1/2, 1 for two persons), where quantiles
+jump as the probabilities cross p: such shares are listed but not judged (the counts they are
+ratios of are judged as cells). The Monte Carlo error of a
 quantile estimate: the p +- sqrt(p (1 - p) / ESS) quantiles of the draws (Vehtari et al. 2021,
 section 4.4: the quantile's standard error through the ESS of its indicator; here the smaller of
 the target's bulk and tail ESS), half their distance a standard error; the two methods' errors
 added in quadrature, and a difference is beyond Monte Carlo error when it exceeds the bar by
 more than 2 combined standard errors.
+
+Also checked: the input of ``dpinfer nmf``'s full-Bayes time predictor, the slowest
+hyperparameter's ESS per draw predicted from the estimate's missing information, against the
+full-Bayes fit's.
 
 Run:  .venv/bin/python validation/eb_vs_full_bayes.py [--counties 3 10] [--seeds 2020 7]
       [--fits DIR]   (DIR keeps the fits as netCDF: a rerun reads them instead of refitting)
@@ -47,6 +56,7 @@ RESULTS = Path(__file__).parent / "results" / "eb_vs_full_bayes.md"
 LEVELS = ("County", "Tract", "Block_Group")
 QUANTILES = (0.05, 0.5, 0.95)
 BAR = 0.1  # share of the full-Bayes 90% interval's width
+MIN_PERSONS = 10  # shares of areas with fewer persons (full Bayes's median) are not judged: discrete
 Z = 2.0  # Monte Carlo standard errors allowed beyond the bar
 
 
@@ -125,8 +135,11 @@ def compare(table, full, empirical) -> pd.DataFrame:
     for name, idata in (("fb", full), ("eb", empirical)):
         draws = idata.posterior["counts"].values
         chains, n = draws.shape[:2]
-        values = targets.values(draws.reshape(chains * n, *draws.shape[2:])).reshape(chains, n, -1)
+        flat = draws.reshape(chains * n, *draws.shape[2:])
+        values = targets.values(flat).reshape(chains, n, -1)
         rows[name] = quantiles_with_error(values, ~targets.is_ratio)
+        if name == "fb":  # each share's denominator (the area's persons), full Bayes's median
+            persons = np.median(np.asarray(targets.denominator @ flat.reshape(len(flat), -1).T), axis=1)
     (q_fb, se_fb), (q_eb, se_eb) = rows["fb"], rows["eb"]
     width = q_fb[2] - q_fb[0]
     diff = np.abs(q_eb - q_fb)
@@ -141,12 +154,21 @@ def compare(table, full, empirical) -> pd.DataFrame:
                                                                      np.where(diff[j] > 0, np.inf, 0.0))
     frame["worst_excess"] = excess.max(axis=0)
     frame["meets_bar"] = frame["worst_excess"] <= 0
+    frame["judged"] = ~(targets.is_ratio & (persons < MIN_PERSONS))
     return frame
 
 
-def fit_pair(root: str, fits: Path | None, tag: str, draws: int, tune: int, seed: int):
-    """(table, full-Bayes fit, empirical-Bayes fit, seconds of each), the fits read from
-    ``fits`` where an earlier run kept them."""
+METHODS = {  # name -> dp.sample options
+    "full-bayes": {"inference": "full-bayes", "draws": 3000, "tune": 1000},
+    "empirical-bayes": {"inference": "empirical-bayes", "draws": 2000, "empirical_bayes": {"uncertainty": "none"}},
+    "empirical-bayes-normal": {"inference": "empirical-bayes", "draws": 2000,
+                               "empirical_bayes": {"uncertainty": "normal"}},
+}
+
+
+def fit_all(root: str, fits: Path | None, tag: str, seed: int):
+    """(table, {method: (fit, seconds)}) for METHODS, each fit read from ``fits`` where an
+    earlier run kept it."""
     import arviz as az
 
     import dpinfer as dp
@@ -156,8 +178,7 @@ def fit_pair(root: str, fits: Path | None, tag: str, draws: int, tune: int, seed
     nmf = dp.read_nmf(root, 19, levels=("US", "State", *LEVELS))
     table = census_table(nmf, "Block_Group", "pl94-28")
     out = {}
-    for method, options in (("full-bayes", dict(draws=draws, tune=tune)),
-                            ("empirical-bayes", dict(draws=2000, tune=100))):
+    for method, options in METHODS.items():
         path = fits / f"{tag}-{method}.nc" if fits is not None else None
         if path is not None and path.exists():
             idata = az.from_netcdf(path)
@@ -165,7 +186,7 @@ def fit_pair(root: str, fits: Path | None, tag: str, draws: int, tune: int, seed
             continue
         start = time.perf_counter()
         idata = dp.sample(model=census_model(table, leaf_sizes="published"), chains=2, random_seed=seed,
-                          progressbar=True, inference=method, **options)
+                          progressbar=True, **options)
         seconds = time.perf_counter() - start
         idata.posterior.attrs["validation_seconds"] = seconds
         if path is not None:
@@ -174,10 +195,34 @@ def fit_pair(root: str, fits: Path | None, tag: str, draws: int, tune: int, seed
     return table, out
 
 
+def predictor_check(full, empirical) -> str:
+    """The full-Bayes time predictor's input against the full-Bayes fit: the slowest
+    hyperparameter's ESS per draw predicted from the estimate's missing information
+    (:func:`dpinfer.inference.engines.compiled.engine.full_bayes_seconds`, 2 count draws a
+    draw) and measured."""
+    from dpinfer.inference.convergence import diagnostics, tail_ess
+
+    estimate = json.loads(empirical.posterior.attrs["dpinfer_empirical_bayes"])
+    conditional = np.asarray(estimate["conditional_sd"]["log_split"]).ravel()
+    marginal = np.asarray(estimate["posterior_sd"]["log_split"]).ravel()
+    rho = np.clip(1 - (conditional / marginal) ** 2, 0, 0.999) ** 2
+    predicted = (1 - rho) / (1 + rho)
+    values = full.posterior["log_split"].values
+    chains, draws = values.shape[:2]
+    values = values.reshape(chains, draws, -1)
+    _, bulk = diagnostics(values)
+    measured = np.fmin(bulk, tail_ess(values)) / (chains * draws)
+    return (f"slowest hyperparameter's ESS per draw: predicted {predicted.min():.3f}, measured {measured.min():.3f} "
+            f"(rank correlation of the two over the {predicted.size} concentrations "
+            f"{pd.Series(predicted).corr(pd.Series(measured), method='spearman'):.2f})")
+
+
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
-    groups = frame.groupby("group", sort=False)
+    groups = frame[frame.judged].groupby("group", sort=False)
     return pd.DataFrame({
         "targets": groups.size(),
+        "not judged (shares of < 10 persons)": frame[~frame.judged].groupby("group", sort=False).size().reindex(
+            groups.size().index, fill_value=0),
         "meet the bar": groups["meets_bar"].mean().round(3),
         "median |q50 diff| / FB width": groups["diff_over_width_q50"].median().round(3),
         "max |q diff| / FB width": groups[[c for c in frame if c.startswith("diff_over")]].max().max(axis=1).round(3),
@@ -189,7 +234,6 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--counties", type=int, nargs="+", default=[3, 10])
     parser.add_argument("--seeds", type=int, nargs="+", default=[2020, 7])
-    parser.add_argument("--draws", type=int, default=3000, help="full Bayes draws per chain (and tune 1000)")
     parser.add_argument("--fits", type=Path, default=None)
     args = parser.parse_args(argv)
     import dpinfer as dp
@@ -204,14 +248,13 @@ def main(argv=None) -> None:
             with tempfile.TemporaryDirectory() as root:
                 dp.write_synthetic_nmf(root, **(PRESETS["iowa"] | {"n_counties": counties, "seed": seed}),
                                        levels=("US", "State", *LEVELS))
-                table, fits = fit_pair(root, args.fits, tag, args.draws, 1000, seed=11)
-            full, fb_seconds = fits["full-bayes"]
-            empirical, eb_seconds = fits["empirical-bayes"]
-            verdicts = {m: json.loads(f[0].posterior.attrs["dpinfer_convergence"]) for m, f in fits.items()}
-            frame = compare(table, full, empirical)
-            sections.append((tag, len(table.leaves), verdicts, fb_seconds, eb_seconds, summary(frame),
-                             json.loads(empirical.posterior.attrs["dpinfer_empirical_bayes"])))
-            print(tag, summary(frame).to_string(), flush=True)
+                table, fits = fit_all(root, args.fits, tag, seed=11)
+            full = fits["full-bayes"][0]
+            rows = {}
+            for method in ("empirical-bayes", "empirical-bayes-normal"):
+                rows[method] = summary(compare(table, full, fits[method][0]))
+                print(tag, method, rows[method].to_string(), flush=True)
+            sections.append((tag, len(table.leaves), fits, rows, predictor_check(full, fits["empirical-bayes"][0])))
     RESULTS.write_text(report(sections))
     print(f"wrote {RESULTS}")
 
@@ -220,18 +263,20 @@ def report(sections) -> str:
     lines = ["# Empirical Bayes against full Bayes on NMF tables (issue 37, Must show 2)", "",
              "Written by `validation/eb_vs_full_bayes.py` (its docstring has the method). Bar: every "
              f"quantile (5%, 50%, 95%) of every target within {BAR:g} x the full-Bayes 90% interval's width "
-             f"of full Bayes's, beyond {Z:g} combined Monte Carlo standard errors.", ""]
-    for tag, leaves, verdicts, fb_seconds, eb_seconds, table, estimate in sections:
-        fb, eb = verdicts["full-bayes"], verdicts["empirical-bayes"]
-        lines += [f"## {tag} ({leaves} block groups x 28 cells)", "",
-                  f"- full Bayes: {'converged' if fb['converged'] else 'NOT CONVERGED'}, max R-hat "
-                  f"{fb['max_rhat']:.4f}, min bulk ESS {fb['min_ess_bulk']:.0f}, min tail ESS "
-                  f"{fb.get('min_ess_tail', float('nan')):.0f}, {fb_seconds:.0f} s",
-                  f"- empirical Bayes: counts {'converged' if eb['converged'] else 'NOT CONVERGED'} (max R-hat "
-                  f"{eb['max_rhat']:.4f}, min bulk ESS {eb['min_ess_bulk']:.0f}, min tail ESS "
-                  f"{eb.get('min_ess_tail', float('nan')):.0f}), estimate "
-                  f"{'settled' if estimate['settled'] else 'NOT SETTLED'} in {estimate['iterations']} iterations, "
-                  f"{eb_seconds:.0f} s in all", "", table.to_markdown(), ""]
+             f"of full Bayes's, beyond {Z:g} combined Monte Carlo standard errors. Two empirical-Bayes variants: "
+             "the hyperparameters held at their estimate (`none`), and drawn every 25 draws from the normal "
+             "approximation of their posterior (`normal`, `dpinfer nmf`'s default).", ""]
+    for tag, leaves, fits, rows, predictor in sections:
+        lines += [f"## {tag} ({leaves} block groups x 28 cells)", ""]
+        for method, (idata, seconds) in fits.items():
+            v = json.loads(idata.posterior.attrs["dpinfer_convergence"])
+            lines.append(f"- {method}: {'converged' if v['converged'] else 'NOT CONVERGED'}, max R-hat "
+                         f"{v['max_rhat']:.4f}, min bulk ESS {v['min_ess_bulk']:.0f}, min tail ESS "
+                         f"{v.get('min_ess_tail', float('nan')):.0f} over {v['quantities']} "
+                         f"{v.get('subject', 'parameters and counts')}, {seconds:.0f} s")
+        lines += [f"- the full-Bayes time predictor: {predictor}", ""]
+        for method, table in rows.items():
+            lines += [f"### {method}", "", table.to_markdown(), ""]
     return "\n".join(lines)
 
 

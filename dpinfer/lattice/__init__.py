@@ -9,6 +9,8 @@
 * :mod:`~dpinfer.lattice.class_convolution`: i.i.d. noise conditioned on invariants, class by
   class (normaliser and exact draws);
 * :mod:`~dpinfer.lattice.fibre_gibbs`: exact Gibbs line updates of counts on a boxed fibre;
+* :mod:`~dpinfer.lattice.infeasible`: equalities and bounds that cannot all hold, an
+  irreducible subset of them (the rows an error names);
 * :mod:`~dpinfer.lattice.targets`: the laws of lattice noise (generalized Laplace, lattice
   Gaussian);
 * :mod:`~dpinfer.lattice.noise_gibbs`, :mod:`~dpinfer.lattice.random_walk` and

@@ -331,8 +331,8 @@ def feasible_start(sums, pilot, lo, hi, name: str) -> np.ndarray:
     res = scipy.optimize.milp(np.concatenate([np.zeros(n), np.ones(n)]), constraints=constraints,
                               bounds=bounds, integrality=np.concatenate([np.ones(n), np.zeros(n)]))
     if res.status != 0 or res.x is None:
-        # name the terms that conflict: an irreducible infeasible subset (dpinfer._infeasible)
-        from dpinfer._infeasible import conflicting_rows
+        # name the terms that conflict: an irreducible infeasible subset (dpinfer.lattice.infeasible)
+        from dpinfer.lattice.infeasible import conflicting_rows
 
         lo, hi = lo.reshape(-1), hi.reshape(-1)
         conflict = conflicting_rows(A, lower_b, upper_b, lo, hi)

@@ -79,7 +79,7 @@ remainder R >= 0 at US when states are not read), every interval of every level.
 total below the sum of its blocks' lower bounds, a nation's total that its states' totals do
 not add up to, or a US total imposed on one state all break this, whatever the rows of each
 geounit say alone. Checked exactly for the continuous relaxation, as a linear programme
-(:func:`dpinfer._infeasible.conflicting_rows`, HiGHS): the variables are the counts of each
+(:func:`dpinfer.lattice.infeasible.conflicting_rows`, HiGHS): the variables are the counts of each
 lowest-level geounit in each *atom*, the coarsest partition of the 2016 cells that every
 constraint cell is a union of (9 atoms for the PL94 constraints: the 8 hhgq types, nursing
 facilities split by voting age), so a state (5,490 blocks, 49,410 intervals) is a programme
@@ -139,7 +139,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import scipy.sparse
 
-from dpinfer._infeasible import conflicting_rows
+from dpinfer.lattice.infeasible import conflicting_rows
 from dpinfer.io.nmf.layout import (
     AXES,
     CONSTRAINT_DIR,
