@@ -64,18 +64,28 @@ def _members(table: CensusTable, level: str) -> tuple[np.ndarray, scipy.sparse.c
                                          shape=(rows.size, leaf_to.size))
 
 
-def _values(M, counts: np.ndarray, wanted) -> np.ndarray:
+def _values(M, counts: np.ndarray, wanted, chunk_bytes: float = 2e8) -> np.ndarray:
     """The ``wanted`` quantities (:func:`quantities`) of the areas of M's rows from leaf counts
-    (..., n_leaves, n_cells): (..., areas, quantities) float, a share of 0 persons NaN."""
+    (..., n_leaves, n_cells): (..., areas, quantities) float, a share of 0 persons NaN. Only
+    the leaves under those areas are read, ``chunk_bytes`` of draws at a time (a state's draws
+    are never copied whole)."""
     lead = counts.shape[:-2]
     L, C = counts.shape[-2:]
-    flat = np.moveaxis(counts.reshape(-1, L, C), 1, 0).reshape(L, -1)
-    sums = np.moveaxis(np.asarray(M @ flat).reshape(M.shape[0], -1, C), 0, 1)  # (draws, areas, cells)
-    num = sums @ np.stack([q[1] for q in wanted], axis=1).astype(float)
-    den = sums @ np.stack([q[2] if q[2] is not None else q[1] for q in wanted], axis=1).astype(float)
+    flat = counts.reshape(-1, L, C)
+    leaves = np.unique(M.indices)
+    sub = M[:, leaves]
+    num_cells = np.stack([q[1] for q in wanted], axis=1).astype(float)
+    den_cells = np.stack([q[2] if q[2] is not None else q[1] for q in wanted], axis=1).astype(float)
     ratio = np.array([q[2] is not None for q in wanted])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.where(ratio, num / np.where(den == 0, np.nan, den), num)
+    out = np.empty((flat.shape[0], M.shape[0], len(wanted)))
+    step = max(1, int(chunk_bytes // (8 * max(leaves.size, 1) * C)))
+    for d0 in range(0, flat.shape[0], step):
+        x = flat[d0:d0 + step][:, leaves, :].astype(float)  # (draws, leaves, cells)
+        sums = np.moveaxis(np.asarray(sub @ np.moveaxis(x, 1, 0).reshape(leaves.size, -1)).reshape(
+            M.shape[0], -1, C), 0, 1)  # (draws, areas, cells)
+        num, den = sums @ num_cells, sums @ den_cells
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[d0:d0 + step] = np.where(ratio, num / np.where(den == 0, np.nan, den), num)
     return out.reshape(*lead, M.shape[0], len(wanted))
 
 
@@ -215,7 +225,8 @@ def fit_nmf(root, state, *, leaves: str = "Block_Group", cells="pl94-28", out=No
     gls = nested_gls(table.release)
     summary = summaries(table, idata, truth=true_counts, gls=gls)
     summary.to_csv(out / "summary.csv", index=False)
-    idata.to_netcdf(out / "posterior.nc")
+    # the draws of every count, compressed (a state's are ~5x smaller, and written faster)
+    idata.to_netcdf(out / "posterior.nc", encoding={"/posterior": {"counts": {"zlib": True, "complevel": 1}}})
     write_report(out, root=root, state=state, nmf=nmf, table=table, idata=idata, summary=summary,
                  seconds={"fit": fitted, "all": time.perf_counter() - start})
     shutil.rmtree(checkpoint, ignore_errors=True)  # the fit is in posterior.nc now

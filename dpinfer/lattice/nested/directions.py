@@ -85,8 +85,10 @@ def _interaction(subset, cell_shape, rng, cells, signs):
 @numba.njit(cache=True, nogil=True)
 def sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_start, order, child_ptr,
                    child_area, area_leaf, term_ptr, term_cells, term_value, term_table, meta,
-                   inv2v, values, trim, cell_shape, rng, stats):
-    """One sweep (module docstring); returns the number of moves that found no mass."""
+                   inv2v, values, trim, cell_shape, rng, stats, pairs=2, larger=2):
+    """One sweep (module docstring); returns the number of moves that found no mass. ``pairs``
+    x ceil(n_cells / 2) pairs per axis and ceil(n_cells / (``larger`` 2^|S|)) directions per
+    larger S (0: none; the defaults; ``benchmarks/bench_sweep_directions.py`` compares others)."""
     n_cells = x.shape[1]
     ndim = cell_shape.size
     work = workspace(order, child_area, term_ptr, term_cells, prior_start)
@@ -113,7 +115,7 @@ def sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_st
                     usable = False
         if not usable:
             continue
-        moves = 2 * ((n_cells + 1) >> 1) if size == 1 else (n_cells + (1 << (size + 1)) - 1) >> (size + 1)
+        moves = pairs * ((n_cells + 1) >> 1) if size == 1 else -(-n_cells // (larger << size)) if larger else 0
         for _ in range(moves):
             n = _interaction(subset, cell_shape, rng, cells, signs)
             if not move(cells[:n], signs[:n], x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_start, order,
