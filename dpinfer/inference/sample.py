@@ -172,9 +172,7 @@ def sample(
     if empirical_bayes is not None and (inference == "full-bayes" or not isinstance(empirical_bayes, dict)):
         raise TypeError(f"empirical_bayes takes a dict of settings {EMPIRICAL_BAYES_KEYS} and inference="
                         f"'empirical-bayes' or 'auto'; got {empirical_bayes!r} with inference={inference!r}")
-    unknown = sorted(set(empirical_bayes or {}) - set(EMPIRICAL_BAYES_KEYS))
-    if unknown:
-        raise TypeError(f"empirical_bayes got {unknown}; its settings are {EMPIRICAL_BAYES_KEYS}")
+    empirical_bayes = _empirical_bayes_settings(empirical_bayes or {})
     for name, value, least in (("draws", draws, 1), ("tune", tune, 0), ("chains", chains, 1)):
         if int(value) != value or value < least:
             raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
@@ -200,7 +198,7 @@ def sample(
                    progressbar=progressbar,
                    checkpoint=_fit_checkpoint(engine, checkpoint, checkpoint_every, resume, seed, sample_kwargs,
                                               draws=draws, tune=tune, chains=chains, tol=tol, inference=inference,
-                                              empirical_bayes=empirical_bayes or {}))
+                                              empirical_bayes=empirical_bayes))
     if engine == "nutpie":  # 3. sample
         idata = nutpie_engine.run(fitted, compiled, seed=int(rng.integers(2**31)), **_without(
             options, "rng", "tol", "checkpoint"), **sample_kwargs)
@@ -208,7 +206,7 @@ def sample(
     else:
         idata, report, widenings, fit = _sample_counts(model, fitted, plan, engine, compiled,
                                                         sample_kwargs, inference=inference,
-                                                        empirical_bayes=empirical_bayes or {},
+                                                        empirical_bayes=empirical_bayes,
                                                         deadline=deadline, **options)
     summed = plan.summed if fitted is not model else []
     if log_likelihood:  # per-cell marginal log-likelihoods, on windows proven to within tol
@@ -347,37 +345,15 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
     held = spread = start = None
     used, why = inference, "asked for"
     if inference in ("empirical-bayes", "auto"):
-        settings = EMPIRICAL_BAYES | empirical_bayes
-        uncertainty, every, burn, held_tune = (settings.pop(k) for k in ("uncertainty", "every", "burn", "tune"))
-        if uncertainty not in UNCERTAINTIES:
-            raise ValueError(f"empirical_bayes['uncertainty'] must be one of {UNCERTAINTIES}, got {uncertainty!r}")
-        for name, value, least in (("every", every, 1), ("burn", burn, 0), ("tune", held_tune, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"empirical_bayes[{name!r}] must be a whole number >= {least}, got {value!r}")
-        spread = {"every": every, "burn": burn} if uncertainty == "normal" else None
-        held = compiled_engine.estimate_parameters(fitted, compiled, plans, chains=chains, cores=cores, rng=rng,
-                                                   progressbar=progressbar,
-                                                   initvals=sample_kwargs.get("initvals"), **settings)
-        if progressbar:
-            print(f"dpinfer: empirical Bayes: {_estimate_line(held)}", file=sys.stderr, flush=True)
-        if inference == "auto":
-            predicted, why = compiled_engine.full_bayes_seconds(
-                compiled, held, chains=chains, tune=tune, **{k: v for k, v in sample_kwargs.items()
-                                                              if k in ("nuts_per_sweep", "counts_per_sweep")})
-            left = deadline - time.monotonic()
-            used = "full-bayes" if predicted <= left else "empirical-bayes"
-            why += (f"; {max(left, 0) / 60:.1f} min left of max_minutes: "
-                    + ("full Bayes, started at the empirical-Bayes estimate" if used == "full-bayes" else
-                       "empirical Bayes (full Bayes would not end in time)"))
-            if checkpoint is not None and checkpoint.inference(used) != used:
-                used = checkpoint.inference(used)
-                why += f"; resuming a checkpointed fit that chose {used}, which continues"
-            if progressbar:
-                print(f"dpinfer: {why}", file=sys.stderr, flush=True)
-            if used == "full-bayes":
-                held, spread, start = None, None, held
-        if used == "empirical-bayes":
-            tune = held_tune  # the counts start from the estimate's, in equilibrium given it
+        held, used, why = _estimate_and_choose(fitted, compiled, plans, inference, empirical_bayes, sample_kwargs,
+                                               chains=chains, cores=cores, tune=tune, rng=rng, deadline=deadline,
+                                               progressbar=progressbar, checkpoint=checkpoint)
+        if used == "full-bayes":
+            held, start = None, held
+        else:
+            tune = empirical_bayes["tune"]  # the counts start from the estimate's, in equilibrium given it
+            if empirical_bayes["uncertainty"] == "normal":
+                spread = {"every": empirical_bayes["every"], "burn": empirical_bayes["burn"]}
     seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
     replay = checkpoint.widenings_to_replay() if checkpoint is not None else []
     fit = None
@@ -411,6 +387,52 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
             checkpoint.widened(failed)
         if progressbar:
             print(f"dpinfer: widening the windows of {sorted(failed)} and refitting")
+
+
+def _empirical_bayes_settings(given: dict) -> dict:
+    """``empirical_bayes=`` over EMPIRICAL_BAYES's defaults, checked."""
+    unknown = sorted(set(given) - set(EMPIRICAL_BAYES_KEYS))
+    if unknown:
+        raise TypeError(f"empirical_bayes got {unknown}; its settings are {EMPIRICAL_BAYES_KEYS}")
+    settings = EMPIRICAL_BAYES | given
+    if settings["uncertainty"] not in UNCERTAINTIES:
+        raise ValueError(f"empirical_bayes['uncertainty'] must be one of {UNCERTAINTIES}, "
+                         f"got {settings['uncertainty']!r}")
+    for name, least in (("every", 1), ("burn", 0), ("tune", 0)):
+        value = settings[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"empirical_bayes[{name!r}] must be a whole number >= {least}, got {value!r}")
+    return settings
+
+
+def _estimate_and_choose(fitted, compiled, plans, inference: str, settings: dict, sample_kwargs: dict, *, chains,
+                         cores, tune, rng, deadline, progressbar, checkpoint):
+    """The parameters' empirical-Bayes estimate, and (``inference="auto"``) whether full Bayes,
+    predicted from it, ends before ``deadline``: (estimate, the inference to run, why). A
+    resumed fit keeps its checkpoint's choice."""
+    held = compiled_engine.estimate_parameters(
+        fitted, compiled, plans, chains=chains, cores=cores, rng=rng, progressbar=progressbar,
+        initvals=sample_kwargs.get("initvals"),
+        **{k: settings[k] for k in ("burn_in", "max_iterations", "tolerance") if k in settings})
+    if progressbar:
+        print(f"dpinfer: empirical Bayes: {_estimate_line(held)}", file=sys.stderr, flush=True)
+    if inference != "auto":
+        return held, inference, "asked for"
+    predicted, why = compiled_engine.full_bayes_seconds(
+        compiled, held, chains=chains, tune=tune,
+        **{k: v for k, v in sample_kwargs.items() if k in ("nuts_per_sweep", "counts_per_sweep")})
+    left = deadline - time.monotonic()
+    used = "full-bayes" if predicted <= left else "empirical-bayes"
+    why += (f"; {max(left, 0) / 60:.1f} min left of max_minutes: "
+            + ("full Bayes, started at the empirical-Bayes estimate" if used == "full-bayes" else
+               "empirical Bayes (full Bayes would not end in time)"))
+    recorded = checkpoint.inference(used) if checkpoint is not None else used
+    if recorded != used:
+        used = recorded
+        why += f"; resuming a checkpointed fit that chose {used}, which continues"
+    if progressbar:
+        print(f"dpinfer: {why}", file=sys.stderr, flush=True)
+    return held, used, why
 
 
 def _estimate_entry(compiled, held, spread) -> dict:
