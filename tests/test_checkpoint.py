@@ -189,3 +189,23 @@ def test_a_fit_that_widened_its_windows_resumes_with_the_same_widenings(tmp_path
     for name in ("lam", "x"):
         np.testing.assert_array_equal(resumed.posterior[name].values, whole.posterior[name].values)
     assert json.loads(resumed.posterior.attrs["dpinfer"])["x"] == report
+
+
+def test_an_empirical_bayes_fit_resumes_with_the_uninterrupted_draws(tmp_path, ctrl_c_after_saves):
+    """Empirical Bayes with the parameters drawn from their normal approximation (they change
+    every few draws, from the chains' own streams): interrupted after a save and resumed, the
+    estimate is made again (the same: a seeded, deterministic computation) and the draws are
+    the uninterrupted fit's."""
+    settings = SETTINGS | {"inference": "empirical-bayes", "tune": 20,
+                           "empirical_bayes": {"uncertainty": "normal", "every": 10, "burn": 2}}
+    whole = dp.sample(model=model(), **settings)
+    path = tmp_path / "fit"
+    disarm = ctrl_c_after_saves(2)
+    with pytest.raises(Interrupted):
+        dp.sample(model=model(), checkpoint=path, checkpoint_every=40, **settings)
+    disarm()
+    resumed = dp.sample(model=model(), resume=path, **(settings | {"random_seed": None}))
+    for name in ("log_rate", "x"):
+        np.testing.assert_array_equal(whole.posterior[name].values, resumed.posterior[name].values)
+    assert np.ptp(whole.posterior["log_rate"].values) > 0  # drawn afresh, not held
+    assert json.loads(resumed.posterior.attrs["dpinfer_empirical_bayes"])["uncertainty"] == "normal"
