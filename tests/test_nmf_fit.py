@@ -261,3 +261,22 @@ def test_the_report_states_the_method_and_the_verdict_first(table, truth_long, t
     assert got == pytest.approx(want)
     verdict.update(converged=True, max_rhat=1.004, min_ess_bulk=812.0, min_ess_tail=700.0)
     assert verdict_text(verdict).startswith("Converged") and "1.0040" in verdict_text(verdict)
+
+
+def test_the_hyperparameters_share_of_variance_is_the_delta_method_with_its_bias_removed():
+    """_Sensitivity on draws where a quantity Y = a' g + noise of the scores g (independent
+    coordinates of variances v): Cov(Y, g_i) = a_i v_i, so the share the hyperparameters'
+    uncertainty (sds s) adds is sum_i (a_i v_i s_i)^2 / Var(Y); a quantity independent of g
+    gets a share near 0 (the squared covariances' noise subtracted), not sum_i v_i s_i^2 / N."""
+    from dpinfer.io.nmf.fit import _Sensitivity
+
+    rng = np.random.default_rng(7)
+    N, v, s = 40000, np.array([4.0, 1.0, 0.25]), np.array([0.3, 0.1, 0.5])
+    g = rng.normal(0, np.sqrt(v), size=(N, 3))
+    a = np.array([0.5, -1.0, 2.0])
+    y = np.stack([g @ a + rng.normal(0, 1.5, N), rng.normal(3, 2, N)], axis=1)
+    sens = _Sensitivity(np.ones((2, N // 2), bool), g, s)
+    share = sens.share(y.reshape(2, N // 2, 2))
+    want = np.sum((a * v * s) ** 2) / (a @ (a * v) + 1.5**2)
+    assert share[0] == pytest.approx(want, rel=0.05)
+    assert abs(share[1]) < 5 * sens.bias and sens.bias == pytest.approx(np.sum(v * s**2) / N, rel=0.05)

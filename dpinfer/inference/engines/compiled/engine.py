@@ -143,6 +143,9 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
                      spread=None if spread is None else (held.q, held.posterior_sd, spread["every"], spread["burn"]))
     except SamplingError as err:
         raise RuntimeError(f"dpinfer.sample: {err}") from err
+    if held is not None and spread is None:
+        idata["sample_stats"] = idata.sample_stats.to_dataset().assign(
+            hyperparameter_score=(("chain", "draw", "hyperparameter"), hyperparameter_scores(compiled, idata, held.q)))
     report, failed = {}, {}
     for plan, block in zip(plans, blocks):
         report[plan.latent_name], bound = plan_report(plan, idata, block, tol)
@@ -175,6 +178,32 @@ def sample_on(compiled, held: bool, deadline: float, progressbar: bool):
         return extra
 
     return more
+
+
+SCORED_DRAWS = 500  # per chain, evenly spaced: the draws hyperparameter_scores evaluates
+
+
+def hyperparameter_scores(compiled, idata, q: np.ndarray) -> np.ndarray:
+    """(chains, draws, n): the complete-data score g(q, x) = d/dq log p(q, x, y) (the gradient
+    NUTS uses) at the held parameters q and the counts x of every SCORED_DRAWS-th-spaced draw,
+    NaN at the others. Its covariance with a quantity of the counts over the draws is the
+    derivative of that quantity's posterior mean in q (the score identity), which
+    :func:`dpinfer.io.nmf.fit.summaries` turns into the variance the parameters' uncertainty
+    would add (the delta method)."""
+    from dpinfer.inference.engines.compiled.nuts import log_density_at
+
+    chains, draws = idata.posterior.sizes["chain"], idata.posterior.sizes["draw"]
+    out = np.full((chains, draws, compiled.n), np.nan)
+    buffer = np.zeros(compiled.n_counts, np.int64)
+    env = compiled.environment(buffer)
+    grad = np.empty(compiled.n)
+    counts = {name: idata.posterior[name].values for name in compiled.latents}
+    for d in np.unique(np.linspace(0, draws - 1, min(draws, SCORED_DRAWS)).round().astype(int)):
+        for c in range(chains):
+            buffer[:] = compiled.counts_vector({name: values[c, d] for name, values in counts.items()})
+            if np.isfinite(log_density_at(compiled.logp_grad_address, q, grad, env)):
+                out[c, d] = grad
+    return out
 
 
 LEAPFROG_STEPS = 15  # per NUTS transition, in full_bayes_seconds (census tables: ~45 per draw of 3)
