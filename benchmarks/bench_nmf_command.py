@@ -5,7 +5,7 @@ same files beside it.
 The state: :func:`dpinfer.write_synthetic_nmf` with the ``"iowa"`` preset (99 counties, 4-14
 tracts each, 3 block groups a tract; ``--counties`` for fewer), every level down to block
 groups, written first (not timed; or ``--root`` to reuse files). Then, in a fresh process
-(``python -m dpinfer.cli nmf ROOT --state 19 ...``: a new interpreter, numba's kernel cache and
+(``dpinfer nmf ROOT --state 19 ...``: a new interpreter, numba's kernel cache and
 the model cache as they are), the command reads the files, builds the table, fits (its
 ``--inference`` and ``--max-minutes``), summarises every level beside GLS and writes its
 report; its progress lines are shown as they come. Reported: the command's wall time and
@@ -48,10 +48,11 @@ def gls_seconds(root: str) -> float:
 
 def run_command(root: str, out: Path, args) -> dict:
     """The command in a fresh process, its stderr echoed; (seconds, peak RSS GB, its lines)."""
-    command = [sys.executable, "-m", "dpinfer.cli", "nmf", root, "--state", "19", "--out", str(out),
+    command = [sys.executable, "-c", "import sys; from dpinfer.cli import main; main(sys.argv[1:])",
+               "nmf", root, "--state", "19", "--out", str(out),
                "--inference", args.inference, "--max-minutes", str(args.max_minutes), "--uncertainty",
                args.uncertainty, "--truth", str(Path(root) / "truth.parquet"), "--seed", str(args.seed)]
-    print("$", " ".join(command[1:]), flush=True)
+    print("$ dpinfer", " ".join(command[3:]), flush=True)
     start = time.perf_counter()
     child = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     lines = []

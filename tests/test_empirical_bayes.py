@@ -133,21 +133,39 @@ def test_refusals():
         dp.sample(model=model, inference="empirical-bayes", empirical_bayes={"burn_in": 0}, progressbar=False)
 
 
-def test_auto_runs_full_bayes_where_it_fits_the_time_and_says_why():
+def test_auto_runs_full_bayes_where_it_fits_the_time_and_says_why(monkeypatch):
     """inference='auto': the estimate, then full Bayes started from it when its predicted time
-    fits max_minutes (a small table: it does), else empirical Bayes (no time: max_minutes=0)."""
+    fits max_minutes (a small table: it does), else empirical Bayes (full Bayes predicted to
+    take a year)."""
+    from dpinfer.inference.engines.compiled import engine
     idata = dp.sample(model=nb_model(small_release()), draws=300, tune=100, chains=2, random_seed=3,
                       progressbar=False, inference="auto", max_minutes=30)
     chosen = json.loads(idata.posterior.attrs["dpinfer_inference"])
     assert chosen["inference"] == "full-bayes" and chosen["asked"] == "auto"
     assert "full Bayes predicted to need" in chosen["why"] and "has" in chosen["why"]
     assert idata.posterior["m"].values.std() > 0  # sampled, not held
+    monkeypatch.setattr(engine, "full_bayes_seconds", lambda *a, **k: (3.2e7, "full Bayes predicted to need a year"))
     with warnings.catch_warnings():  # 50 draws: a ConvergenceWarning, not the point here
         warnings.simplefilter("ignore", ConvergenceWarning)
         idata = dp.sample(model=nb_model(small_release()), draws=50, tune=10, chains=2, random_seed=3,
-                          progressbar=False, inference="auto", max_minutes=0)
+                          progressbar=False, inference="auto", max_minutes=10)
     chosen = json.loads(idata.posterior.attrs["dpinfer_inference"])
     assert chosen["inference"] == "empirical-bayes" and "would not end in time" in chosen["why"]
     assert np.ptp(idata.posterior["m"].values) == 0  # held
     with pytest.raises(ValueError, match="give max_minutes"):
         dp.sample(model=nb_model(small_release()), inference="auto")
+
+
+def test_max_minutes_stops_the_chains_with_the_draws_they_have():
+    """A time limit shorter than the draws need: the chains stop at it, every chain with the
+    same number of draws (fewer than asked), and the verdict judges those; no time at all is
+    an error that says so."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        idata = dp.sample(model=nb_model(small_release()), draws=10**6, tune=10, chains=2, random_seed=3,
+                          progressbar=False, inference="empirical-bayes", max_minutes=0.05)
+    kept = idata.posterior.sizes["draw"]
+    assert 4 <= kept < 10**6 and idata.posterior["x"].shape[:2] == (2, kept)
+    with pytest.raises(RuntimeError, match="max_minutes ended with 0 draws stored per chain"):
+        dp.sample(model=nb_model(small_release()), draws=100, tune=10, chains=2, random_seed=3,
+                  progressbar=False, max_minutes=0)

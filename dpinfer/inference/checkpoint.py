@@ -230,14 +230,15 @@ class FitCheckpoint:
         self.settings, self.entropy = settings, entropy
         self.checkpoint: Checkpoint | None = None
 
-    def inference(self, chosen: str) -> str:
-        """The inference a fit of ``inference="auto"`` runs: ``chosen`` for a new checkpoint
-        (recorded in its identity), the checkpointed fit's choice when resuming (the choice
-        depends on the time left, which a resumed fit does not share)."""
+    def decided(self, name: str, value):
+        """A choice the fit made from the time it had (``inference="auto"``'s inference, the
+        empirical-Bayes estimate's iterations under ``max_minutes``): ``value`` for a new
+        checkpoint (recorded in its identity), the checkpointed fit's when resuming, so that the
+        resumed fit makes the same one."""
         if self.resume:
-            return read_identity(self.path)["settings"].get("inference_used", chosen)
-        self.settings["inference_used"] = chosen
-        return chosen
+            return read_identity(self.path)["settings"].get(f"decided_{name}", value)
+        self.settings[f"decided_{name}"] = value
+        return value
 
     def widenings_to_replay(self) -> list[dict]:
         """The widenings a resumed fit had made before its checkpointed fit (latent -> bound each)."""

@@ -114,14 +114,20 @@ class Estimate:
 
 
 def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_in: int = 30,
-             max_iterations: int = 300, tolerance: float = 0.2, cores: int = 1, progress=None) -> Estimate:
+             max_iterations: int = 300, tolerance: float = 0.2, cores: int = 1, progress=None,
+             deadline: float | None = None, iterations: int | None = None) -> Estimate:
     """The mode of the parameters' marginal posterior by the algorithm of the module docstring.
 
     ``steppers``: one :class:`~dpinfer.inference.engines.compiled.chains.Stepper` per chain
     (their states' counts start the E-steps and are left at the last draws); ``q0`` the start
     (unconstrained); ``rng`` draws the probes; ``cores`` runs the chains' draws in parallel
     threads (the kernels release the GIL); ``progress(iteration, phase, estimate, settled
-    share)`` is called after every iteration."""
+    share)`` is called after every iteration. ``deadline`` (``time.monotonic()`` seconds): the
+    averaging also stops then (after at least MIN_AVERAGE iterations; the estimate is then
+    reported as not settled if the tolerance is not met). ``iterations``: exactly that many
+    (a resumed fit repeating an estimate whose stop depended on the time)."""
+    if iterations is not None:
+        max_iterations = iterations
     if not 1 <= burn_in <= max_iterations:
         raise ValueError(f"burn_in must be between 1 and max_iterations ({max_iterations}), got {burn_in!r}")
     if not (0 < tolerance and math.isfinite(tolerance)):
@@ -166,7 +172,8 @@ def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_i
             if progress is not None:
                 progress(t + 1, "burn-in" if burned is None else "averaging",
                          np.mean(averaged, axis=0) if averaged else q, share)
-            if mc_se is not None and share == 1.0:
+            if iterations is None and mc_se is not None and (
+                    share == 1.0 or (deadline is not None and time.monotonic() >= deadline)):
                 break
     finally:
         pool.shutdown()

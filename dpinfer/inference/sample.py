@@ -55,6 +55,7 @@ INFERENCES = ("full-bayes", "empirical-bayes", "auto")
 UNCERTAINTIES = ("none", "normal")
 EMPIRICAL_BAYES = {"uncertainty": "none", "every": 25, "burn": 5, "tune": 20}  # empirical_bayes= defaults
 EMPIRICAL_BAYES_KEYS = ("burn_in", "max_iterations", "tolerance", *EMPIRICAL_BAYES)
+ESTIMATE_SHARE = 0.25  # of the time left under max_minutes, at most, for the empirical-Bayes estimate
 CONTINUOUS_METHOD = ("NUTS on the continuous latent with the release observed (its exact "
                      "likelihood; nothing to marginalise)")
 
@@ -131,11 +132,12 @@ def sample(
         (:func:`~dpinfer.inference.engines.compiled.engine.full_bayes_seconds`), else empirical
         Bayes; ``posterior.attrs["dpinfer_inference"]`` says which ran and why.
     max_minutes
-        Compiled engine: while the draws miss the convergence targets (R-hat <= 1.01, bulk and
-        tail ESS >= 400 over what the verdict judges), **sample on**: every chain continues
-        with more draws (about what the shortfall needs, at least twice as many while R-hat
-        misses), until the targets are met or this many minutes have passed since the call.
-        None (the default): ``draws`` draws only.
+        Compiled engine: the fit's time. While the draws miss the convergence targets (R-hat
+        <= 1.01, bulk and tail ESS >= 400 over what the verdict judges), **sample on**: every
+        chain continues with more draws (about what the shortfall needs, at least twice as
+        many while R-hat misses); at this many minutes after the call the chains stop, with
+        the draws every chain has made by then (fewer than ``draws`` if time ran out first: the
+        verdict judges what there is). None (the default): ``draws`` draws, however long.
     empirical_bayes
         Settings of the estimate (``burn_in``, ``max_iterations``, ``tolerance``:
         :func:`dpinfer.inference.empirical_bayes.estimate`) and of what follows it:
@@ -410,10 +412,17 @@ def _estimate_and_choose(fitted, compiled, plans, inference: str, settings: dict
     """The parameters' empirical-Bayes estimate, and (``inference="auto"``) whether full Bayes,
     predicted from it, ends before ``deadline``: (estimate, the inference to run, why). A
     resumed fit keeps its checkpoint's choice."""
+    timing = {}
+    if deadline is not None:  # at most ESTIMATE_SHARE of the time left, the same iterations on a resume
+        timing["deadline"] = time.monotonic() + ESTIMATE_SHARE * max(deadline - time.monotonic(), 0.0)
+        if checkpoint is not None and checkpoint.resume:
+            timing = {"iterations": checkpoint.decided("estimate_iterations", None)}
     held = compiled_engine.estimate_parameters(
         fitted, compiled, plans, chains=chains, cores=cores, rng=rng, progressbar=progressbar,
         initvals=sample_kwargs.get("initvals"),
-        **{k: settings[k] for k in ("burn_in", "max_iterations", "tolerance") if k in settings})
+        **{k: settings[k] for k in ("burn_in", "max_iterations", "tolerance") if k in settings}, **timing)
+    if checkpoint is not None:
+        checkpoint.decided("estimate_iterations", held.iterations)
     if progressbar:
         print(f"dpinfer: empirical Bayes: {_estimate_line(held)}", file=sys.stderr, flush=True)
     if inference != "auto":
@@ -426,7 +435,7 @@ def _estimate_and_choose(fitted, compiled, plans, inference: str, settings: dict
     why += (f"; {max(left, 0) / 60:.1f} min left of max_minutes: "
             + ("full Bayes, started at the empirical-Bayes estimate" if used == "full-bayes" else
                "empirical Bayes (full Bayes would not end in time)"))
-    recorded = checkpoint.inference(used) if checkpoint is not None else used
+    recorded = checkpoint.decided("inference", used) if checkpoint is not None else used
     if recorded != used:
         used = recorded
         why += f"; resuming a checkpointed fit that chose {used}, which continues"

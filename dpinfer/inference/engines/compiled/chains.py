@@ -408,11 +408,16 @@ class Stepper:
 
     def result(self, seconds: float) -> ChainResult:
         """The chain's stored draws and statistics (after its last iteration)."""
-        stats = {name: self.state.draws_stats[:, j] for j, name in enumerate(self.names)}
-        if not self.model.n:
-            for name in NUTS_STATS:
-                del stats[name]
-        return ChainResult(self.state.draws_q, self.state.draws_counts, stats, seconds)
+        return chain_result(self.model, self.names, self.state, self.state.draws_q.shape[0], seconds)
+
+
+def chain_result(model, names: list, state: ChainState, kept: int, seconds: float) -> ChainResult:
+    """A chain's first ``kept`` stored draws and their statistics (``names``: the columns)."""
+    stats = {name: state.draws_stats[:kept, j] for j, name in enumerate(names)}
+    if not model.n:
+        for name in NUTS_STATS:
+            del stats[name]
+    return ChainResult(state.draws_q[:kept], state.draws_counts[:kept], stats, seconds)
 
 
 def run_chain(model, blocks, state: ChainState, *, tune: int, draws: int,
@@ -523,7 +528,8 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
                seeds: list, starts: list, progressbar: bool = True,
                max_tree_depth: int = MAX_TREE_DEPTH, target_accept: float = 0.8,
                nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int = COUNTS_PER_SWEEP,
-               checkpoint=None, more=None, spread=None, count_dtype=np.int64) -> list[ChainResult]:
+               checkpoint=None, more=None, spread=None, count_dtype=np.int64,
+               deadline: float | None = None) -> list[ChainResult]:
     """``chains`` chains, ``cores`` at a time in threads; ``starts`` gives (q0, counts0) per
     chain, ``seeds`` a ``numpy.random.Generator`` per chain for its random stream. Returns the
     chains' results in order. With ``checkpoint``
@@ -537,7 +543,9 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
     (0: none). The chains then **sample on** from where they are (the kernel after tuning is
     fixed, so the continued chains are the same Markov chains; a saved chain carries its draws
     so far, so a resumed fit continues with them). ``spread``: :class:`Stepper`'s;
-    ``count_dtype``: :func:`fresh_state`'s."""
+    ``count_dtype``: :func:`fresh_state`'s. ``deadline`` (``time.monotonic()`` seconds): the
+    chains stop then, after their running calls, with the draws every chain has made (a time
+    limit the caller set: not an error unless no draw is stored by then)."""
     n_stats = len(stat_columns(blocks)[0])
     states = []
     for c in range(chains):
@@ -553,6 +561,11 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
     total = chains * (tune + draws)
     progress = Progress(total, "dpinfer: sampling", progressbar, done=sum(resumed_at))
     stop = threading.Event()
+    timer = None
+    if deadline is not None:
+        timer = threading.Timer(max(deadline - time.monotonic(), 0.0), stop.set)
+        timer.daemon = True
+        timer.start()
 
     def one(c):
         save = (lambda state: checkpoint.save(c, state)) if checkpoint is not None else None
@@ -579,6 +592,18 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
             draws += extra
             total += chains * extra
             progress.total = total
+    timed_out = timer is not None and not timer.is_alive() and stop.is_set()
+    if timer is not None:
+        timer.cancel()
+    if any(r is None for r in results) and timed_out:  # the time is up: the draws every chain has
+        kept = min(max(s.done - tune, 0) for s in states)
+        if kept < 4:
+            raise SamplingError(f"max_minutes ended with {kept} draws stored per chain (tuning: {tune} "
+                                "iterations): give more time, or fewer tuning iterations")
+        names = stat_columns(blocks)[0]
+        results = [chain_result(model, names, s, kept, s.seconds) for s in states]
+        if progressbar:
+            print(f"dpinfer: max_minutes is up: {kept} draws per chain kept", file=sys.stderr, flush=True)
     for result, done in zip(results, resumed_at):
         if result is not None:
             result.resumed_at = done

@@ -139,6 +139,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
                      cores=cores, rng=rng, progressbar=progressbar, max_tree_depth=max_treedepth,
                      target_accept=target_accept, initvals=initvals, nuts_per_sweep=nuts_per_sweep,
                      counts_per_sweep=counts_per_sweep, checkpoint=checkpoint, held=held, start=start,
+                     deadline=deadline,
                      more=None if deadline is None else sample_on(compiled, held is not None, deadline, progressbar),
                      spread=None if spread is None else (held.q, held.posterior_sd, spread["every"], spread["burn"]))
     except SamplingError as err:
@@ -403,7 +404,7 @@ def held_too_often(held) -> bool:
 def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int, chains: int,
          cores: int, rng: np.random.Generator, progressbar: bool, max_tree_depth: int,
          target_accept: float, initvals: dict | None, nuts_per_sweep: int,
-         counts_per_sweep: int, checkpoint=None, held=None, more=None, spread=None, start=None):
+         counts_per_sweep: int, checkpoint=None, held=None, more=None, spread=None, start=None, deadline=None):
     """Run the chains and return the DataTree. ``initial_counts`` maps each latent to a start
     on its fibre; the parameters start at PyMC's jittered initial point, or at ``initvals``
     where given (constrained values by variable name, as for ``pm.sample``). ``checkpoint``
@@ -422,7 +423,8 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
                          seeds=streams, starts=starts, progressbar=progressbar,
                          max_tree_depth=max_tree_depth, target_accept=target_accept,
                          nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep,
-                         checkpoint=checkpoint, more=more, spread=spread, count_dtype=count_dtype(blocks))
+                         checkpoint=checkpoint, more=more, spread=spread, count_dtype=count_dtype(blocks),
+                         deadline=deadline)
     seconds = time.perf_counter() - start
     if checkpoint is not None:
         seconds = max(seconds, max(r.seconds for r in results))  # a resumed fit: its chains' whole time
