@@ -255,8 +255,8 @@ def main(argv=None) -> None:
                 rows[method] = summary(compare(table, full, fits[method][0]))
                 print(tag, method, rows[method].to_string(), flush=True)
             sections.append((tag, len(table.leaves), fits, rows, predictor_check(full, fits["empirical-bayes"][0])))
-    RESULTS.write_text(report(sections))
-    print(f"wrote {RESULTS}")
+            RESULTS.write_text(report(sections))  # after every state: a long run keeps what it has done
+            print(f"wrote {RESULTS} ({len(sections)} states)", flush=True)
 
 
 def report(sections) -> str:
