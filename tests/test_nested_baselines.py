@@ -341,6 +341,20 @@ def test_comparison_table_on_a_known_case():
     assert np.isnan(row.loc[("GLS", "leaf"), "expected_coverage"])
 
 
+def test_coverage_of_nothing_covered_is_zero_with_zero_se():
+    """Five targets, four truths below their intervals and one above: coverage 0 and its se 0
+    (as 1 - 4/5 - 1/5 it rounds to -5.6e-17, whose se was a math domain error)."""
+    parent, leaves = [-1, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5]
+    x = np.array([[3], [5], [2], [7], [4]])
+    rel = NestedMeasurements(parent, leaves, 1)
+    rel.measure("leaf", leaves, [[0]], x, 4.0)
+    draws = np.repeat((x + np.array([[5], [5], [5], [5], [-5]]))[None], 50, axis=0)
+    out = compare_nested(rel, x, draws, area_cell_targets(rel, leaves, "leaf"), methods=("dpinfer",))
+    row = out.set_index(["method", "group"]).loc[("dpinfer", "leaf")]
+    assert row["coverage"] == 0.0 and row["coverage_se"] == 0.0
+    assert row["below"] == 0.8 and row["above"] == 0.2
+
+
 def test_interval_mass_is_the_share_of_draws_inside():
     """A target uniform on 0..99 over the draws: the 5% and 95% quantiles are 4.95 and 94.05,
     which hold the 90 values 5..94 (mass 0.90); one on {0, 1} (half each): [0, 1], mass 1."""
