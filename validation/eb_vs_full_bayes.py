@@ -283,10 +283,6 @@ def verdict(idata) -> dict:
     return redone.as_dict()
 
 
-def draws_of(idata) -> int:
-    return int(idata.posterior.sizes["draw"])
-
-
 def report(sections) -> str:
     lines = ["# Empirical Bayes against full Bayes on NMF tables (issue 37, Must show 2)", "",
              "Written by `validation/eb_vs_full_bayes.py` (its docstring has the method). Bar: every "
@@ -301,7 +297,7 @@ def report(sections) -> str:
             lines.append(f"- {method}: {'converged' if v['converged'] else 'NOT CONVERGED'}, max R-hat "
                          f"{v['max_rhat']:.4f}, min bulk ESS {v['min_ess_bulk']:,.0f}, min tail ESS "
                          f"{v['min_ess_tail']:,.0f} over {v['quantities']:,} {v['subject']}, "
-                         f"{draws_of(idata):,} draws a chain, "
+                         f"{idata.posterior.sizes['draw']:,} draws a chain, "
                          + (f"{seconds:,.0f} s" if np.isfinite(seconds) else
                             f"{idata.posterior.attrs['sampling_time']:,.0f} s of sampling (the fit was kept "
                             "without its whole time)"))

@@ -116,8 +116,8 @@ def compare_nested(release, truth, draws, targets: NestedTargets, *, prob: float
         if has:
             below = float((t["truth"] < t["lower"]).mean())
             above = float((t["truth"] > t["upper"]).mean())
-            p = float(((t["truth"] >= t["lower"]) & (t["truth"] <= t["upper"])).mean())  # not 1 - below - above:
-            # with every truth missed that can round below 0
+            # counted, not 1 - below - above, which rounds below 0 when every truth is missed
+            p = float(((t["truth"] >= t["lower"]) & (t["truth"] <= t["upper"])).mean())
             se = math.sqrt(p * (1 - p) / n)
             width = float((t["upper"] - t["lower"]).mean())
         else:
