@@ -38,7 +38,7 @@ import numba
 import numpy as np
 
 from dpinfer._random_stream import below
-from dpinfer.lattice.nested.kernel import move, workspace
+from dpinfer.lattice.nested.kernel import move, settle_term_sums, workspace
 
 
 @numba.njit(cache=True, nogil=True)
@@ -94,7 +94,7 @@ def sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_st
     larger S (0: none; the defaults; ``benchmarks/bench_sweep_directions.py`` compares others)."""
     n_cells = x.shape[1]
     ndim = cell_shape.size
-    work = workspace(order, child_area, term_ptr, term_cells, prior_start)
+    work = workspace(order, child_area, term_ptr, term_cells, term_value, term_table, meta, inv2v, values, prior_start)
     failed = 0
     one = np.ones(1, np.int64)
     single = np.zeros(1, np.int64)
@@ -125,4 +125,5 @@ def sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_st
                         child_ptr, child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v,
                         values, trim, rng, stats, work):
                 failed += 1
+    settle_term_sums(tsum, S, term_ptr, term_cells, work[2])
     return failed
