@@ -169,3 +169,17 @@ def test_max_minutes_stops_the_chains_with_the_draws_they_have():
     with pytest.raises(RuntimeError, match="max_minutes ended with 0 draws stored per chain"):
         dp.sample(model=nb_model(small_release()), draws=100, tune=10, chains=2, random_seed=3,
                   progressbar=False, max_minutes=0)
+
+
+def test_an_unsettled_estimate_says_by_how_much_and_what_to_raise():
+    """The line on an estimate that missed its tolerance shows the worst ratio to enough digits
+    to be seen over the tolerance (not "0.2 ... (tolerance 0.2)"), how many parameters miss it,
+    and what to raise."""
+    from dpinfer.inference.empirical_bayes import Estimate
+    from dpinfer.inference.sample import _estimate_line
+
+    held = Estimate(q=np.zeros(3), mc_se=np.array([0.02003, 0.01, 0.3]), posterior_sd=np.array([0.1, 0.1, 2.0]),
+                    conditional_sd=np.ones(3), burn_in=60, iterations=180, settled=False, tolerance=0.2, seconds=268.0)
+    line = _estimate_line(held)
+    assert "0.2003 of its parameter's approximate posterior sd, 1 of 3 parameters over the tolerance 0.2" in line
+    assert "raise max_minutes or max_iterations" in line

@@ -477,8 +477,10 @@ def _estimate_line(held) -> str:
     if held.settled:
         return text + (f"every Monte Carlo error within {held.tolerance:g} of the parameter's approximate "
                        f"posterior sd (largest {ratio:.3f})")
-    return text + (f"NOT SETTLED: the largest Monte Carlo error is {ratio:.3g} of its parameter's approximate "
-                   f"posterior sd (tolerance {held.tolerance:g}); raise max_iterations")
+    over = int(np.sum(held.mc_se > held.tolerance * held.posterior_sd))
+    return text + (f"NOT SETTLED: the largest Monte Carlo error is {ratio:.4f} of its parameter's approximate "
+                   f"posterior sd, {over} of {held.q.size} parameters over the tolerance {held.tolerance:g}; "
+                   "it stopped at its time box or max_iterations: raise max_minutes or max_iterations")
 
 
 def _without(options: dict, *names) -> dict:
