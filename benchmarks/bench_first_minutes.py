@@ -162,7 +162,7 @@ def warm_process(fits: int) -> dict:
     b1 = []
     for _ in range(fits):
         release = float(rng.normal(-2.0, 0.4))
-        with pm.Model() as model:
+        with pm.Model():
             start = time.perf_counter()
             theta = pm.Normal("theta", 0.0, 2.0)
             ybar = pm.Normal("ybar", theta, 0.1)

@@ -244,33 +244,33 @@ def phases(g, truth, prior, repeats: int = 5) -> dict:
                        values, g.prior_start)
 
     @numba.njit
-    def leaves(dc, ds, x, tsum, box_lo, box_hi, prior, prior_start, leaf_area, ac_ptr, ac_terms, aq_ptr, aq_terms,
+    def leaves(dc, ds, x, tsum, box_lo, box_hi, prior, prior_start, leaf_area, ac_ptr, ac_terms, S, hq, pattern, yq,
                term_cells, term_value, term_table, meta, inv2v, values, trim, buf):
         kept = np.zeros(4, np.int64)
         used = 0
         for leaf in range(leaf_area.size):
             used += K._leaf_message(leaf, leaf_area[leaf], dc, ds, x, tsum, box_lo, box_hi, prior, prior_start,
-                                    ac_ptr, ac_terms, aq_ptr, aq_terms, term_cells, term_value, term_table, meta,
+                                    ac_ptr, ac_terms, S, hq, pattern, yq, term_cells, term_value, term_table, meta,
                                     inv2v, values, trim, buf, used, kept)[1]
 
     x = truth.copy()
     S, tsum = s.area_sums(x), s.term_sums(x)
     rng, stats = new_stream(np.random.default_rng(0)), np.zeros(3, np.int64)
-    ac_ptr, ac_terms, aq_ptr, aq_terms, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area = work
+    ac_ptr, ac_terms, _, hq, pattern, yq, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area = work
     out = {}
     for label, cells, signs in (("cell", [0], [1]), ("pair", [0, 1], [1, -1])):
         dc, ds = np.array(cells, np.int64), np.array(signs, np.int64)
         K._up(dc, ds, x, tsum, g.box_lo, g.box_hi, prior, g.prior_start, s.order, s.child_ptr, s.child_area,
-              s.area_leaf, ac_ptr, ac_terms, aq_ptr, aq_terms, s.term_cells, s.term_value, s.term_table, meta, inv2v, values, g.trim, buf[0],
-              mstart, mlen, mlo, cut, pstart, plen, plo, False)  # a first pass to size the buffer
+              s.area_leaf, ac_ptr, ac_terms, S, hq, pattern, yq, s.term_cells, s.term_value, s.term_table, meta,
+              inv2v, values, g.trim, buf[0], mstart, mlen, mlo, cut, pstart, plen, plo, False)  # a first pass to size the buffer
         calls = {
             "leaf messages": lambda dc=dc, ds=ds: leaves(
-                dc, ds, x, tsum, g.box_lo, g.box_hi, prior, g.prior_start, s.leaf_area, ac_ptr, ac_terms, aq_ptr, aq_terms, s.term_cells,
-                s.term_value, s.term_table, meta, inv2v, values, g.trim, buf[0]),
+                dc, ds, x, tsum, g.box_lo, g.box_hi, prior, g.prior_start, s.leaf_area, ac_ptr, ac_terms, S, hq,
+                pattern, yq, s.term_cells, s.term_value, s.term_table, meta, inv2v, values, g.trim, buf[0]),
             "upward pass": lambda dc=dc, ds=ds: K._up(
                 dc, ds, x, tsum, g.box_lo, g.box_hi, prior, g.prior_start, s.order, s.child_ptr, s.child_area,
-                s.area_leaf, ac_ptr, ac_terms, aq_ptr, aq_terms, s.term_cells, s.term_value, s.term_table, meta, inv2v, values,
-                g.trim, buf[0], mstart, mlen, mlo, cut, pstart, plen, plo, False),
+                s.area_leaf, ac_ptr, ac_terms, S, hq, pattern, yq, s.term_cells, s.term_value, s.term_table, meta,
+                inv2v, values, g.trim, buf[0], mstart, mlen, mlo, cut, pstart, plen, plo, False),
             "downward split": lambda: K._down(buf[0], s.order, s.child_ptr, s.child_area, s.area_leaf, mstart,
                                               mlen, mlo, pstart, plen, plo, s_area, rng),
         }

@@ -171,6 +171,30 @@ def test_max_minutes_stops_the_chains_with_the_draws_they_have():
                   progressbar=False, max_minutes=0)
 
 
+def test_the_estimate_stops_at_its_deadline_even_in_its_burn_in(monkeypatch):
+    """A deadline already passed when the estimate starts: it stops after its first iteration
+    (in the burn-in), reported as not settled with an unknown (infinite) Monte Carlo error, and
+    the counts are then drawn given it (the time limit is kept, not overrun by the burn-in)."""
+    import time
+
+    from dpinfer.inference import empirical_bayes
+
+    real, seen = empirical_bayes.estimate, {}
+
+    def past_deadline(*args, **kwargs):
+        seen["estimate"] = real(*args, **{**kwargs, "deadline": time.monotonic() - 1.0})
+        return seen["estimate"]
+
+    monkeypatch.setattr(empirical_bayes, "estimate", past_deadline)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        idata = dp.sample(model=nb_model(small_release()), draws=20, tune=10, chains=2, random_seed=3,
+                          progressbar=False, inference="empirical-bayes")
+    held = seen["estimate"]
+    assert held.iterations == 1 and not held.settled and np.all(np.isinf(held.mc_se))
+    assert json.loads(idata.posterior.attrs["dpinfer_empirical_bayes"])["settled"] is False
+
+
 def test_an_unsettled_estimate_says_by_how_much_and_what_to_raise():
     """The line on an estimate that missed its tolerance shows the worst ratio to enough digits
     to be seen over the tolerance (not "0.2 ... (tolerance 0.2)"), how many parameters miss it,

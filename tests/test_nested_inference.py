@@ -23,6 +23,7 @@ def small_release() -> NestedMeasurements:
         nm.measure(f"leaf{leaf}/cell", [area], [[c] for c in range(C)], [release[leaf * C:(leaf + 1) * C]], 2.0)
         nm.measure(f"leaf{leaf}/total", [area], [list(range(C))], [[[6, 4][leaf]]], 1.0)
     nm.measure("mid/cells 0+1 (summed)", [1], [[0, 1]], [[5]], 1.5, summed=2)
+    nm.measure("mid/cells 1+2 (summed, not a quadratic)", [1], [[1, 2]], [[3]], 0.4, summed=3)
     nm.measure("mid/cells 2+3", [1], [[2, 3]], [[4]], 3.0)
     nm.equal("root/total (=)", [0], [list(range(C))], [[TOTAL]])
     nm.at_most("root/cells 0+1 (<=)", [0], [[0, 1]], [[6]])

@@ -70,27 +70,31 @@ def test_quadratic_tables_are_the_quadratic_to_round_off(sigma2, m, quadratic):
 
 
 def test_quadratic_forms_match_the_terms_one_by_one():
-    """H[v] and Y[v] (kernel.quadratic_forms) against the sums over the quadratic terms of
-    each area, written out; and d' H d, d' (Y - H S) against sum_r a_r^2 / (2 v_r) and
-    sum_r a_r e_r / (2 v_r) for random directions and sums."""
+    """H and Y (kernel.quadratic_forms) against the sums over the quadratic terms of each area,
+    written out; d' H d and d' (Y - H S) against sum_r a_r^2 / (2 v_r) and sum_r a_r e_r / (2 v_r)
+    for random directions and sums; areas measured alike share one pattern of H, and only
+    they (the two leaves here: the same tables on the same cells, values apart)."""
     sums, terms = small_table()
     meta, inv2v, values = sums.tables.arrays()
     quadratic = quadratic_tables(meta, inv2v, values)[sums.term_table]
-    hq, yq = quadratic_forms(sums.term_ptr, sums.term_cells, sums.term_table, sums.term_value, inv2v, quadratic)
+    hq, pattern, yq = quadratic_forms(sums.term_ptr, sums.term_cells, sums.term_table, sums.term_value, inv2v,
+                                      quadratic)
+    assert pattern[2] == pattern[3] and len({pattern[0], pattern[1], pattern[2]}) == 3 and hq.shape[0] == 3
     rng = np.random.default_rng(3)
     for v in range(sums.n_areas):
         mine = [r for r in range(sums.term_ptr[v], sums.term_ptr[v + 1]) if quadratic[r]]
         w = inv2v[sums.term_table[mine]]
         cells = sums.term_cells[mine].astype(float)
-        np.testing.assert_allclose(hq[v], (cells * w[:, None]).T @ cells, rtol=1e-15)
+        h = hq[pattern[v]]
+        np.testing.assert_allclose(h, (cells * w[:, None]).T @ cells, rtol=1e-15)
         np.testing.assert_allclose(yq[v], (cells * (w * sums.term_value[mine])[:, None]).sum(0), rtol=1e-15)
         for _ in range(5):
             d = rng.integers(-1, 2, C)
             S = rng.integers(0, 9, C)
             a = cells @ d
             e = sums.term_value[mine] - cells @ S
-            assert d @ hq[v] @ d == pytest.approx(np.sum(w * a * a), rel=1e-13, abs=1e-13)
-            assert d @ (yq[v] - hq[v] @ S) == pytest.approx(np.sum(w * a * e), rel=1e-13, abs=1e-12)
+            assert d @ h @ d == pytest.approx(np.sum(w * a * a), rel=1e-13, abs=1e-13)
+            assert d @ (yq[v] - h @ S) == pytest.approx(np.sum(w * a * e), rel=1e-13, abs=1e-12)
 
 
 def test_bound_and_equality_tables():

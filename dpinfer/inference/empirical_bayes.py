@@ -123,9 +123,11 @@ def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_i
     (unconstrained); ``rng`` draws the probes; ``cores`` runs the chains' draws in parallel
     threads (the kernels release the GIL); ``progress(iteration, phase, estimate, settled
     share)`` is called after every iteration. ``deadline`` (``time.monotonic()`` seconds): the
-    averaging also stops then (after at least MIN_AVERAGE iterations; the estimate is then
-    reported as not settled if the tolerance is not met). ``iterations``: exactly that many
-    (a resumed fit repeating an estimate whose stop depended on the time)."""
+    iterations stop then, in whatever phase (a time limit is the user's to set: it is kept);
+    the estimate is then reported as not settled if the tolerance is not met, with an infinite
+    Monte Carlo error if the burn-in had not ended (the last iterate) or fewer than 4 iterations
+    were averaged. ``iterations``: exactly that many (a resumed fit repeating an estimate whose
+    stop depended on the time)."""
     if iterations is not None:
         max_iterations = iterations
     if not 1 <= burn_in <= max_iterations:
@@ -172,8 +174,8 @@ def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_i
             if progress is not None:
                 progress(t + 1, "burn-in" if burned is None else "averaging",
                          np.mean(averaged, axis=0) if averaged else q, share)
-            if iterations is None and mc_se is not None and (
-                    share == 1.0 or (deadline is not None and time.monotonic() >= deadline)):
+            if iterations is None and ((mc_se is not None and share == 1.0) or
+                                       (deadline is not None and time.monotonic() >= deadline)):
                 break
     finally:
         pool.shutdown()

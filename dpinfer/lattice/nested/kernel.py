@@ -110,20 +110,71 @@ def area_cell_terms(term_ptr, term_cells, select):
 
 
 @numba.njit(cache=True, nogil=True)
-def quadratic_forms(term_ptr, term_cells, term_table, term_value, inv2v, quadratic):
-    """(H, Y): the quadratic terms of every area v as one quadratic form of its sums S_v,
+def _same_quadratic_terms(u, v, term_ptr, term_cells, term_table, quadratic):
+    """Whether areas u and v have the same quadratic terms, in order: the same tables on the
+    same cells."""
+    ru, rv = term_ptr[u], term_ptr[v]
+    while True:
+        while ru < term_ptr[u + 1] and not quadratic[ru]:
+            ru += 1
+        while rv < term_ptr[v + 1] and not quadratic[rv]:
+            rv += 1
+        if ru == term_ptr[u + 1] or rv == term_ptr[v + 1]:
+            return ru == term_ptr[u + 1] and rv == term_ptr[v + 1]
+        if term_table[ru] != term_table[rv]:
+            return False
+        for c in range(term_cells.shape[1]):
+            if term_cells[ru, c] != term_cells[rv, c]:
+                return False
+        ru += 1
+        rv += 1
 
-        H[v, c, c'] = sum_r 1{c, c' in cells_r} / (2 v_r),   Y[v, c] = sum_r 1{c in cells_r} y_r / (2 v_r),
+
+@numba.njit(cache=True, nogil=True)
+def quadratic_forms(term_ptr, term_cells, term_table, term_value, inv2v, quadratic):
+    """(H, pattern, Y): the quadratic terms of every area v as one quadratic form of its sums S_v,
+
+        H[pattern[v], c, c'] = sum_r 1{c, c' in cells_r} / (2 v_r),   Y[v, c] = sum_r 1{c in cells_r} y_r / (2 v_r),
 
     over the terms r of v with ``quadratic[r]`` (log w_r(e) = c_r - e^2 / (2 v_r)), so that
-    their residuals weigh G[v, c] = sum_r 1{c in cells_r} e_r / (2 v_r) = Y[v, c] - (H[v] S_v)[c]
-    (:func:`_add_terms`)."""
+    their residuals weigh G[v, c] = sum_r 1{c in cells_r} e_r / (2 v_r) = Y[v, c] - (H S_v)[c]
+    (:func:`_add_terms`). H depends on the terms' tables and cells only: the areas measured
+    alike (every block group of a state, say) share one ``pattern`` (found by a hash of their
+    terms, then checked term by term), so its memory is the number of patterns times n_cells^2
+    (a few times 32 MB for the 2,016 cells of the detailed histogram), not the areas'."""
     n_areas = term_ptr.size - 1
     n_cells = term_cells.shape[1]
-    hq = np.zeros((n_areas, n_cells, n_cells))
+    pattern = np.full(n_areas, -1, np.int64)
+    first = np.empty(n_areas, np.int64)  # a representative area of each pattern
+    chain = np.full(n_areas, -1, np.int64)  # the next pattern of the same hash
+    buckets = numba.typed.Dict.empty(numba.types.uint64, numba.types.int64)
+    n_patterns = 0
+    for v in range(n_areas):
+        h = np.uint64(14695981039346656037)
+        for r in range(term_ptr[v], term_ptr[v + 1]):
+            if quadratic[r]:
+                h = (h ^ np.uint64(term_table[r] + 1)) * np.uint64(1099511628211)
+                for c in range(n_cells):
+                    if term_cells[r, c]:
+                        h = (h ^ np.uint64(c + 7)) * np.uint64(1099511628211)
+        p = buckets[h] if h in buckets else -1
+        last = -1
+        while p >= 0 and not _same_quadratic_terms(first[p], v, term_ptr, term_cells, term_table, quadratic):
+            last, p = p, chain[p]
+        if p < 0:
+            p = n_patterns
+            first[p] = v
+            n_patterns += 1
+            if last >= 0:
+                chain[last] = p
+            else:
+                buckets[h] = p
+        pattern[v] = p
+    hq = np.zeros((n_patterns, n_cells, n_cells))
     yq = np.zeros((n_areas, n_cells))
     cells = np.empty(n_cells, np.int64)
     for v in range(n_areas):
+        fill = first[pattern[v]] == v
         for r in range(term_ptr[v], term_ptr[v + 1]):
             if not quadratic[r]:
                 continue
@@ -135,9 +186,10 @@ def quadratic_forms(term_ptr, term_cells, term_table, term_value, inv2v, quadrat
                     m += 1
             for i in range(m):
                 yq[v, cells[i]] += w * term_value[r]
-                for j in range(m):
-                    hq[v, cells[i], cells[j]] += w
-    return hq, yq
+                if fill:
+                    for j in range(m):
+                        hq[pattern[v], cells[i], cells[j]] += w
+    return hq, pattern, yq
 
 
 @numba.njit(cache=True, nogil=True)
@@ -174,7 +226,7 @@ def _coefficient(r, j, dcells, dsigns, term_cells):
 
 
 @numba.njit(cache=True, nogil=True)
-def _add_terms(v, buf, start, n, lo, dcells, dsigns, tsum, ac_ptr, ac_terms, S, hq, yq, term_cells,
+def _add_terms(v, buf, start, n, lo, dcells, dsigns, tsum, ac_ptr, ac_terms, S, hq, pattern, yq, term_cells,
                term_value, term_table, meta, inv2v, values):
     """buf[start + i] += the log weights at s = lo + i of the terms r of area v that the
     direction moves (a_r != 0), e_r = y_r - t_r their residuals now:
@@ -207,7 +259,7 @@ def _add_terms(v, buf, start, n, lo, dcells, dsigns, tsum, ac_ptr, ac_terms, S, 
                            values)
     for i in range(dcells.size):
         c = dcells[i]
-        hrow = hq[v, c]
+        hrow = hq[pattern[v], c]
         for j in range(dcells.size):
             big_a += dsigns[i] * dsigns[j] * hrow[dcells[j]]
         g = yq[v, c]
@@ -375,7 +427,7 @@ def _convolve(buf, a, na, b, nb, out):
 
 
 @numba.njit(cache=True, nogil=True)
-def _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, ac_ptr, ac_terms, S, hq, yq,
+def _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, ac_ptr, ac_terms, S, hq, pattern, yq,
                   term_cells, term_value, term_table, meta, inv2v, values, trim, buf, used, kept):
     """Leaf ``leaf`` (area v): its log factor on the z its boxes allow, written at buf[used:]
     and finished (:func:`_finish_log`). Returns (the z of its first entry, entries used, the
@@ -404,13 +456,13 @@ def _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior
         step = dsigns[j]
         for i in range(n):
             seg[i] += row[col + step * i]
-    _add_terms(v, buf, used, n, zlo, dcells, dsigns, tsum, ac_ptr, ac_terms, S, hq, yq, term_cells, term_value,
+    _add_terms(v, buf, used, n, zlo, dcells, dsigns, tsum, ac_ptr, ac_terms, S, hq, pattern, yq, term_cells, term_value,
                term_table, meta, inv2v, values)
     return zlo, n, _finish_log(buf, used, n, trim, kept)
 
 
 @numba.njit(cache=True, nogil=True)
-def _area_terms(v, dcells, dsigns, tsum, ac_ptr, ac_terms, S, hq, yq, term_cells, term_value, term_table, meta,
+def _area_terms(v, dcells, dsigns, tsum, ac_ptr, ac_terms, S, hq, pattern, yq, term_cells, term_value, term_table, meta,
                 inv2v, values, trim, buf, cs, cn, lo, used, kept):
     """An inner area's message if the direction moves its terms: the convolution of its
     children buf[cs : cs + cn] (first sum lo) times the terms' weights, written at
@@ -421,7 +473,7 @@ def _area_terms(v, dcells, dsigns, tsum, ac_ptr, ac_terms, S, hq, yq, term_cells
     lt = used + cn
     for i in range(cn):
         buf[lt + i] = 0.0
-    if not _add_terms(v, buf, lt, cn, lo, dcells, dsigns, tsum, ac_ptr, ac_terms, S, hq, yq, term_cells, term_value,
+    if not _add_terms(v, buf, lt, cn, lo, dcells, dsigns, tsum, ac_ptr, ac_terms, S, hq, pattern, yq, term_cells, term_value,
                       term_table, meta, inv2v, values):
         return False, 0.0, 1.0
     m = -np.inf
@@ -451,7 +503,7 @@ def _compact(buf, to, kept):
 
 @numba.njit(cache=True, nogil=True)
 def _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area, area_leaf,
-        ac_ptr, ac_terms, S, hq, yq, term_cells, term_value, term_table, meta, inv2v, values, trim, buf, mstart,
+        ac_ptr, ac_terms, S, hq, pattern, yq, term_cells, term_value, term_table, meta, inv2v, values, trim, buf, mstart,
         mlen, mlo, cut, pstart, plen, plo, want_scale):
     """The upward pass: every area's message (mstart, mlen, mlo: where it lies in ``buf`` and
     the sum its first entry stands for) and the partial convolutions of every area's first
@@ -470,7 +522,7 @@ def _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, chil
         leaf = area_leaf[v]
         if leaf >= 0:
             lo, n, scale = _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start,
-                                         ac_ptr, ac_terms, S, hq, yq, term_cells, term_value, term_table, meta, inv2v,
+                                         ac_ptr, ac_terms, S, hq, pattern, yq, term_cells, term_value, term_table, meta, inv2v,
                                          values, trim, buf, used, kept)
             if n < 0:
                 return _FULL, log_scale
@@ -503,7 +555,7 @@ def _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, chil
             if used + 2 * cn > buf.size:
                 return _FULL, log_scale
             # the area's own message if it moves terms (else its last partial convolution)
-            moved, log_factor, scale = _area_terms(v, dcells, dsigns, tsum, ac_ptr, ac_terms, S, hq, yq, term_cells,
+            moved, log_factor, scale = _area_terms(v, dcells, dsigns, tsum, ac_ptr, ac_terms, S, hq, pattern, yq, term_cells,
                                                    term_value, term_table, meta, inv2v, values, trim, buf, cs,
                                                    cn, lo, used, kept)
             if moved:
@@ -624,12 +676,12 @@ def workspace(order, child_area, term_ptr, term_cells, term_value, term_table, m
     n_areas, n_children = order.size, child_area.size
     quadratic = quadratic_tables(meta, inv2v, values)[term_table]
     ac_ptr, ac_terms = area_cell_terms(term_ptr, term_cells, ~quadratic)
-    hq, yq = quadratic_forms(term_ptr, term_cells, term_table, term_value, inv2v, quadratic)
+    hq, pattern, yq = quadratic_forms(term_ptr, term_cells, term_table, term_value, inv2v, quadratic)
     widest = 1
     for i in range(prior_start.size - 1):
         widest = max(widest, prior_start[i + 1] - prior_start[i])
     buf = [np.empty(max(4 * n_areas * widest, 1024))]
-    return (ac_ptr, ac_terms, quadratic, hq, yq, buf, np.zeros(n_areas, np.int64), np.zeros(n_areas, np.int64),
+    return (ac_ptr, ac_terms, quadratic, hq, pattern, yq, buf, np.zeros(n_areas, np.int64), np.zeros(n_areas, np.int64),
             np.zeros(n_areas, np.int64), np.zeros((n_areas, 2), np.bool_), np.zeros(n_children, np.int64),
             np.zeros(n_children, np.int64), np.zeros(n_children, np.int64), np.zeros(n_areas, np.int64))
 
@@ -639,10 +691,10 @@ def _up_growing(dcells, dsigns, x, S, tsum, box_lo, box_hi, prior, prior_start, 
                 area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, work, want_scale):
     """The upward pass (:func:`_up`) in ``work``'s buffer, doubled until it fits. Returns -inf
     if the law has no mass, else log sum_z p(z) with ``want_scale``, else 0."""
-    ac_ptr, ac_terms, quadratic, hq, yq, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area = work
+    ac_ptr, ac_terms, quadratic, hq, pattern, yq, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area = work
     while True:
         status, log_scale = _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr,
-                                child_area, area_leaf, ac_ptr, ac_terms, S, hq, yq, term_cells, term_value, term_table,
+                                child_area, area_leaf, ac_ptr, ac_terms, S, hq, pattern, yq, term_cells, term_value, term_table,
                                 meta, inv2v, values, trim, buf[0], mstart, mlen, mlo, cut, pstart, plen, plo,
                                 want_scale)
         if status != _FULL:
@@ -663,7 +715,7 @@ def _up_growing(dcells, dsigns, x, S, tsum, box_lo, box_hi, prior, prior_start, 
 def _log_weight_now(dcells, dsigns, x, S, tsum, box_lo, prior, prior_start, order, area_leaf, term_cells,
                     term_value, term_table, meta, inv2v, values, work):
     """log p(0): the direction's law (module docstring) at z = 0, the current counts."""
-    ac_ptr, ac_terms, hq, yq = work[0], work[1], work[3], work[4]
+    ac_ptr, ac_terms, hq, pattern, yq = work[0], work[1], work[3], work[4], work[5]
     n_cells = x.shape[1]
     one = np.zeros(1)
     for v in order:
@@ -672,7 +724,7 @@ def _log_weight_now(dcells, dsigns, x, S, tsum, box_lo, prior, prior_start, orde
             for j in range(dcells.size):
                 c = dcells[j]
                 one[0] += prior[prior_start[leaf * n_cells + c] + x[leaf, c] - box_lo[leaf, c]]
-        _add_terms(v, one, 0, 1, 0, dcells, dsigns, tsum, ac_ptr, ac_terms, S, hq, yq, term_cells, term_value,
+        _add_terms(v, one, 0, 1, 0, dcells, dsigns, tsum, ac_ptr, ac_terms, S, hq, pattern, yq, term_cells, term_value,
                    term_table, meta, inv2v, values)
     return one[0]
 
@@ -705,7 +757,7 @@ def move(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, pr
     sums in ``tsum`` of the quadratic terms are left as they were: they are read from S
     (:func:`_add_terms`), and :func:`settle_term_sums` brings them up to date after the last
     move."""
-    ac_ptr, ac_terms, quadratic, hq, yq, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area = work
+    ac_ptr, ac_terms, quadratic, hq, pattern, yq, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area = work
     if _up_growing(dcells, dsigns, x, S, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area,
                    area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, work,
                    False) == -np.inf:
