@@ -103,6 +103,8 @@ def nmf_main(argv) -> None:
         raise SystemExit(130) from None
     except (ValueError, TypeError, OSError) as err:  # a bad root or file: one line naming it
         raise SystemExit(f"dpinfer nmf: {' '.join(str(err).splitlines())}") from None
+    except RuntimeError as err:  # a fit that could not go on (no time left, a term that fails): what and why
+        raise SystemExit(f"dpinfer nmf: {' '.join(str(err).splitlines())} (files: {args.root})") from None
     import json
 
     import xarray as xr
@@ -227,6 +229,8 @@ def fit_main(argv) -> None:
                      cores=args.cores)
     except (ValueError, TypeError, FileNotFoundError) as err:
         raise SystemExit(f"dpinfer fit: {err}") from None
+    except RuntimeError as err:  # a fit that could not go on (no time left, a term that fails): what and why
+        raise SystemExit(f"dpinfer fit: {' '.join(str(err).splitlines())} (release: {args.release})") from None
     print(result.line())
     print(f"report: {result.index}")
 

@@ -192,3 +192,18 @@ def test_the_report_renders_in_a_browser_with_its_images(tmp_path):
     (tmp_path / "report" / "counts.png").unlink()  # a missing figure is seen as missing
     loaded, total = browser_image_count(index)
     assert loaded == total - 1
+
+
+def test_dpinfer_fit_says_in_one_line_why_a_fit_could_not_go_on(monkeypatch):
+    """A fit that stops with a RuntimeError ends the command with one line naming the cause and
+    the release, not a traceback."""
+    from dpinfer.io import fit as io_fit
+
+    def no_time(*args, **kwargs):
+        raise RuntimeError("dpinfer.sample: max_minutes ended with 0 draws stored per chain\n(tuning: 20 iterations)")
+
+    monkeypatch.setattr(io_fit, "fit", no_time)
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "my-release.json"])
+    assert str(stopped.value.code) == ("dpinfer fit: dpinfer.sample: max_minutes ended with 0 draws stored per chain "
+                                      "(tuning: 20 iterations) (release: my-release.json)")

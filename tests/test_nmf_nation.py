@@ -276,3 +276,20 @@ def test_feasible_start_names_the_terms_that_conflict():
     with pytest.raises(ValueError, match=r"this term cannot hold within the boxes \(with counts outside them it is "
                                          r"possible\).*: tot \[root, query cell 0\] = 10$"):
         feasible_start(release(False), np.ones((3, 2)), np.zeros((3, 2), np.int64), np.ones((3, 2), np.int64), "nmf")
+
+
+def test_dpinfer_nmf_says_in_one_line_why_a_fit_could_not_go_on(monkeypatch, capsys):
+    """A fit that stops with a RuntimeError (here: no time left for a single draw) ends the
+    command with one line naming the cause and the files, not a traceback."""
+    from dpinfer.io.nmf import fit as nmf_fit
+
+    def no_time(*args, **kwargs):
+        raise RuntimeError("dpinfer.sample: max_minutes ended with 0 draws stored per chain (tuning: 20 "
+                           "iterations): give more time, or fewer tuning iterations")
+
+    monkeypatch.setattr(nmf_fit, "fit_nmf", no_time)
+    with pytest.raises(SystemExit) as stopped:
+        main(["nmf", "some/root", "--state", "19"])
+    message = str(stopped.value.code)
+    assert message.startswith("dpinfer nmf: dpinfer.sample: max_minutes ended with 0 draws") and "\n" not in message
+    assert message.endswith("(files: some/root)")
