@@ -12,7 +12,8 @@ from scipy import stats
 
 from dpinfer._random_stream import new_stream
 from dpinfer.lattice.nested.directions import sweep_products
-from dpinfer.lattice.nested.kernel import DEFAULT_TRIM, draw_direction, log_mass_ratio, quadratic_forms, workspace
+from dpinfer.lattice.nested.kernel import (DEFAULT_TRIM, DENSE_CELLS, draw_direction, log_mass_ratio,
+                                           quadratic_forms, workspace)
 from dpinfer.lattice.nested.sampler import NestedGibbs
 from dpinfer.lattice.nested.structure import NestedSums
 from dpinfer.lattice.nested.terms import TermTables, quadratic_tables, term_log
@@ -292,6 +293,50 @@ def test_log_mass_ratio_is_the_enumerated_mass_along_the_direction(posterior, di
     g, prior = gibbs(sums)
     states, p, logp = posterior
     check_log_mass_ratio(sums, g, prior, sums.tables.arrays()[2], states, logp, direction)
+
+
+@pytest.mark.parametrize("direction", [([0], [1]), ([1, 3], [1, -1]), ([0, 1], [1, -1])])
+def test_a_table_wider_than_dense_cells_reads_its_terms_and_keeps_the_law(posterior, direction):
+    """With more than DENSE_CELLS cells the moves read every term from its table (no quadratic
+    forms): the small table with DENSE_CELLS cells more, each boxed at 0 and in no term, gives
+    the same log_mass_ratio from the same states as its 4 cells alone (which the enumeration
+    checks, through the quadratic forms)."""
+    sums, _ = small_table()
+    g, prior = gibbs(sums)
+    extra = DENSE_CELLS
+    cells = np.zeros((sums.term_cells.shape[0], C + extra), bool)
+    cells[:, :C] = sums.term_cells
+    wide = NestedSums(sums.parent, sums.leaf_area, C + extra, sums.term_area, cells, sums.term_value,
+                      sums.term_table, sums.tables, sums.term_name)
+    hi = np.zeros((2, C + extra), np.int64)
+    hi[:, :C] = g.box_hi
+    gw = NestedGibbs(wide, 0, hi)
+    prior_wide = np.zeros(gw.prior_start[-1])  # the cells beyond C: one value, 0, log weight 0
+    for leaf in range(2):
+        for c in range(C):
+            w, n = leaf * (C + extra) + c, leaf * C + c
+            prior_wide[gw.prior_start[w]:gw.prior_start[w + 1]] = prior[g.prior_start[n]:g.prior_start[n + 1]]
+    meta, inv2v, values = sums.tables.arrays()
+    dcells, dsigns = (np.array(v, np.int64) for v in direction)
+    work = workspace(sums.order, sums.child_area, sums.term_ptr, sums.term_cells, sums.term_value, sums.term_table,
+                     meta, inv2v, values, g.prior_start)
+    work_wide = workspace(wide.order, wide.child_area, wide.term_ptr, wide.term_cells, wide.term_value,
+                          wide.term_table, meta, inv2v, values, gw.prior_start)
+    assert work[2].any() and not work_wide[2].any()  # quadratic forms in the small table only
+    states, p, logp = posterior
+    for i in np.argsort(-logp)[[0, 3, 10, 40]]:
+        x0 = states[i]
+        x0_wide = np.zeros((2, C + extra), np.int64)
+        x0_wide[:, :C] = x0
+        want = log_mass_ratio(dcells, dsigns, x0.copy(), sums.term_sums(x0), g.box_lo, g.box_hi, prior,
+                              g.prior_start, sums.order, sums.child_ptr, sums.child_area, sums.area_leaf,
+                              sums.term_cells, sums.term_value, sums.term_table, meta, inv2v, values,
+                              DEFAULT_TRIM, work)
+        got = log_mass_ratio(dcells, dsigns, x0_wide, wide.term_sums(x0_wide), gw.box_lo, gw.box_hi, prior_wide,
+                             gw.prior_start, wide.order, wide.child_ptr, wide.child_area, wide.area_leaf,
+                             wide.term_cells, wide.term_value, wide.term_table, meta, inv2v, values,
+                             DEFAULT_TRIM, work_wide)
+        assert got == pytest.approx(want, abs=1e-9)
 
 
 @pytest.mark.parametrize("cell_shape", [(4,), (2, 2)])

@@ -79,6 +79,12 @@ from dpinfer.lattice.nested.terms import MIXING, quadratic_tables
 
 DEFAULT_TRIM = 60.0
 
+# Tables of at most this many cells sum their quadratic terms as one quadratic form (_add_terms:
+# |D| n_cells flops an area per move); wider ones read every term from its table, which costs per
+# term, not per cell (benchmarks/bench_quadratic_terms.py: 0.55 of the tables' time at 28 cells,
+# 2.0 at the 2,016 of the detailed histogram).
+DENSE_CELLS = 64
+
 # Statuses of an upward pass.
 _OK, _NO_MASS, _FULL = 0, 1, 2
 
@@ -143,7 +149,7 @@ def quadratic_forms(term_ptr, term_cells, term_table, term_value, inv2v, quadrat
     terms, then checked term by term), so its memory is the number of patterns times n_cells^2
     (a few times 32 MB for the 2,016 cells of the detailed histogram), not the areas'."""
     n_areas = term_ptr.size - 1
-    n_cells = term_cells.shape[1]
+    n_cells = term_cells.shape[1] if quadratic.any() else 0  # none: no forms (nor memory) at all
     pattern = np.full(n_areas, -1, np.int64)
     first = np.empty(n_areas, np.int64)  # a representative area of each pattern
     chain = np.full(n_areas, -1, np.int64)  # the next pattern of the same hash
@@ -257,6 +263,8 @@ def _add_terms(v, buf, start, n, lo, dcells, dsigns, tsum, ac_ptr, ac_terms, S, 
                 moved = True
                 _add_table(term_table[r], term_value[r] - tsum[r] - a * lo, -a, buf, start, n, meta, inv2v,
                            values)
+    if hq.shape[1] == 0:  # no quadratic forms (wide tables, DENSE_CELLS): every term read above
+        return moved
     for i in range(dcells.size):
         c = dcells[i]
         hrow = hq[pattern[v], c]
@@ -674,7 +682,10 @@ def workspace(order, child_area, term_ptr, term_cells, term_value, term_table, m
     entries per area and box width), per area a message's start, length, first sum and cut flags, per child position
     a partial convolution's start, length and first sum, and the drawn sums."""
     n_areas, n_children = order.size, child_area.size
-    quadratic = quadratic_tables(meta, inv2v, values)[term_table]
+    if term_cells.shape[1] <= DENSE_CELLS:
+        quadratic = quadratic_tables(meta, inv2v, values)[term_table]
+    else:
+        quadratic = np.zeros(term_table.size, np.bool_)
     ac_ptr, ac_terms = area_cell_terms(term_ptr, term_cells, ~quadratic)
     hq, pattern, yq = quadratic_forms(term_ptr, term_cells, term_table, term_value, inv2v, quadratic)
     widest = 1
