@@ -55,7 +55,8 @@ enter an area's message all at once: their log weights along the direction add u
 s (2 B - A s) in the area's sum s, A and B from a per-area quadratic form of its cells
 (:func:`quadratic_forms`, :func:`_add_terms`), so a move's cost no longer grows with the number of
 measurements (at a state's size ~100 terms per block group, ~20 on each cell; reading them one
-by one was ~60% of a move). The moves keep the sums of the other terms in ``tsum``; the
+by one was ~60% of a move; tables of more than DENSE_CELLS cells still read them one by one, where
+the form's |D| n_cells flops cost more). The moves keep the sums of the other terms in ``tsum``; the
 quadratic terms' are settled from the area sums at the end of a sweep (:func:`settle_term_sums`).
 
 A term may also be a factor of the counts' prior rather than of the release: a
