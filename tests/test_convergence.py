@@ -65,6 +65,24 @@ def test_many_quantities_are_done_in_batches():
                                rtol=1e-10)
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_integer_counts_are_judged_as_their_floats_without_a_float_copy(dtype):
+    """check() passes integer draws on as they are (a state's counts as floats would be ~1 GB);
+    the batches become floats: the verdict is that of the same draws as floats, and ArviZ's."""
+    from dpinfer.inference.convergence import check
+
+    rng = np.random.default_rng(8)
+    counts = np.round(5 + 3 * ar1(rng, 0.7, 2, 300, 3000)).astype(dtype)
+    as_ints = check(xr.DataTree.from_dict({"posterior": xr.Dataset({"c": (("chain", "draw", "k"), counts)})}),
+                    ["c"], subject="counts")
+    as_floats = check(xr.DataTree.from_dict({"posterior": xr.Dataset(
+        {"c": (("chain", "draw", "k"), counts.astype(float))})}), ["c"], subject="counts")
+    assert as_ints.as_dict() == as_floats.as_dict()
+    data = xr.Dataset({"v": (("chain", "draw", "k"), counts.astype(float))})
+    assert as_ints.max_rhat == pytest.approx(float(az.rhat(data)["v"].max()), rel=1e-10)
+    assert as_ints.min_ess == pytest.approx(float(az.ess(data, method="bulk")["v"].min()), rel=1e-10)
+
+
 def _model():
     with pm.Model() as model:
         theta = pm.Beta("theta", 10, 10)

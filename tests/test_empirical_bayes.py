@@ -171,6 +171,30 @@ def test_max_minutes_stops_the_chains_with_the_draws_they_have():
                   progressbar=False, max_minutes=0)
 
 
+def test_the_chains_stop_in_time_for_the_work_on_their_draws():
+    """reserve_per_draw: the chains stop when the time left would just cover that many seconds
+    per draw kept (the caller's summaries), so the call ends that much before max_minutes; the
+    draws kept are those the time allowed (far fewer than without it); a negative reserve is
+    refused by name."""
+    import time
+
+    budget, reserve = 6.0, 5e-5  # the small table makes ~10^4 draws a second
+    start = time.monotonic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        idata = dp.sample(model=nb_model(small_release()), draws=10**5, tune=10, chains=2, random_seed=3,
+                          progressbar=False, inference="empirical-bayes", max_minutes=budget / 60,
+                          reserve_per_draw=reserve)
+    spent = time.monotonic() - start
+    kept = idata.posterior.sizes["draw"]
+    assert 4 <= kept < 10**5
+    assert spent + reserve * kept <= budget + 1.0  # the watch looks every 0.25 s, a call runs ~0.5 s
+    assert spent < budget - 0.5 * reserve * kept and reserve * kept > 0.5  # stopped early, by about the reserve
+    with pytest.raises(ValueError, match="reserve_per_draw must be a finite number of seconds >= 0, got -1"):
+        dp.sample(model=nb_model(small_release()), draws=10, tune=10, chains=1, progressbar=False,
+                  inference="empirical-bayes", max_minutes=1, reserve_per_draw=-1)
+
+
 def test_the_estimate_stops_at_its_deadline_even_in_its_burn_in(monkeypatch):
     """A deadline already passed when the estimate starts: it stops after its first iteration
     (in the burn-in), reported as not settled with an unknown (infinite) Monte Carlo error, and

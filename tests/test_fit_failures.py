@@ -89,6 +89,25 @@ def test_box_edges_reached_between_stored_draws_still_name_counts():
     assert entry["cells_at_box_edges"][0].startswith(f"01003, cell 1: box 0..{g.box_hi[1, 1]}, stored draws ")
 
 
+def test_box_gaps_by_chunks_are_the_distances_to_the_open_edges():
+    """Stored draws on an open box edge and each count's nearest approach, a few draws at a
+    time: the same as the distances of every draw at once (a closed edge, a support's end, and
+    a box of one value are never reached)."""
+    from dpinfer.inference.engines.compiled.engine import _box_gaps
+
+    rng = np.random.default_rng(4)
+    lo, hi = rng.integers(0, 5, size=(6, 4)), rng.integers(5, 9, size=(6, 4))
+    hi[0, 0] = lo[0, 0]  # a box of one value
+    g = SimpleNamespace(box_lo=lo, box_hi=hi, lo_open=rng.random((6, 4)) < 0.7, hi_open=rng.random((6, 4)) < 0.7)
+    draws = rng.integers(lo, hi + 1, size=(37, 6, 4))
+    room = hi > lo
+    gap = np.minimum(np.where(g.lo_open & room, draws - lo, np.inf), np.where(g.hi_open & room, hi - draws, np.inf))
+    for chunk_bytes in (8 * 24, 8 * 24 * 5, 1e9):  # one draw, five draws, all at once
+        stored, nearest = _box_gaps(g, draws, chunk_bytes=chunk_bytes)
+        assert stored == np.count_nonzero(np.any(gap == 0, axis=(1, 2))) > 0
+        np.testing.assert_array_equal(nearest, gap.min(axis=0))
+
+
 def pinned_rate_model():
     """Counts of rate exp(N(log 10^8, 0.001)) released as 10, 12 and 9 with sd 1."""
     with pm.Model() as model:

@@ -280,3 +280,22 @@ def test_the_hyperparameters_share_of_variance_is_the_delta_method_with_its_bias
     want = np.sum((a * v * s) ** 2) / (a @ (a * v) + 1.5**2)
     assert share[0] == pytest.approx(want, rel=0.05)
     assert abs(share[1]) < 5 * sens.bias and sens.bias == pytest.approx(np.sum(v * s**2) / N, rel=0.05)
+
+
+def test_column_quantiles_are_numpys_nanquantile():
+    """The summaries' quantiles: columns without NaN at once, the others one by one (NumPy's
+    nanquantile), a column of NaN only NaN."""
+    from dpinfer.io.nmf.fit import _column_quantiles
+
+    rng = np.random.default_rng(5)
+    values = rng.normal(size=(301, 9))
+    values[rng.random(values.shape) < 0.2] = np.nan
+    values[:, 0] = rng.normal(size=301)  # whole columns
+    values[:, 4] = rng.integers(0, 3, size=301)
+    values[:, 6] = np.nan
+    probs = (0.05, 0.5, 0.95)
+    got = _column_quantiles(values, probs)
+    with pytest.warns(RuntimeWarning):  # NumPy's all-NaN slice warning, for column 6
+        expected = np.nanquantile(values, probs, axis=0)
+    np.testing.assert_array_equal(got, expected)
+    assert np.isnan(got[:, 6]).all() and np.isfinite(got[:, [0, 1, 4]]).all()

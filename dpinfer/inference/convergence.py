@@ -29,6 +29,7 @@ import functools
 import math
 import statistics
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -110,7 +111,9 @@ def check(idata, names: list, *, subject: str = "parameters and counts") -> Conv
     worst_rhat, worst_ess, worst_tail = (math.nan, ""), (math.inf, ""), (math.inf, "")
     count = 0
     for name in names:
-        values = np.asarray(idata.posterior[name].values, dtype=float)
+        values = np.asarray(idata.posterior[name].values)
+        if values.dtype.kind not in "iuf":  # integers stay as they are: batches become floats
+            values = values.astype(float)  # one at a time (a state's counts are ~1 GB as floats)
         chains, draws = values.shape[:2]
         flat = values.reshape(chains, draws, -1)
         labels = _labels(name, values.shape[2:])
@@ -136,6 +139,24 @@ def _lower(worst: tuple, values: np.ndarray, labels: list) -> tuple:
         return worst
     i = int(np.nanargmin(values))
     return (float(values[i]), labels[i]) if values[i] < worst[0] else worst
+
+
+@functools.lru_cache(maxsize=1)
+def seconds_per_value() -> float:
+    """What judging one stored value costs on this machine, now: R-hat, bulk and tail ESS
+    (:func:`diagnostics`, :func:`tail_ess`) of 2 chains x 256 draws of 512 whole-number
+    AR(1) quantities, timed once per process (after a small warm-up call). A fit with a time
+    limit keeps back this much per value it will judge (the engines' ``reserve_per_draw``)."""
+    rng = np.random.default_rng(0)
+    values = np.zeros((2, 256, 512))
+    noise = rng.standard_normal(values.shape)
+    for t in range(1, values.shape[1]):
+        values[:, t] = 0.5 * values[:, t - 1] + noise[:, t]
+    values = np.round(3 * values).astype(np.int32)
+    diagnostics(values[:, :8, :4]), tail_ess(values[:, :8, :4])
+    start = time.perf_counter()
+    diagnostics(values), tail_ess(values)
+    return (time.perf_counter() - start) / values.size
 
 
 def draws_to_add(blocks, draws: int, seconds_per_draw: float, seconds_left: float) -> int:

@@ -135,7 +135,8 @@ def sample(
         Compiled engine: the fit's time. While the draws miss the convergence targets (R-hat
         <= 1.01, bulk and tail ESS >= 400 over what the verdict judges), **sample on**: every
         chain continues with more draws (about what the shortfall needs, at least twice as
-        many while R-hat misses); at this many minutes after the call the chains stop, with
+        many while R-hat misses); the chains stop in time for the work on their draws (the
+        verdict, and ``reserve_per_draw`` below) to end this many minutes after the call, with
         the draws every chain has made by then (fewer than ``draws`` if time ran out first: the
         verdict judges what there is). None (the default): ``draws`` draws, however long.
     empirical_bayes
@@ -152,7 +153,10 @@ def sample(
         ``max_treedepth`` (10), as PyMC's NUTS, and ``nuts_per_sweep`` (3) and
         ``counts_per_sweep`` (2, at most ``nuts_per_sweep``): NUTS transitions of the
         parameters and exact draws of the counts per stored draw, which alternate
-        (:mod:`dpinfer.inference.engines.compiled.chains`).
+        (:mod:`dpinfer.inference.engines.compiled.chains`), and ``reserve_per_draw`` (0):
+        with ``max_minutes``, seconds per draw (of every chain) kept back from it for the
+        caller's work on the draws afterwards (the fit keeps back what its own verdict will
+        take, measured on this machine: :func:`~dpinfer.inference.convergence.seconds_per_value`).
 
     Returns
     -------
@@ -326,6 +330,9 @@ def check_sampler_options(options: dict) -> None:
         value = options.get(name, 1)
         if int(value) != value or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    reserve = options.get("reserve_per_draw", 0.0)
+    if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or not (np.isfinite(reserve) and reserve >= 0):
+        raise ValueError(f"reserve_per_draw must be a finite number of seconds >= 0, got {reserve!r}")
     nuts = options.get("nuts_per_sweep", NUTS_PER_SWEEP)
     if options.get("counts_per_sweep", 1) > nuts:
         raise ValueError(f"counts_per_sweep must be at most nuts_per_sweep ({nuts}): each draw "

@@ -65,7 +65,7 @@ def _members(table: CensusTable, level: str) -> tuple[np.ndarray, scipy.sparse.c
                                          shape=(rows.size, leaf_to.size))
 
 
-def _values(M, counts: np.ndarray, wanted, chunk_bytes: float = 2e8) -> np.ndarray:
+def _values(M, counts: np.ndarray, wanted, chunk_bytes: float = 5e7) -> np.ndarray:
     """The ``wanted`` quantities (:func:`quantities`) of the areas of M's rows from leaf counts
     (..., n_leaves, n_cells): (..., areas, quantities) float, a share of 0 persons NaN. Only
     the leaves under those areas are read, ``chunk_bytes`` of draws at a time (a state's draws
@@ -119,7 +119,7 @@ def summaries(table: CensusTable, idata, *, name: str = "counts", truth=None, gl
             undefined = np.all(np.isnan(pooled), axis=0)
             with np.errstate(invalid="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN shares: NaN, said below
-                q05, q50, q95 = np.nanquantile(pooled, [0.05, 0.5, 0.95], axis=0)
+                q05, q50, q95 = _column_quantiles(pooled, (0.05, 0.5, 0.95))
                 mean, sd = np.nanmean(pooled, axis=0), np.nanstd(pooled, axis=0)
             frame = pd.DataFrame({
                 "level": level, "geocode": np.repeat(table.areas.geocode.to_numpy()[rows[b0:b0 + block]], K),
@@ -134,6 +134,20 @@ def summaries(table: CensusTable, idata, *, name: str = "counts", truth=None, gl
     out = pd.concat(frames, ignore_index=True)
     if gls is not None:
         out = out.merge(gls_summary(table, gls), on=["level", "geocode", "cell"], how="left", validate="1:1")
+    return out
+
+
+def _column_quantiles(values: np.ndarray, probs) -> np.ndarray:
+    """np.nanquantile(values, probs, axis=0): the columns without NaN at once (nanquantile
+    takes every column alone, ~60 us each: 7 of a state's 17 s of summaries), the others
+    alone; NaN for a column of NaN only."""
+    missing = np.isnan(values)
+    out = np.full((len(probs), values.shape[1]), np.nan)
+    whole = ~missing.any(axis=0)
+    out[:, whole] = np.quantile(values[:, whole], probs, axis=0)
+    partial = np.flatnonzero(~whole & ~missing.all(axis=0))
+    if partial.size:
+        out[:, partial] = np.nanquantile(values[:, partial], probs, axis=0)
     return out
 
 
@@ -196,7 +210,8 @@ def gls_summary(table: CensusTable, fit) -> pd.DataFrame:
 
 
 INFERENCES = ("auto", "full-bayes", "empirical-bayes")
-REPORT_SECONDS = 60.0  # kept from --max-minutes for the summaries, the GLS baseline and the report
+REPORT_SECONDS = 30.0  # kept from --max-minutes for the GLS baseline and the report
+SUMMARIES = 2.0  # the summaries' cost per quantity and draw, in verdict costs (seconds_per_value)
 
 
 def fit_nmf(root, state, *, leaves: str = "Block_Group", cells="pl94-28", out=None, draws: int = 1000,
@@ -215,7 +230,9 @@ def fit_nmf(root, state, *, leaves: str = "Block_Group", cells="pl94-28", out=No
     hyperparameters' ``uncertainty``, ``"normal"`` or ``"none"``: ``dp.sample``'s
     ``inference`` and ``empirical_bayes``), ``"full-bayes"`` or ``"empirical-bayes"``;
     sampling on until the convergence targets are met or the time is up (``max_minutes``,
-    less REPORT_SECONDS for the last phase); the summaries beside the GLS baseline
+    less REPORT_SECONDS for the last phase, and the chains stop in time for the summaries:
+    SUMMARIES x :func:`~dpinfer.inference.convergence.seconds_per_value` per quantity
+    summarised and draw, dp.sample's ``reserve_per_draw``); the summaries beside the GLS baseline
     (:func:`~dpinfer.utility.baselines.nested.gls.nested_gls`) and the report.
 
     ``truth``: a parquet file of the true histogram (geocode, cell, count; a synthetic file's
@@ -227,6 +244,7 @@ def fit_nmf(root, state, *, leaves: str = "Block_Group", cells="pl94-28", out=No
 
     import dpinfer as dp
     from dpinfer.inference.checkpoint import resume_or_start
+    from dpinfer.inference.convergence import seconds_per_value
     from dpinfer.io.nmf.report import write_report
     from dpinfer.utility.baselines.nested.gls import nested_gls
 
@@ -259,10 +277,13 @@ def fit_nmf(root, state, *, leaves: str = "Block_Group", cells="pl94-28", out=No
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "checkpoint"
     model = census_model(table, leaf_sizes=leaf_sizes)
+    summarised = len(table.areas) * len(quantities(table))
+    reserve_per_draw = chains * summarised * SUMMARIES * seconds_per_value()
     sampling_minutes = max(max_minutes - (time.perf_counter() - start + REPORT_SECONDS) / 60, 0.0)
     phase(3, f"fit: {inference} inference, until converged or {sampling_minutes:.1f} min")
     idata = dp.sample(model=model, draws=draws, tune=tune, chains=chains, random_seed=seed,
                       progressbar=progressbar, inference=inference, max_minutes=sampling_minutes,
+                      reserve_per_draw=reserve_per_draw,
                       **({"empirical_bayes": {"uncertainty": uncertainty}} if inference != "full-bayes" else {}),
                       **(resume_or_start(checkpoint, checkpoint_every) if checkpoint_every else {}))
     fitted = time.perf_counter() - start

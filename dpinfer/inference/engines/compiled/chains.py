@@ -524,12 +524,16 @@ def _duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
+_WATCH = 0.25  # seconds between two looks at the deadline
+_STOP_LAG = 3 * _WATCH  # a stop takes effect after the compiled calls running (~0.5 s): draws made meanwhile
+
+
 def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
                seeds: list, starts: list, progressbar: bool = True,
                max_tree_depth: int = MAX_TREE_DEPTH, target_accept: float = 0.8,
                nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int = COUNTS_PER_SWEEP,
                checkpoint=None, more=None, spread=None, count_dtype=np.int64,
-               deadline: float | None = None) -> list[ChainResult]:
+               deadline: float | None = None, reserve_per_draw: float = 0.0) -> list[ChainResult]:
     """``chains`` chains, ``cores`` at a time in threads; ``starts`` gives (q0, counts0) per
     chain, ``seeds`` a ``numpy.random.Generator`` per chain for its random stream. Returns the
     chains' results in order. With ``checkpoint``
@@ -545,7 +549,11 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
     so far, so a resumed fit continues with them). ``spread``: :class:`Stepper`'s;
     ``count_dtype``: :func:`fresh_state`'s. ``deadline`` (``time.monotonic()`` seconds): the
     chains stop then, after their running calls, with the draws every chain has made (a time
-    limit the caller set: not an error unless no draw is stored by then)."""
+    limit the caller set: not an error unless no draw is stored by then); ``reserve_per_draw``
+    seconds per draw stored by every chain are kept back from it for the work on the draws
+    after sampling (their verdict, summaries): the chains stop at
+    ``deadline - reserve_per_draw x draws kept`` (the draws counted as they will be when the
+    stop takes effect, at the rate of the last look)."""
     n_stats = len(stat_columns(blocks)[0])
     states = []
     for c in range(chains):
@@ -560,12 +568,22 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
     resumed_at = [s.done for s in states]
     total = chains * (tune + draws)
     progress = Progress(total, "dpinfer: sampling", progressbar, done=sum(resumed_at))
-    stop = threading.Event()
-    timer = None
+    stop, expired, finished = threading.Event(), threading.Event(), threading.Event()
     if deadline is not None:
-        timer = threading.Timer(max(deadline - time.monotonic(), 0.0), stop.set)
-        timer.daemon = True
-        timer.start()
+        def watch():  # the deadline, less the time the draws kept by the stop will take afterwards
+            seen, rate = (time.monotonic(), 0), 0.0
+            while True:
+                now, kept = time.monotonic(), min(max(s.done - tune, 0) for s in states)
+                if now > seen[0]:
+                    rate, seen = (kept - seen[1]) / (now - seen[0]), (now, kept)
+                if now + reserve_per_draw * (kept + rate * _STOP_LAG) >= deadline:
+                    expired.set()
+                    stop.set()
+                    return
+                if finished.wait(_WATCH):
+                    return
+
+        threading.Thread(target=watch, daemon=True).start()
 
     def one(c):
         save = (lambda state: checkpoint.save(c, state)) if checkpoint is not None else None
@@ -575,26 +593,27 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
                          stop=stop, spread=spread)
 
     with _ctrl_c_sets(stop, progressbar):
-        while True:
-            began, before = time.perf_counter(), max(s.done for s in states)
-            if cores <= 1 or chains == 1:
-                results = [one(c) for c in range(chains)]
-            else:
-                with ThreadPoolExecutor(max_workers=min(cores, chains)) as pool:
-                    results = list(pool.map(one, range(chains)))
-            iterations = max(s.done for s in states) - before
-            extra = 0 if more is None or any(r is None for r in results) else int(
-                more(states, (time.perf_counter() - began) / max(iterations, 1)))
-            if extra <= 0:
-                break
-            for s in states:
-                _extend(s, extra)
-            draws += extra
-            total += chains * extra
-            progress.total = total
-    timed_out = timer is not None and not timer.is_alive() and stop.is_set()
-    if timer is not None:
-        timer.cancel()
+        try:
+            while True:
+                began, before = time.perf_counter(), max(s.done for s in states)
+                if cores <= 1 or chains == 1:
+                    results = [one(c) for c in range(chains)]
+                else:
+                    with ThreadPoolExecutor(max_workers=min(cores, chains)) as pool:
+                        results = list(pool.map(one, range(chains)))
+                iterations = max(s.done for s in states) - before
+                extra = 0 if more is None or any(r is None for r in results) else int(
+                    more(states, (time.perf_counter() - began) / max(iterations, 1)))
+                if extra <= 0:
+                    break
+                for s in states:
+                    _extend(s, extra)
+                draws += extra
+                total += chains * extra
+                progress.total = total
+        finally:
+            finished.set()  # the watch ends
+    timed_out = expired.is_set()
     if any(r is None for r in results) and timed_out:  # the time is up: the draws every chain has
         kept = min(max(s.done - tune, 0) for s in states)
         if kept < 4:

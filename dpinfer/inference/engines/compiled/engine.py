@@ -48,7 +48,8 @@ from dpinfer.inference.engines.compiled.model import NotCompilableError, compile
 from dpinfer.inference.report import window_entry
 
 _COMPILED = "_dpinfer_compiled_model"
-OPTIONS = ("initvals", "target_accept", "max_treedepth", "nuts_per_sweep", "counts_per_sweep")
+OPTIONS = ("initvals", "target_accept", "max_treedepth", "nuts_per_sweep", "counts_per_sweep", "reserve_per_draw")
+AFTER_SAMPLING = 2.0  # the work after sampling (draws gathered, report, verdict) per value, in verdict costs
 METHODS = {
     "cells": ("exact Gibbs (compiled): the counts drawn exactly given the parameters, alternating "
               "with NUTS transitions of the parameters given the counts (counts_per_sweep and "
@@ -114,7 +115,8 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
         rng: np.random.Generator, tol: float, progressbar: bool, initvals=None,
         target_accept: float = 0.8, max_treedepth: int = MAX_TREE_DEPTH,
         nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int | None = None, checkpoint=None,
-        held=None, deadline: float | None = None, spread: dict | None = None, start=None):
+        held=None, deadline: float | None = None, spread: dict | None = None, start=None,
+        reserve_per_draw: float = 0.0):
     """One fit with the plans' current windows: (DataTree, report, failed), ``failed`` mapping
     each latent whose window (without exact tails) missed ``tol`` to its largest bound.
     ``counts_per_sweep`` defaults to min(COUNTS_PER_SWEEP, nuts_per_sweep). ``checkpoint``: a
@@ -128,10 +130,16 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
     uncertainty). ``start``: an estimate whose parameters and counts start the chains of a
     full-Bayes fit. ``deadline`` (``time.monotonic()`` seconds): while
     the draws miss the convergence targets and time is left, the chains sample on
-    (:func:`sample_on`)."""
+    (:func:`sample_on`), and they stop in time for the work on their draws that follows: the
+    fit's own (AFTER_SAMPLING x :func:`~dpinfer.inference.convergence.seconds_per_value` per
+    value stored), and ``reserve_per_draw`` seconds per draw of every chain for the caller's."""
     if held is not None:
         nuts_per_sweep, counts_per_sweep = 0, 1 if counts_per_sweep is None else counts_per_sweep
     counts_per_sweep = _counts_per_sweep(counts_per_sweep, nuts_per_sweep)
+    if deadline is not None:
+        from dpinfer.inference.convergence import seconds_per_value
+
+        reserve_per_draw += chains * (compiled.n_counts + compiled.n) * AFTER_SAMPLING * seconds_per_value()
     blocks = [count_block(plan, compiled) for plan in plans]
     starts = {plan.latent_name: plan.start for plan in plans}
     try:
@@ -139,8 +147,9 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
                      cores=cores, rng=rng, progressbar=progressbar, max_tree_depth=max_treedepth,
                      target_accept=target_accept, initvals=initvals, nuts_per_sweep=nuts_per_sweep,
                      counts_per_sweep=counts_per_sweep, checkpoint=checkpoint, held=held, start=start,
-                     deadline=deadline,
-                     more=None if deadline is None else sample_on(compiled, held is not None, deadline, progressbar),
+                     deadline=deadline, reserve_per_draw=reserve_per_draw,
+                     more=None if deadline is None else sample_on(compiled, held is not None, deadline, progressbar,
+                                                                  reserve_per_draw),
                      spread=None if spread is None else (held.q, held.posterior_sd, spread["every"], spread["burn"]))
     except SamplingError as err:
         raise RuntimeError(f"dpinfer.sample: {err}") from err
@@ -157,11 +166,12 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
     return idata, report, failed
 
 
-def sample_on(compiled, held: bool, deadline: float, progressbar: bool):
+def sample_on(compiled, held: bool, deadline: float, progressbar: bool, reserve_per_draw: float = 0.0):
     """The ``more`` of :func:`~dpinfer.inference.engines.compiled.chains.run_chains`: how many
     more draws the chains make to meet the convergence targets over the counts and (unless
     ``held``) the parameters (:func:`dpinfer.inference.convergence.draws_to_add`), within the
-    time left before ``deadline``; says what it does."""
+    time left before ``deadline`` less ``reserve_per_draw`` seconds per draw (of every chain)
+    for the work after sampling; says what it does."""
     from dpinfer.inference.convergence import draws_to_add
 
     def more(states, seconds_per_draw):
@@ -170,8 +180,8 @@ def sample_on(compiled, held: bool, deadline: float, progressbar: bool):
         parameters = [np.stack([s.draws_q for s in states])] if compiled.n and not held else []
         counts = (np.stack([s.draws_counts[:, i:i + step] for s in states]).astype(float)  # a block at a time
                   for i in range(0, states[0].draws_counts.shape[1], step))
-        extra = draws_to_add(itertools.chain(parameters, counts), draws, seconds_per_draw,
-                             deadline - time.monotonic())
+        extra = draws_to_add(itertools.chain(parameters, counts), draws, seconds_per_draw + reserve_per_draw,
+                             deadline - time.monotonic() - reserve_per_draw * draws)
         if progressbar:
             left = (deadline - time.monotonic()) / 60
             print(f"dpinfer: {f'sampling on: {extra} more draws per chain' if extra else 'no more draws'} "
@@ -291,6 +301,7 @@ def settings(sample_kwargs: dict) -> dict:
     defaults = {name: p.default for name, p in inspect.signature(run).parameters.items() if name in OPTIONS}
     out = defaults | sample_kwargs
     out["counts_per_sweep"] = _counts_per_sweep(out["counts_per_sweep"], out["nuts_per_sweep"])
+    out.pop("reserve_per_draw")  # when the chains stop, not what they draw (a resume may differ)
     return out
 
 
@@ -358,10 +369,7 @@ def _nested_report(plan, idata, block) -> tuple[dict, float | None]:
     trimmed, edges, empty = (int(idata.sample_stats[name].values.sum()) for name in block.stat_names)
     g = plan.window.gibbs
     draws = idata.posterior[plan.latent_name].values.reshape(-1, *g.box_lo.shape)
-    room = g.box_hi > g.box_lo  # a box of one value (a structural zero) has no edge to reach
-    gap = np.minimum(np.where(g.lo_open & room, draws - g.box_lo, np.inf),
-                     np.where(g.hi_open & room, g.box_hi - draws, np.inf))
-    stored = int(np.count_nonzero(np.any(gap == 0, axis=(1, 2))))
+    stored, nearest = _box_gaps(g, draws)
     entry = window_entry(plan, METHODS["nested"], 0.0, math.inf)
     entry.update(box_half_width_sds=plan.window.half_width, box_edges_hit_after_tuning=edges,
                  stored_draws_on_box_edges=stored, trimmed_edges_hit_after_tuning=trimmed,
@@ -371,7 +379,6 @@ def _nested_report(plan, idata, block) -> tuple[dict, float | None]:
         entry["group_rates_summed_out"] = (f"GroupedNegativeBinomial: the gamma rates of the {G} x {C} (group, cell) pairs "
                                            "summed out, a factor on each group's sum in the sum-tree draws")
     if edges or stored:
-        nearest = gap.min(axis=0)
         order = np.argsort(nearest, axis=None, kind="stable")[:10]
         if stored:
             order = order[nearest.reshape(-1)[order] == 0]
@@ -390,6 +397,24 @@ def _nested_report(plan, idata, block) -> tuple[dict, float | None]:
     return entry, (math.inf if edges or stored or empty else None)
 
 
+def _box_gaps(g, draws: np.ndarray, chunk_bytes: float = 5e7) -> tuple[int, np.ndarray]:
+    """(how many stored draws have a count on an open edge of its box, each count's smallest
+    distance to an open edge over the draws: inf where its box has none) for ``draws``
+    (draws, leaves, cells) in boxes ``g`` (a box of one value, a structural zero, has no edge
+    to reach), ``chunk_bytes`` of float distances at a time (a state's draws are not copied
+    whole)."""
+    lo = np.where(g.lo_open & (g.box_hi > g.box_lo), g.box_lo, -np.inf)
+    hi = np.where(g.hi_open & (g.box_hi > g.box_lo), g.box_hi, np.inf)
+    stored, nearest = 0, np.full(g.box_lo.shape, np.inf)
+    step = max(1, int(chunk_bytes // (8 * max(g.box_lo.size, 1))))
+    for d0 in range(0, draws.shape[0], step):
+        part = draws[d0:d0 + step]
+        gap = np.minimum(part - lo, hi - part)
+        stored += int(np.count_nonzero(np.any(gap == 0, axis=(1, 2))))
+        np.minimum(nearest, gap.min(axis=0), out=nearest)
+    return stored, nearest
+
+
 def held_too_often(held) -> bool:
     """True if some chain (rows of ``held``, the held cells per stored draw) held cells in
     more than ``STUCK_SHARE`` of its draws. The hold rule of the exact draws
@@ -404,7 +429,8 @@ def held_too_often(held) -> bool:
 def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int, chains: int,
          cores: int, rng: np.random.Generator, progressbar: bool, max_tree_depth: int,
          target_accept: float, initvals: dict | None, nuts_per_sweep: int,
-         counts_per_sweep: int, checkpoint=None, held=None, more=None, spread=None, start=None, deadline=None):
+         counts_per_sweep: int, checkpoint=None, held=None, more=None, spread=None, start=None, deadline=None,
+         reserve_per_draw: float = 0.0):
     """Run the chains and return the DataTree. ``initial_counts`` maps each latent to a start
     on its fibre; the parameters start at PyMC's jittered initial point, or at ``initvals``
     where given (constrained values by variable name, as for ``pm.sample``). ``checkpoint``
@@ -424,7 +450,7 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
                          max_tree_depth=max_tree_depth, target_accept=target_accept,
                          nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep,
                          checkpoint=checkpoint, more=more, spread=spread, count_dtype=count_dtype(blocks),
-                         deadline=deadline)
+                         deadline=deadline, reserve_per_draw=reserve_per_draw)
     seconds = time.perf_counter() - start
     if checkpoint is not None:
         seconds = max(seconds, max(r.seconds for r in results))  # a resumed fit: its chains' whole time
