@@ -132,7 +132,9 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
     the draws miss the convergence targets and time is left, the chains sample on
     (:func:`sample_on`), and they stop in time for the work on their draws that follows: the
     fit's own (AFTER_SAMPLING x :func:`~dpinfer.inference.convergence.seconds_per_value` per
-    value stored), and ``reserve_per_draw`` seconds per draw of every chain for the caller's."""
+    value stored, and with ``held`` parameters not spread a gradient per draw for
+    :func:`hyperparameter_scores`), and ``reserve_per_draw`` seconds per draw of every chain
+    for the caller's."""
     if held is not None:
         nuts_per_sweep, counts_per_sweep = 0, 1 if counts_per_sweep is None else counts_per_sweep
     counts_per_sweep = _counts_per_sweep(counts_per_sweep, nuts_per_sweep)
@@ -140,6 +142,8 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
         from dpinfer.inference.convergence import seconds_per_value
 
         reserve_per_draw += chains * (compiled.n_counts + compiled.n) * AFTER_SAMPLING * seconds_per_value()
+        if held is not None and spread is None and np.isfinite(held.gradient_seconds):
+            reserve_per_draw += chains * held.gradient_seconds  # the scores (at most SCORED_DRAWS a chain)
     blocks = [count_block(plan, compiled) for plan in plans]
     starts = {plan.latent_name: plan.start for plan in plans}
     try:
