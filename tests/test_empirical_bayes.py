@@ -78,6 +78,60 @@ def test_the_estimate_is_the_mode_of_the_exact_marginal_posterior_and_the_counts
     assert verdict["subject"].startswith("counts given") and verdict["quantities"] == 2 * C
 
 
+def test_normal_uncertainty_draws_the_parameters_afresh_and_the_counts_follow_each_draw():
+    """uncertainty="normal" (every K stored draws, B count draws after each): the parameters
+    are constant within each block of K draws and drawn afresh between blocks from the normal
+    law of the estimate and its approximate posterior sds (unconstrained: the blocks' values
+    have that mean and sd within Monte Carlo error); the counts follow each block's
+    parameters: per block, their mean is the exact enumerated posterior mean given that
+    block's parameters (on average, and regressed on it with slope 1), and over all draws their
+    variance is the mixture's (the mean of the conditional variances plus the variance of the
+    conditional means)."""
+    states, loglik = enumerate_posterior(prior=lambda s: np.zeros(len(s)))
+    every = 5
+    idata = dp.sample(model=nb_model(small_release()), draws=4000, tune=100, chains=2, random_seed=7,
+                      progressbar=False, inference="empirical-bayes",
+                      empirical_bayes={"uncertainty": "normal", "every": every, "burn": 5})
+    entry = json.loads(idata.posterior.attrs["dpinfer_empirical_bayes"])
+    assert entry["uncertainty"] == "normal" and f"drawn every {every} stored draws" in entry["method"]
+    centre = np.array([entry["parameters"]["m"], entry["parameters"]["alpha_log__"]])
+    sd = np.array([entry["posterior_sd"]["m"], entry["posterior_sd"]["alpha_log__"]])
+    q = np.stack([idata.posterior["m"].values, np.log(idata.posterior["alpha"].values)], axis=-1)
+    blocks = q.reshape(2, -1, every, 2)
+    assert np.all(blocks == blocks[:, :, :1])  # held within a block
+    drawn = blocks[:, :, 0].reshape(-1, 2)
+    n = len(drawn)
+    assert np.unique(drawn[:, 0]).size == n  # drawn afresh for every block
+    assert np.all(np.abs(drawn.mean(0) - centre) < 4 * sd / np.sqrt(n))
+    assert np.all(np.abs(drawn.std(0, ddof=1) / sd - 1) < 4 * np.sqrt(1 / (2 * (n - 1))))
+
+    flat = states.reshape(len(states), -1)
+    support = np.arange(flat.max() + 1)
+    cond_mean, cond_var = np.empty((n, flat.shape[1])), np.empty((n, flat.shape[1]))
+    for b, (m, log_alpha) in enumerate(drawn):
+        alpha, mu = np.exp(log_alpha), np.exp(m) * WEIGHTS.reshape(-1)
+        table = stats.nbinom.logpmf(support[None, :], alpha, (alpha / (alpha + mu))[:, None])
+        lp = table[np.arange(flat.shape[1]), flat].sum(1) + loglik
+        w = np.exp(lp - special.logsumexp(lp))
+        cond_mean[b] = w @ flat
+        cond_var[b] = w @ flat**2 - cond_mean[b] ** 2
+    x = idata.posterior["x"].values.reshape(n, every, -1).astype(float)
+    gap = x.mean(1) - cond_mean  # per block: the counts' mean against the exact one given its parameters
+    assert np.all(np.abs(gap.mean(0)) < 5 * gap.std(0) / np.sqrt(n)), gap.mean(0)
+    mixture = cond_var.mean(0) + cond_mean.var(0)
+    batches = x.reshape(16, -1, x.shape[-1])  # 16 batches of 100 blocks: the variance's Monte Carlo error
+    se = batches.var(axis=1).std(axis=0, ddof=1) / np.sqrt(16)
+    pooled = x.reshape(-1, x.shape[-1]).var(0)
+    assert np.all(np.abs(pooled - mixture) < 5 * se), (pooled, mixture, se)
+    # the counts follow each draw: regressed on its exact conditional mean, a block's mean has
+    # slope 1 (0 if they ignored the draws; below 1 if too short a burn left them behind)
+    j = int(np.argmax(cond_mean.var(0)))
+    centred = cond_mean[:, j] - cond_mean[:, j].mean()
+    slope = centred @ (x.mean(1)[:, j] - x.mean(1)[:, j].mean()) / (centred @ centred)
+    slope_se = gap[:, j].std() / np.sqrt(centred @ centred)
+    assert abs(slope - 1) < 5 * slope_se and slope > 5 * slope_se, (slope, slope_se)
+
+
 def test_cells_released_one_by_one_give_the_mode_of_the_exact_marginal():
     """Independent cells (the engine's cells block) with double geometric noise: the exact
     marginal is a product over cells of window sums."""
