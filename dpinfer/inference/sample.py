@@ -53,7 +53,7 @@ MAX_WIDENINGS = 4
 METHODS = ("auto", "marginal", "fibre", "nutpie")
 INFERENCES = ("full-bayes", "empirical-bayes", "auto")
 UNCERTAINTIES = ("none", "normal")
-EMPIRICAL_BAYES = {"uncertainty": "none", "every": 25, "burn": 5, "tune": 20}  # empirical_bayes= defaults
+EMPIRICAL_BAYES = {"uncertainty": "none", "every": 5, "burn": 5, "tune": 20}  # empirical_bayes= defaults
 EMPIRICAL_BAYES_KEYS = ("burn_in", "max_iterations", "tolerance", *EMPIRICAL_BAYES)
 ESTIMATE_SHARE = 0.25  # of the time left under max_minutes, at most, for the empirical-Bayes estimate
 CONTINUOUS_METHOD = ("NUTS on the continuous latent with the release observed (its exact "
@@ -144,7 +144,7 @@ def sample(
         :func:`dpinfer.inference.empirical_bayes.estimate`) and of what follows it:
         ``tune`` (the counts' burn-in, above), ``uncertainty`` ``"none"`` (the default: the
         parameters held at the estimate) or
-        ``"normal"`` (drawn afresh every ``every`` (25) stored draws from the normal law of the
+        ``"normal"`` (drawn afresh every ``every`` (5) stored draws from the normal law of the
         estimate and its approximate posterior sds, each draw followed by ``burn`` (5) count
         draws: the parameters' uncertainty propagated to the counts, approximately).
     sample_kwargs
