@@ -72,7 +72,7 @@ def test_integer_counts_are_judged_as_their_floats_without_a_float_copy(dtype):
     from dpinfer.inference.convergence import check
 
     rng = np.random.default_rng(8)
-    counts = np.round(5 + 3 * ar1(rng, 0.7, 2, 300, 3000)).astype(dtype)
+    counts = np.round(5 + 3 * ar1(rng, 0.7, 2, 300, 2100)).astype(dtype)
     as_ints = check(xr.DataTree.from_dict({"posterior": xr.Dataset({"c": (("chain", "draw", "k"), counts)})}),
                     ["c"], subject="counts")
     as_floats = check(xr.DataTree.from_dict({"posterior": xr.Dataset(
