@@ -270,6 +270,7 @@ def test_the_estimate_stops_at_its_deadline_even_in_its_burn_in(monkeypatch):
                           progressbar=False, inference="empirical-bayes")
     held = seen["estimate"]
     assert held.iterations == 1 and not held.settled and np.all(np.isinf(held.mc_se))
+    assert held.draw_seconds > 0 and held.gradient_seconds > 0  # timed on its one iteration, not 0
     assert json.loads(idata.posterior.attrs["dpinfer_empirical_bayes"])["settled"] is False
 
 

@@ -156,6 +156,8 @@ def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_i
                 _finite(s.log_density(q + PROBE * v, probed[c]), "beside the current estimate")
             if t > 0 or max_iterations == 1:  # the first call may compile the kernels: not a measure
                 drawing, evaluating = drawing + drawn - began, evaluating + time.perf_counter() - drawn
+            else:  # ... unless it is the only one (a deadline at once): then an upper bound, not 0
+                first = (drawn - began, time.perf_counter() - drawn)
             d = np.mean(-(probed - grads) / PROBE * v, axis=0)
             var = 0.5 * (grads[0] - grads[1]) ** 2 if chains > 1 else np.zeros(n)
             D = np.maximum(d, 1e-12) if D is None else np.maximum(D + (d - D) / WINDOW, 1e-12)
@@ -180,6 +182,8 @@ def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_i
     finally:
         pool.shutdown()
     settled = bool(averaged) and len(averaged) >= MIN_AVERAGE and share == 1.0
+    if t == 0 and max_iterations > 1:
+        drawing, evaluating = first
     if not averaged:  # max_iterations within the burn-in: the last iterate, its error unknown
         averaged, mc_se = [q], np.full(n, np.inf)
     elif mc_se is None:
