@@ -195,6 +195,9 @@ def sample(
     if inference == "auto" and deadline is None:
         raise ValueError("inference='auto' chooses full Bayes where it is predicted to converge within "
                          "max_minutes: give max_minutes")
+    if "reserve_per_draw" in sample_kwargs and deadline is None:
+        raise ValueError("reserve_per_draw keeps time back from max_minutes for the work after sampling: "
+                         "give max_minutes")
     if inference in ("empirical-bayes", "auto"):
         _check_empirical_bayes(engine, plan, compiled, reason)
     if deadline is not None and engine != "compiled":
