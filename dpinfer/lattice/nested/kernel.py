@@ -423,6 +423,8 @@ def _convolve(buf, a, na, b, nb, out):
     """buf[out : out + na + nb - 1] = the convolution of buf[a : a + na] and buf[b : b + nb]
     (direct: sums of non-negative products). The products are added through slices, which
     LLVM vectorises (indexing one array on both sides of ``+=`` stays scalar: 3x slower)."""
+    if na > nb:  # the longer one in the inner loop: longer vectorised runs, fewer of them
+        a, na, b, nb = b, nb, a, na
     o = buf[out:out + na + nb - 1]
     o[:] = 0.0
     y = buf[b:b + nb]
