@@ -50,7 +50,7 @@ def test_l1_line_draw_is_inversion_of_the_exact_conditional(steps):
 def test_chain_law_against_enumeration(inv, target):
     gibbs = NoiseGibbs(inv.markov_basis(), target)
     rng = np.random.default_rng(5)
-    n = 20_000
+    n = 8_000  # the tolerance is the i.i.d. TV quantile at this n
     z, lost = gibbs.run(n, 30, rng)
     assert lost < 1e-15
     assert np.all(inv.values(z) == 0)
