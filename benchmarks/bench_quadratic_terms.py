@@ -15,8 +15,11 @@ they differ by Monte Carlo error only).
 The baseline's ``kernel.py`` and ``directions.py`` are read from the repository's history
 (``git show``) into a temporary package (numba caches its kernels beside it).
 
+``--baseline REV`` times the kernel of any other commit the same way (the loop order of the
+convolutions: ``--baseline a8d99e3^ --counties 99``).
+
 Run:  .venv/bin/python benchmarks/bench_quadratic_terms.py [--counties 10] [--sweeps 10] [--rounds 5]
-      [--leaves Block_Group] [--cells pl94-28]   (--leaves Tract --cells detailed: 2,016 cells)
+      [--leaves Block_Group] [--cells pl94-28] [--baseline REV]   (--leaves Tract --cells detailed: 2,016 cells)
 """
 
 from __future__ import annotations
@@ -36,16 +39,16 @@ import numpy as np
 BASELINE = "a9c8012"  # the last commit whose kernel read every term from its table
 
 
-def baseline_sweep():
-    """sweep_products of commit BASELINE (its directions.py over its kernel.py)."""
+def baseline_sweep(rev: str = BASELINE):
+    """sweep_products of commit ``rev`` (its directions.py over its kernel.py)."""
     root = Path(__file__).resolve().parents[1]
     folder = Path(tempfile.mkdtemp())
-    name = f"nested_{BASELINE}"
+    name = "nested_baseline"
     for module in ("kernel", "directions"):
-        shown = subprocess.run(["git", "show", f"{BASELINE}:dpinfer/lattice/nested/{module}.py"], cwd=root,
+        shown = subprocess.run(["git", "show", f"{rev}:dpinfer/lattice/nested/{module}.py"], cwd=root,
                                capture_output=True, text=True)
         if shown.returncode:
-            raise SystemExit(f"this benchmark needs the repository's history (commit {BASELINE}): "
+            raise SystemExit(f"this benchmark needs the repository's history (commit {rev}): "
                              f"{shown.stderr.strip()}")
         text = shown.stdout.replace("from dpinfer.lattice.nested.kernel import", f"from {name}_kernel import")
         (folder / f"{name}_{module}.py").write_text(text)
@@ -63,6 +66,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--leaves", default="Block_Group", choices=("County", "Tract", "Block_Group"))
     parser.add_argument("--cells", default="pl94-28", choices=("pl94-28", "detailed"))
+    parser.add_argument("--baseline", default=BASELINE, help=f"the commit whose kernel runs beside today's "
+                        f"(default {BASELINE}, the last that read every term from its table)")
     args = parser.parse_args(argv)
     import dpinfer as dp
     from dpinfer.inference import planning
@@ -101,7 +106,8 @@ def main(argv=None) -> None:
         nested_tables(block, q, state.counts, stepper.env)
         return state, block
 
-    sweeps = {"baseline (every term from its table)": baseline_sweep(), "now (quadratic terms summed)": sweep_products}
+    sweeps = {(f"baseline {args.baseline} (every term from its table)" if args.baseline == BASELINE
+               else f"baseline {args.baseline}"): baseline_sweep(args.baseline), "now": sweep_products}
     states = {label: kernel_state(i) for i, label in enumerate(sweeps)}
     seconds = {label: [] for label in sweeps}
     means = {label: 0.0 for label in sweeps}
