@@ -152,7 +152,7 @@ def main(argv=None) -> None:
 
     k, state, stepper, set_state, refill = nested_state(model, idata)
     work = workspace(k["order"], k["child_area"], k["term_ptr"], k["term_cells"], k["term_value"], k["term_table"],
-                     k["meta"], k["inv2v"], k["values"], k["prior_start"])
+                     k["meta"], k["inv2v"], k["values"], k["box_lo"], k["box_hi"])
     shape = tuple(int(s) for s in k["cell_shape"])
     assert list(stepper.model.names) == ["log_split"], "the published-sizes model has the concentrations alone"
 

@@ -176,7 +176,7 @@ def standalone(size: dict, sweeps: int, baseline: bool, seed: int = 2026) -> dic
     lo, hi = planned_boxes(nm, truth)
     g = NestedGibbs(s, lo, hi)
     prior = np.ascontiguousarray(st.poisson.logpmf(g.grid(), rates.reshape(-1)[g.rows()]))  # flat
-    widest = int(np.max(np.diff(g.prior_start)))
+    widest = int(np.max(g.widths))
     meta, inv2v, values = s.tables.arrays()
 
     cell_shape = np.array([s.n_cells], np.int64)
@@ -200,10 +200,10 @@ def standalone(size: dict, sweeps: int, baseline: bool, seed: int = 2026) -> dic
     if baseline:  # its prior table: every count's row padded to the widest box
         padded = np.full((g.prior_start.size - 1, widest), -np.inf)
         for i in range(padded.shape[0]):
-            padded[i, :g.prior_start[i + 1] - g.prior_start[i]] = prior[g.prior_start[i]:g.prior_start[i + 1]]
+            padded[i, :g.widths[i]] = prior[g.prior_start[i]:g.prior_start[i] + g.widths[i]]
         sweepers[BASELINE] = (baseline_kernel().sweep, (padded,))
     row = {"leaves": s.n_leaves, "areas": s.n_areas, "counts": truth.size, "terms": s.term_value.size,
-           "widest box": widest, "median box": int(np.median(np.diff(g.prior_start)))}
+           "widest box": widest, "median box": int(np.median(g.widths))}
     for name, (sweep, prior_args) in sweepers.items():
         t0 = time.process_time()
         timed(sweep, prior_args, 1)
@@ -241,7 +241,7 @@ def phases(g, truth, prior, repeats: int = 5) -> dict:
     s = g.sums
     meta, inv2v, values = s.tables.arrays()
     work = K.workspace(s.order, s.child_area, s.term_ptr, s.term_cells, s.term_value, s.term_table, meta, inv2v,
-                       values, g.prior_start)
+                       values, g.box_lo, g.box_hi)
 
     @numba.njit
     def leaves(dc, ds, x, tsum, box_lo, box_hi, prior, prior_start, leaf_area, ac_ptr, ac_terms, S, hq, pattern, yq,

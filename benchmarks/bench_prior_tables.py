@@ -62,8 +62,7 @@ def one_size(n_counties: int, repeats: int) -> dict:
         cells, totals = (IndependentCells.placeholder(),), (GroupTotals.placeholder(),)
         stats_row, stream = np.zeros(len(names)), new_stream(np.random.default_rng(0))
         prior = compiled.prior_tables[block.name]
-        starts = block.gibbs.prior_start
-        widths = np.diff(starts)
+        widths = block.gibbs.widths
         padded_grid = (block.gibbs.box_lo.reshape(-1, 1) + np.arange(widths.max())[None, :]).astype(np.int64)
         padded_buffers, padded_hoisted = prior.prepare(padded_grid)
         padded = np.empty(padded_grid.shape)

@@ -39,6 +39,23 @@ import numpy as np
 BASELINE = "a9c8012"  # the last commit whose kernel read every term from its table
 
 
+def rows_leaf_by_leaf(rev: str) -> bool:
+    """Whether commit ``rev``'s kernels read the flat prior table leaf by leaf (each count's row
+    ending where the next count's starts), as every commit before the cell-by-cell layout
+    (:mod:`dpinfer.lattice.nested.sampler`) did."""
+    shown = subprocess.run(["git", "show", f"{rev}:dpinfer/lattice/nested/sampler.py"],
+                           cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
+    return "**cell by cell**" not in shown.stdout
+
+
+def leaf_by_leaf(prior, box_lo, box_hi, prior_start):
+    """(table, starts): the flat prior table laid out leaf by leaf, for kernels before the
+    cell-by-cell layout."""
+    widths = (box_hi - box_lo + 1).reshape(-1)
+    table = np.concatenate([prior[prior_start[i]:prior_start[i] + widths[i]] for i in range(widths.size)])
+    return table, np.concatenate([[0], np.cumsum(widths)]).astype(np.int64)
+
+
 def baseline_sweep(rev: str = BASELINE):
     """sweep_products of commit ``rev`` (its directions.py over its kernel.py)."""
     root = Path(__file__).resolve().parents[1]
@@ -109,6 +126,7 @@ def main(argv=None) -> None:
     sweeps = {(f"baseline {args.baseline} (every term from its table)" if args.baseline == BASELINE
                else f"baseline {args.baseline}"): baseline_sweep(args.baseline), "now": sweep_products}
     states = {label: kernel_state(i) for i, label in enumerate(sweeps)}
+    layouts = {label: label != "now" and rows_leaf_by_leaf(args.baseline) for label in sweeps}
     seconds = {label: [] for label in sweeps}
     means = {label: 0.0 for label in sweeps}
     for r in range(args.rounds + 1):
@@ -117,6 +135,8 @@ def main(argv=None) -> None:
             (_, _, _, _, _, prior_start, prior, x, S, tsum, box_lo, box_hi, lo_open, hi_open, order, child_ptr,
              child_area, area_leaf, term_ptr, term_cells, term_value, term_table, _, meta, inv2v, values,
              *_, trim, cell_shape, stats, _) = block
+            if layouts[label]:
+                prior, prior_start = leaf_by_leaf(prior, box_lo, box_hi, prior_start)
             n = 1 if r == 0 else args.sweeps
             began = time.process_time()
             for _ in range(n):

@@ -232,7 +232,7 @@ def check_log_mass_ratio(sums, g, prior, values, states, logp, direction):
     dcells, dsigns = (np.array(v, np.int64) for v in direction)
     meta, inv2v, _ = sums.tables.arrays()
     work = workspace(sums.order, sums.child_area, sums.term_ptr, sums.term_cells, sums.term_value, sums.term_table, meta,
-                     inv2v, values, g.prior_start)
+                     inv2v, values, g.box_lo, g.box_hi)
     order = np.argsort(-logp)
     for i in order[[0, 3, 10, 40, 200]]:
         x0 = states[i]
@@ -314,13 +314,13 @@ def test_a_table_wider_than_dense_cells_reads_its_terms_and_keeps_the_law(poster
     for leaf in range(2):
         for c in range(C):
             w, n = leaf * (C + extra) + c, leaf * C + c
-            prior_wide[gw.prior_start[w]:gw.prior_start[w + 1]] = prior[g.prior_start[n]:g.prior_start[n + 1]]
+            prior_wide[gw.prior_start[w]:gw.prior_start[w] + gw.widths[w]] = prior[g.prior_start[n]:g.prior_start[n] + g.widths[n]]
     meta, inv2v, values = sums.tables.arrays()
     dcells, dsigns = (np.array(v, np.int64) for v in direction)
     work = workspace(sums.order, sums.child_area, sums.term_ptr, sums.term_cells, sums.term_value, sums.term_table,
-                     meta, inv2v, values, g.prior_start)
+                     meta, inv2v, values, g.box_lo, g.box_hi)
     work_wide = workspace(wide.order, wide.child_area, wide.term_ptr, wide.term_cells, wide.term_value,
-                          wide.term_table, meta, inv2v, values, gw.prior_start)
+                          wide.term_table, meta, inv2v, values, gw.box_lo, gw.box_hi)
     assert work[2].any() and not work_wide[2].any()  # quadratic forms in the small table only
     states, p, logp = posterior
     for i in np.argsort(-logp)[[0, 3, 10, 40]]:
@@ -402,6 +402,22 @@ def test_a_long_chain_reaches_the_posterior_from_a_bad_start(posterior):
     draws = check_chain_means(g, x0, prior, states, p, 3)
     assert np.all(draws.sum((1, 2)) == TOTAL)
     assert np.all(draws[:, :, :2].sum((1, 2)) <= 6)
+
+
+def test_the_flat_prior_table_lies_cell_by_cell():
+    """Each count's row starts at prior_start[count] and spans its box (rows() and grid() say
+    so entry by entry); the rows of one cell follow each other leaf by leaf, the cells in turn
+    (a move along a cell reads one stretch of the table)."""
+    sums, _ = small_table()
+    g, _ = gibbs(sums)
+    rows, grid = g.rows(), g.grid()
+    assert rows.size == grid.size == g.prior_start[-1] == g.widths.sum()
+    for i in range(g.widths.size):
+        span = slice(g.prior_start[i], g.prior_start[i] + g.widths[i])
+        assert np.all(rows[span] == i)
+        np.testing.assert_array_equal(grid[span], np.arange(g.box_lo.flat[i], g.box_hi.flat[i] + 1))
+    leaf, cell = np.divmod(rows, sums.n_cells)
+    assert np.all(np.diff(cell) >= 0) and np.all(np.diff(leaf)[np.diff(cell) == 0] >= 0)
 
 
 def test_bad_inputs_are_refused():

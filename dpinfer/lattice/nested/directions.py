@@ -94,7 +94,7 @@ def sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_st
     larger S (0: none; the defaults; ``benchmarks/bench_sweep_directions.py`` compares others)."""
     n_cells = x.shape[1]
     ndim = cell_shape.size
-    work = workspace(order, child_area, term_ptr, term_cells, term_value, term_table, meta, inv2v, values, prior_start)
+    work = workspace(order, child_area, term_ptr, term_cells, term_value, term_table, meta, inv2v, values, box_lo, box_hi)
     failed = 0
     one = np.ones(1, np.int64)
     single = np.zeros(1, np.int64)

@@ -462,7 +462,8 @@ def _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior
     seg[:] = 0.0
     for j in range(dcells.size):
         c = dcells[j]
-        row = prior[prior_start[leaf * n_cells + c]:prior_start[leaf * n_cells + c + 1]]
+        at = prior_start[leaf * n_cells + c]
+        row = prior[at:at + box_hi[leaf, c] - box_lo[leaf, c] + 1]
         col = x[leaf, c] + dsigns[j] * zlo - box_lo[leaf, c]
         step = dsigns[j]
         for i in range(n):
@@ -677,7 +678,7 @@ def _update(dcells, dsigns, x, S, tsum, lo_open, hi_open, box_lo, box_hi, area_l
 
 
 @numba.njit(cache=True, nogil=True)
-def workspace(order, child_area, term_ptr, term_cells, term_value, term_table, meta, inv2v, values, prior_start):
+def workspace(order, child_area, term_ptr, term_cells, term_value, term_table, meta, inv2v, values, box_lo, box_hi):
     """What the moves of a sweep share (:func:`move`): the terms by area and cell
     (:func:`area_cell_terms`), those read from their tables and the quadratic ones
     (:func:`~dpinfer.lattice.nested.terms.quadratic_tables`) apart, the message buffer (in a
@@ -692,8 +693,9 @@ def workspace(order, child_area, term_ptr, term_cells, term_value, term_table, m
     ac_ptr, ac_terms = area_cell_terms(term_ptr, term_cells, ~quadratic)
     hq, pattern, yq = quadratic_forms(term_ptr, term_cells, term_table, term_value, inv2v, quadratic)
     widest = 1
-    for i in range(prior_start.size - 1):
-        widest = max(widest, prior_start[i + 1] - prior_start[i])
+    for leaf in range(box_lo.shape[0]):
+        for c in range(box_lo.shape[1]):
+            widest = max(widest, box_hi[leaf, c] - box_lo[leaf, c] + 1)
     buf = [np.empty(max(4 * n_areas * widest, 1024))]
     return (ac_ptr, ac_terms, quadratic, hq, pattern, yq, buf, np.zeros(n_areas, np.int64), np.zeros(n_areas, np.int64),
             np.zeros(n_areas, np.int64), np.zeros((n_areas, 2), np.bool_), np.zeros(n_children, np.int64),
@@ -792,7 +794,7 @@ def draw_direction(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open,
     (module docstring); x, S and tsum updated in place. ``prior[prior_start[l * n_cells + c] + j]``
     is log p_{l,c}(box_lo[l, c] + j), j = 0 .. box_hi[l, c] - box_lo[l, c]. stats: [0] draws, [1] trimmed edges hit, [2] counts at an
     open box edge after the draw. Returns False if the law has no mass (no move made)."""
-    work = workspace(order, child_area, term_ptr, term_cells, term_value, term_table, meta, inv2v, values, prior_start)
+    work = workspace(order, child_area, term_ptr, term_cells, term_value, term_table, meta, inv2v, values, box_lo, box_hi)
     moved = move(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_start, order,
                  child_ptr, child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim,
                  rng, stats, work)

@@ -2,12 +2,16 @@
 
 :class:`NestedGibbs` holds the boxes (each count's range of values, lo .. hi) and runs the
 kernels' sweeps (:func:`dpinfer.lattice.nested.directions.sweep_products`) from a start that meets every
-term. The prior enters as a flat table, each count's box one after the other:
+term. The prior enters as a flat table of every count's box:
 ``prior[prior_start[l * n_cells + c] + j] = log p_{l,c}(lo[l, c] + j)``, j = 0 .. hi - lo
-(``-inf`` where the count's support ends; :meth:`NestedGibbs.grid` lists the candidates);
-the compiled engine refills it from the parameters before every sweep, a test gives it once.
-Flat rather than padded to the widest box: at the size of a state the widest box is ~10
-times the median.
+(``-inf`` where the count's support ends; :meth:`NestedGibbs.grid` lists the candidates,
+:meth:`NestedGibbs.rows` their counts; ``prior_start[-1]`` is the table's size); the compiled
+engine refills it from the parameters before every sweep, a test gives it once. Flat rather
+than padded to the widest box: at the size of a state the widest box is ~10 times the
+median. The rows lie **cell by cell** (every leaf's row of cell 0, then of cell 1, ...): a
+move along a cell reads its leaves' rows in order through one stretch of memory (at the size
+of a state 0.90-0.94 of the sweep's time of the leaf-by-leaf order, ``benchmarks/README.md``),
+so a row's end is its start plus its box's width, not the next count's start.
 """
 
 from __future__ import annotations
@@ -36,8 +40,11 @@ class NestedGibbs:
         lower, upper = support
         self.lo_open = self.box_lo > (-np.inf if lower is None else lower)
         self.hi_open = self.box_hi < (np.inf if upper is None else upper)
-        widths = (self.box_hi - self.box_lo + 1).reshape(-1)
-        self.prior_start = np.concatenate([[0], np.cumsum(widths)]).astype(np.int64)
+        self.widths = (self.box_hi - self.box_lo + 1).reshape(-1)  # each count's row, count l * n_cells + c
+        self._layout = np.arange(self.widths.size).reshape(shape).T.reshape(-1)  # the counts cell by cell
+        self.prior_start = np.empty(self.widths.size + 1, np.int64)
+        self.prior_start[self._layout] = np.concatenate([[0], np.cumsum(self.widths[self._layout])[:-1]])
+        self.prior_start[-1] = self.widths.sum()
         if not trim > 0:
             raise ValueError(f"trim must be > 0 nats, got {trim!r}")
         self.trim = float(trim)
@@ -45,7 +52,7 @@ class NestedGibbs:
 
     def rows(self) -> np.ndarray:
         """(K,): the count (l * n_cells + c) of each entry of the flat prior table."""
-        return np.repeat(np.arange(self.prior_start.size - 1), np.diff(self.prior_start)).astype(np.int64)
+        return np.repeat(self._layout, self.widths[self._layout]).astype(np.int64)
 
     def grid(self) -> np.ndarray:
         """(K,): the value of each entry of the flat prior table (every count's box, in turn)."""

@@ -140,7 +140,7 @@ def nested_tables(block, q, counts, env):
     current_sums(x, S, tsum, order, child_ptr, child_area, area_leaf, term_cells, term_area)
     if mixing_at.size:
         group_mixing_tables(mixing_address, q, env, mixing_out, mixing_at, values, group_area,
-                            leaf_group, group_parent, S, box_lo, prior_start, table)
+                            leaf_group, group_parent, S, box_lo, box_hi, prior_start, table)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -128,7 +128,7 @@ def flat_prior_table(prior_address, hoisted, q, env, grid, rows, out):
 
 @numba.njit(cache=True, nogil=True)
 def group_mixing_tables(address, q, env, out, at, values, group_area, leaf_group, group_parent, S, box_lo,
-                        prior_start, table):
+                        box_hi, prior_start, table):
     """A GroupedNegativeBinomial's group factors from the parameters, tilted towards the
     current counts. The native function at ``address`` writes each group g and cell c's
     (a, A, M) into ``out`` (G * C, 3); the factor's table in ``values`` (from ``at``) gets its
@@ -145,7 +145,7 @@ def group_mixing_tables(address, q, env, out, at, values, group_area, leaf_group
     is far from the data (a small shape leaves M loosely identified) each leaf's message leans
     on its own prior towards M by tens of nats that only the group's factor undoes, and the
     leaves' trimmed messages would cut what the group's law needs. ``table``: the counts'
-    flat prior table (count leaf * C + c from ``prior_start`` on, values from ``box_lo``),
+    flat prior table (count leaf * C + c from ``prior_start`` on, values ``box_lo`` .. ``box_hi``),
     tilted in place."""
     f = group_mixing_at(address)
     f(pointer(q.ctypes.data), pointer(env.ctypes.data), pointer(out.ctypes.data))
@@ -167,7 +167,7 @@ def group_mixing_tables(address, q, env, out, at, values, group_area, leaf_group
             if t != 0.0:
                 i = leaf * n_cells + c
                 lo = box_lo[leaf, c]
-                for j in range(prior_start[i + 1] - prior_start[i]):
+                for j in range(box_hi[leaf, c] - lo + 1):
                     table[prior_start[i] + j] -= t * (lo + j)
 
 
