@@ -55,7 +55,7 @@ class NestedGibbs:
         return np.repeat(self._layout, self.widths[self._layout]).astype(np.int64)
 
     def grid(self) -> np.ndarray:
-        """(K,): the value of each entry of the flat prior table (every count's box, in turn)."""
+        """(K,): the value of each entry of the flat prior table (each row its count's box, lo .. hi)."""
         rows = self.rows()
         return (self.box_lo.reshape(-1)[rows] + np.arange(rows.size) - self.prior_start[rows]).astype(np.int64)
 
