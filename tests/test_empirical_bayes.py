@@ -277,6 +277,17 @@ def test_the_estimate_stops_at_its_deadline_even_in_its_burn_in(monkeypatch):
     assert held.iterations == 1 and not held.settled and np.all(np.isinf(held.mc_se))
     assert held.draw_seconds > 0 and held.gradient_seconds > 0  # timed on its one iteration, not 0
     assert json.loads(idata.posterior.attrs["dpinfer_empirical_bayes"])["settled"] is False
+    # a fit given an unsettled estimate is not a result, however well its counts mixed: the verdict says so
+    verdict = json.loads(idata.posterior.attrs["dpinfer_convergence"])
+    assert verdict["converged"] is False
+    assert verdict["estimate_not_settled"].startswith("the parameters' empirical-Bayes estimate is NOT SETTLED after "
+                                                      "1 iterations (")
+    from dpinfer.inference.convergence import Convergence
+    from dpinfer.io.nmf.report import verdict_text
+
+    assert verdict_text(verdict).startswith("NOT CONVERGED: not a result yet (the parameters' empirical-Bayes estimate")
+    line = Convergence(1.0, "x", 900.0, "x", 3, 0, 900.0, "x", unsettled="the estimate is NOT SETTLED").line()
+    assert line.startswith("dpinfer: NOT CONVERGED: the estimate is NOT SETTLED; the draws given it: max R-hat")
 
 
 def test_an_unsettled_estimate_says_by_how_much_and_what_to_raise():

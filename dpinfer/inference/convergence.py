@@ -60,6 +60,7 @@ class Convergence:
     rhat_target: float = RHAT_MAX
     ess_target: float = ESS_MIN
     subject: str = "parameters and counts"
+    unsettled: str = ""  # why the parameters' empirical-Bayes estimate the draws are given has not settled
 
     @property
     def rhat_ok(self) -> bool:
@@ -73,8 +74,9 @@ class Convergence:
 
     @property
     def converged(self) -> bool:
-        """Every target met (R-hat as :attr:`rhat_ok` judges it)."""
-        return self.rhat_ok and self.ess_ok and self.divergences == 0
+        """Every target met (R-hat as :attr:`rhat_ok` judges it), and the estimate the draws are
+        given (empirical Bayes) settled."""
+        return self.rhat_ok and self.ess_ok and self.divergences == 0 and not self.unsettled
 
     @property
     def rhat_text(self) -> str:
@@ -91,6 +93,9 @@ class Convergence:
         if self.converged:
             return (f"dpinfer: converged: {worst} (targets R-hat <= {self.rhat_target}, bulk and tail "
                     f"ESS >= {self.ess_target:.0f})")
+        if self.unsettled:
+            return (f"dpinfer: NOT CONVERGED: {self.unsettled}; the draws given it: {worst}. Not a result yet: "
+                    "give the estimate more time (max_minutes) or iterations (empirical_bayes max_iterations)")
         return (f"dpinfer: NOT CONVERGED: {worst}; the targets are R-hat <= {self.rhat_target} and "
                 f"bulk and tail ESS >= {self.ess_target:.0f}"
                 + (" and no divergences" if self.divergences else "")
@@ -102,7 +107,8 @@ class Convergence:
                 "min_ess_bulk": self.min_ess, "worst_ess": self.worst_ess,
                 "min_ess_tail": self.min_tail_ess, "worst_ess_tail": self.worst_tail_ess,
                 "quantities": self.quantities, "subject": self.subject, "divergences": self.divergences,
-                "targets": {"rhat": self.rhat_target, "ess_bulk": self.ess_target, "ess_tail": self.ess_target}}
+                "targets": {"rhat": self.rhat_target, "ess_bulk": self.ess_target, "ess_tail": self.ess_target},
+                **({"estimate_not_settled": self.unsettled} if self.unsettled else {})}
 
 
 def check(idata, names: list, *, subject: str = "parameters and counts") -> Convergence:

@@ -25,6 +25,7 @@ One pipeline, for the releases recorded by ``Mechanism.observe``:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -515,9 +516,27 @@ def _with_convergence(model, idata, progressbar: bool, exclude=()):
     names = [rv.name for rv in model.free_RVs if rv.name in idata.posterior and rv.name not in exclude]
     result = convergence.check(idata, names, subject="counts given the parameters' empirical-Bayes estimate"
                                if exclude else "parameters and counts")
+    if exclude:
+        result = dataclasses.replace(result, unsettled=_unsettled(
+            json.loads(idata.posterior.attrs.get("dpinfer_empirical_bayes", "{}"))))
     idata.posterior.attrs["dpinfer_convergence"] = json.dumps(result.as_dict())
     convergence.report(result, show=progressbar)
     return idata
+
+
+def _unsettled(estimate: dict) -> str:
+    """Why an empirical-Bayes estimate (:func:`_estimate_entry`) has not settled, or "" if it has:
+    a fit given an estimate whose Monte Carlo error misses its tolerance is not a result."""
+    if not estimate or estimate.get("settled", True):
+        return ""
+    ratios = np.concatenate([np.ravel(np.asarray(estimate["mc_se"][k], float) / np.asarray(estimate["posterior_sd"][k],
+                                                                                              float))
+                             for k in estimate["mc_se"]])
+    over = int(np.sum(~(ratios <= estimate["tolerance"])))
+    largest = float(np.max(ratios)) if ratios.size else math.inf
+    return (f"the parameters' empirical-Bayes estimate is NOT SETTLED after {estimate['iterations']} iterations "
+            f"({over} of {ratios.size} parameters' Monte Carlo error over {estimate['tolerance']:g} of their "
+            f"approximate posterior sd, the largest {largest:.3g})")
 
 
 def marginal_model(model=None, tol: float = 1e-10):

@@ -36,7 +36,9 @@ def verdict_text(verdict: dict) -> str:
     """One sentence: converged or not (and then that it is not a result), the worst R-hat and
     the smallest bulk and tail ESS with the quantities they belong to, against the targets."""
     converged = verdict["converged"]
+    unsettled = verdict.get("estimate_not_settled")
     text = ("Converged" if converged else "NOT CONVERGED: not a result yet") + (
+        f" ({unsettled}; the draws given it)" if unsettled else "") + (
         f": max R-hat {verdict['max_rhat']:.4f} ({verdict['worst_rhat']}), min bulk ESS "
         f"{verdict['min_ess_bulk']:.0f} ({verdict['worst_ess']}), min tail ESS "
         f"{verdict.get('min_ess_tail', float('nan')):.0f} ({verdict.get('worst_ess_tail', '')}) over "
