@@ -79,9 +79,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     import numpy as np
     import pandas as pd
-    import xarray as xr
 
     import dpinfer as dp
+    from dpinfer.io.nmf.store import open_posterior
     from dpinfer.io.nmf.synthetic import PRESETS
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -92,7 +92,7 @@ def main(argv=None) -> None:
                                    levels=("US", "State", "County", "Tract", "Block_Group"))
         out = Path(scratch) / "out"
         row = run_command(root, out, args)
-        with xr.open_datatree(out / "posterior.nc") as tree:
+        with open_posterior(out / "posterior.zarr") as tree:
             verdict = json.loads(tree.posterior.attrs["dpinfer_convergence"])
             chosen = json.loads(tree.posterior.attrs["dpinfer_inference"])
             draws = tree.posterior.sizes["draw"]

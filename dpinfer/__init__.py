@@ -40,7 +40,7 @@ _EXPORTS = {
         "write_release"
     ),
     "dpinfer.io.nmf": (
-        "read_nmf", "write_synthetic_nmf"
+        "read_nmf", "read_plan", "summarise_areas", "write_synthetic_nmf"
     ),
     "dpinfer.lattice.invariants": (
         "Invariants",

@@ -12,6 +12,7 @@ COMMANDS = {
     "compare": "compare mechanisms at equal privacy: a preset or a config file in, a table and a PNG out",
     "fit": "fit a model to a release file: the posterior, a summary table and an HTML report out",
     "nmf": "fit a state's 2020 Census noisy measurement files: posteriors per level, a report and a CSV out",
+    "areas": "summarise any union of blocks (a district plan) from a stored dpinfer nmf fit: a CSV out",
     "cache": "where the compiled models are kept and what they hold; --clear deletes them",
 }
 
@@ -37,6 +38,8 @@ def main(argv=None) -> None:
         fit_main(rest)
     elif command == "nmf":
         nmf_main(rest)
+    elif command == "areas":
+        areas_main(rest)
     elif command == "cache":
         cache_main(rest)
     else:
@@ -59,7 +62,8 @@ def nmf_main(argv) -> None:
                "ESS >= 400 or the time is up), the summaries and report. Writes report.html (the method "
                "and the convergence verdict first, then every level's intervals beside GLS), summary.csv "
                "(per level, geocode and quantity: mean, sd, median, 5%% and 95%% quantiles, R-hat, bulk "
-               "and tail ESS, the GLS estimate and sd, the truth if given) and posterior.nc")
+               "and tail ESS, the GLS estimate and sd, the truth if given) and posterior.zarr (every draw, "
+               "with every block under each leaf: summarise any plan later with dpinfer areas)")
     parser.add_argument("root", help="the directory holding US_Person_PL_PROD/ (a local path or URL)")
     parser.add_argument("--state", required=True, type=int, help="state FIPS code, e.g. 19")
     parser.add_argument("--leaves", default="Block_Group", choices=LEVELS[1:],
@@ -83,6 +87,14 @@ def nmf_main(argv) -> None:
     parser.add_argument("--chains", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--truth", default=None, help="a synthetic file's truth.parquet: adds the truth to the outputs")
+    parser.add_argument("--areas", default=None, metavar="PLAN.csv",
+                        help="a block-assignment plan (GEOID20, area label): also write OUT/areas.csv "
+                             "(see dpinfer areas)")
+    parser.add_argument("--probability", action="append", default=[], metavar="EVENT",
+                        help="with --areas: each area's probability of EVENT, e.g. 'share_vap_hisp > 0.5' "
+                             "(repeatable)")
+    parser.add_argument("--partial", action="store_true",
+                        help="with --areas: the plan may leave blocks in no area (places)")
     parser.add_argument("--checkpoint-every", type=int, default=100, metavar="N",
                         help="save the chains every N iterations in OUT/checkpoint; after Ctrl-C or a "
                              "killed run, the same command continues from there (default 100; 0: off)")
@@ -96,7 +108,8 @@ def nmf_main(argv) -> None:
         out = fit_nmf(args.root, args.state, leaves=args.leaves, cells=args.cells, out=args.out,
                       draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed, truth=args.truth,
                       checkpoint_every=args.checkpoint_every or None, inference=args.inference,
-                      max_minutes=args.max_minutes, uncertainty=args.uncertainty, leaf_sizes=args.leaf_sizes)
+                      max_minutes=args.max_minutes, uncertainty=args.uncertainty, leaf_sizes=args.leaf_sizes,
+                      areas=args.areas, probabilities=args.probability, partial=args.partial)
     except Interrupted as err:
         again = ("; run the same command again to continue" if args.checkpoint_every else "")
         print(f"dpinfer nmf: {err}{again}", file=sys.stderr)
@@ -107,14 +120,60 @@ def nmf_main(argv) -> None:
         raise SystemExit(f"dpinfer nmf: {' '.join(str(err).splitlines())} (files: {args.root})") from None
     import json
 
-    import xarray as xr
-
     from dpinfer.io.nmf.report import verdict_text
+    from dpinfer.io.nmf.store import open_posterior
 
-    with xr.open_datatree(out / "posterior.nc") as tree:
+    with open_posterior(out / "posterior.zarr") as tree:
         verdict = json.loads(tree.posterior.attrs["dpinfer_convergence"])
     print(f"dpinfer nmf: {verdict_text(verdict)}")
     print(f"dpinfer nmf: report {out / 'report.html'}")
+    if args.areas:
+        print(f"dpinfer nmf: areas {out / 'areas.csv'}")
+
+
+def areas_main(argv) -> None:
+    """``dpinfer areas STORE (PLAN.csv | --tabulation LEVEL) [--out CSV] [--probability EVENT] ...``
+    (:mod:`dpinfer.io.nmf.areas`)."""
+    from dpinfer.io.nmf.areas import TABULATION, summarise_areas, tabulation_plan, write_summary
+
+    parser = argparse.ArgumentParser(
+        prog="dpinfer areas", description=COMMANDS["areas"],
+        epilog="quantities per area: every cell, pop and vap (voting-age population), each also _hisp and "
+               "_nh_<race> (white, black, aian, asian, nhopi, sor, two_or_more_races), and each group's share "
+               "share_pop_<group>, share_vap_<group>; events compare two quantities or a quantity and a number "
+               "with >, >=, <, <=. The CSV's first lines (# comments) give the fit's convergence verdict: "
+               "summaries of a fit that has not converged are not results.")
+    parser.add_argument("store", help="a stored fit: OUT/posterior.zarr of dpinfer nmf")
+    parser.add_argument("plan", nargs="?", default=None,
+                        help="a CSV of blocks (15-digit GEOID20) and area labels, one row per block")
+    parser.add_argument("--tabulation", default=None, choices=sorted(TABULATION),
+                        help="instead of a plan: the tabulation counties, tracts or block groups rebuilt from the "
+                             "fit's blocks")
+    parser.add_argument("--out", default=None,
+                        help="the CSV to write (default areas.csv beside the plan, or in the working directory)")
+    parser.add_argument("--probability", action="append", default=[], metavar="EVENT",
+                        help="each area's probability of EVENT, e.g. 'share_vap_hisp > 0.5' or "
+                             "'vap_hisp > vap_nh_white' (repeatable): written to <out>-probabilities.csv")
+    parser.add_argument("--interval", type=float, default=0.9, help="the central interval's probability (default 0.9)")
+    parser.add_argument("--partial", action="store_true",
+                        help="the plan may leave blocks of the fit in no area (places); otherwise each missing "
+                             "block is an error")
+    parser.add_argument("--geoid-column", default=None, help="the plan's block column (default GEOID20, or the first)")
+    parser.add_argument("--area-column", default=None, help="the plan's area column (default: the other one)")
+    args = parser.parse_args(argv)
+    if (args.plan is None) == (args.tabulation is None):
+        parser.error("give a PLAN.csv or --tabulation LEVEL (one of them)")
+    out = Path(args.out) if args.out else (Path(args.plan).with_name("areas.csv") if args.plan else Path("areas.csv"))
+    try:
+        plan = args.plan if args.plan else tabulation_plan(args.store, args.tabulation)
+        summary = summarise_areas(args.store, plan, probabilities=args.probability, interval=args.interval,
+                                  partial=args.partial, geoid_column=args.geoid_column, area_column=args.area_column)
+        written = write_summary(summary, out)
+    except (ValueError, TypeError, OSError) as err:
+        raise SystemExit(f"dpinfer areas: {' '.join(str(err).splitlines())}") from None
+    for line in summary.lines():
+        print(f"dpinfer areas: {line}")
+    print(f"dpinfer areas: wrote {', '.join(str(p) for p in written if p is not None)}")
 
 
 def cache_main(argv) -> None:

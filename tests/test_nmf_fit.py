@@ -138,13 +138,21 @@ def test_dpinfer_nmf_writes_the_report_the_csv_and_the_figures(tmp_path):
     at every level down to the leaves with the truth, and the coverage table the report prints
     from them. (The report's verdict lines are also tested without a fit, in the fast tier.)"""
     from dpinfer.cli import main
+    from dpinfer.io.nmf.reading import block_geocodes
+    from dpinfer.io.nmf.store import tabulation_geoid
 
+    blocks = tabulation_geoid(block_geocodes(SHIPPED, 19))  # a plan of two districts along county lines
+    plan = tmp_path / "plan.csv"
+    pd.DataFrame({"GEOID20": blocks, "district": np.where(blocks.astype("U5") <= "19003", "A", "B")}).to_csv(
+        plan, index=False)
     out = tmp_path / "fit"
     main(["nmf", str(SHIPPED), "--state", "19", "--leaves", "County", "--draws", "60", "--tune", "60",
           "--inference", "full-bayes", "--max-minutes", "0.5", "--out", str(out),
-          "--truth", str(SHIPPED / "truth.parquet")])
-    for name in ("report.html", "summary.csv", "posterior.nc", "us.png", "state.png", "county.png"):
+          "--truth", str(SHIPPED / "truth.parquet"), "--areas", str(plan), "--probability", "vap > 1000"])
+    for name in ("report.html", "summary.csv", "us.png", "state.png", "county.png", "areas.csv",
+                 "areas-probabilities.csv"):
         assert (out / name).stat().st_size > 0, name
+    assert (out / "posterior.zarr").is_dir()
     report = (out / "report.html").read_text()
     summary = pd.read_csv(out / "summary.csv", dtype={"geocode": str})
     assert list(summary.level.unique()) == ["US", "State", "County"]
@@ -154,6 +162,12 @@ def test_dpinfer_nmf_writes_the_report_the_csv_and_the_figures(tmp_path):
     county = summary[(summary.level == "County") & (summary.cell == "total")]
     assert len(county) == 4 and county.gls.notna().all()
     assert "Against the truth" in report
+    # the districts' draws are the counties' draws summed: their means add up as the counties' do
+    areas = pd.read_csv(out / "areas.csv", comment="#")
+    assert (out / "areas.csv").read_text().startswith("# NOT CONVERGED")
+    counties = summary[(summary.level == "County") & (summary.cell == "total")].set_index("geocode")["mean"]
+    pop = areas[areas.quantity == "pop"].set_index("area")["mean"]
+    assert pop.sum() == pytest.approx(counties.sum(), rel=1e-12) and set(pop.index) == {"A", "B"}
 
 
 @pytest.mark.validation
@@ -163,6 +177,7 @@ def test_an_interrupted_dpinfer_nmf_continues_when_run_again(tmp_path, ctrl_c_af
     continues from OUT/checkpoint, removes it, and writes the posterior an uninterrupted run
     writes."""
     from dpinfer.cli import main
+    from dpinfer.io.nmf.store import open_posterior
 
     args = [str(SHIPPED), "--state", "19", "--leaves", "County", "--draws", "60", "--tune", "60",
             "--inference", "full-bayes", "--checkpoint-every", "20"]
@@ -171,12 +186,12 @@ def test_an_interrupted_dpinfer_nmf_continues_when_run_again(tmp_path, ctrl_c_af
     with pytest.raises(SystemExit) as stopped:
         main(["nmf", *args, "--out", str(out)])
     assert stopped.value.code == 130
-    assert (out / "checkpoint" / "checkpoint.json").exists() and not (out / "posterior.nc").exists()
+    assert (out / "checkpoint" / "checkpoint.json").exists() and not (out / "posterior.zarr").exists()
     disarm()
     main(["nmf", *args, "--out", str(out)])
     assert not (out / "checkpoint").exists()
     main(["nmf", *args[:-1], "0", "--out", str(tmp_path / "whole")])
-    with xr.open_datatree(out / "posterior.nc") as resumed, xr.open_datatree(tmp_path / "whole" / "posterior.nc") as whole:
+    with open_posterior(out / "posterior.zarr") as resumed, open_posterior(tmp_path / "whole" / "posterior.zarr") as whole:
         assert "resumed_at_iterations" in resumed.sample_stats.attrs
         np.testing.assert_array_equal(resumed.posterior["counts"].values, whole.posterior["counts"].values)
 

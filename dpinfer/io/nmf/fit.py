@@ -17,9 +17,11 @@ import numpy as np
 import pandas as pd
 import scipy.sparse
 
+from dpinfer.io.nmf.areas import area_quantities, match_plan, parse_event, read_plan, summarise_areas, write_summary
 from dpinfer.io.nmf.layout import LEVELS
 from dpinfer.io.nmf.model import census_model
 from dpinfer.io.nmf.reading import read_nmf
+from dpinfer.io.nmf.store import write_posterior
 from dpinfer.io.nmf.table import CensusTable, census_table
 
 
@@ -217,10 +219,11 @@ SUMMARIES = 2.0  # the summaries' cost per quantity and draw, in verdict costs (
 def fit_nmf(root, state, *, leaves: str = "Block_Group", cells="pl94-28", out=None, draws: int = 1000,
             tune: int = 1000, chains: int = 2, seed: int = 0, truth=None, progressbar: bool = True,
             checkpoint_every: int | None = None, inference: str = "auto", max_minutes: float = 20.0,
-            uncertainty: str = "normal", leaf_sizes: str = "published", log=None) -> Path:
+            uncertainty: str = "normal", leaf_sizes: str = "published", areas=None, probabilities=(),
+            partial: bool = False, log=None) -> Path:
     """Read ``state``'s files under ``root`` down to ``leaves``, fit
     :func:`~dpinfer.io.nmf.model.census_model` (``leaf_sizes``) with ``dpinfer.sample`` and write
-    ``report.html``, ``summary.csv``, one figure per level and ``posterior.nc`` into ``out``
+    ``report.html``, ``summary.csv``, one figure per level and ``posterior.zarr`` into ``out``
     (default ``nmf-<state>-<leaves>``). Returns ``out``.
 
     Phases, each announced on ``log`` (default stderr) with the time left of ``max_minutes``:
@@ -239,7 +242,14 @@ def fit_nmf(root, state, *, leaves: str = "Block_Group", cells="pl94-28", out=No
     ``truth.parquet``), added to the summaries, figures and report. ``checkpoint_every``: save
     the chains every this many iterations in ``out/checkpoint`` (``dpinfer.sample(checkpoint=...)``)
     and continue from there when the same command runs again after an interruption; removed
-    once the outputs are written."""
+    once the outputs are written.
+
+    The draws are stored in ``out/posterior.zarr`` with every block under each leaf
+    (:mod:`dpinfer.io.nmf.store`), so any union of blocks is summarised later without
+    refitting (``dpinfer areas``, :func:`~dpinfer.io.nmf.areas.summarise_areas`). ``areas``: a
+    block-assignment plan (:func:`~dpinfer.io.nmf.areas.read_plan`) summarised into
+    ``out/areas.csv`` now, with the events ``probabilities`` and ``partial`` as there; the plan
+    is read and checked before the fit, so a bad plan costs no fit."""
     import sys
 
     import dpinfer as dp
@@ -263,12 +273,20 @@ def fit_nmf(root, state, *, leaves: str = "Block_Group", cells="pl94-28", out=No
         print(f"dpinfer nmf: [{k}/4] {text} ({time.perf_counter() - start:.0f} s; {max(left, 0):.1f} min of "
               f"--max-minutes left)", file=log, flush=True)
 
+    if areas is not None:
+        areas = read_plan(areas)
     nmf = read_nmf(root, state, levels=LEVELS[: LEVELS.index(leaves) + 1])
     phase(1, f"read {len(nmf.files)} files of state {state}: levels {', '.join(nmf.levels)}")
     table = census_table(nmf, leaves, cells)
     counts = len(table.leaves) * len(table.cells)
     phase(2, f"table: {len(table.leaves):,} {leaves} leaves x {len(table.cells)} cells = {counts:,} counts, "
              f"{table.release.sums.term_value.size:,} terms")
+    geo = _geography(root, state, table, leaves)
+    if areas is not None:  # the plan and the events checked before the fit
+        match_plan(areas, table.leaves, geo, partial=partial)
+        names = [q[0] for q in area_quantities(table.coords["cell"], table.cells.names)]
+        for event in [probabilities] if isinstance(probabilities, str) else probabilities:
+            parse_event(event, names)
     true_counts = None
     if truth is not None:
         t = pd.read_parquet(truth)
@@ -290,10 +308,24 @@ def fit_nmf(root, state, *, leaves: str = "Block_Group", cells="pl94-28", out=No
     gls = nested_gls(table.release)
     summary = summaries(table, idata, truth=true_counts, gls=gls)
     summary.to_csv(out / "summary.csv", index=False)
-    # the draws of every count, compressed (a state's are ~5x smaller, and written faster)
-    idata.to_netcdf(out / "posterior.nc", encoding={"/posterior": {"counts": {"zlib": True, "complevel": 1}}})
+    write_posterior(out / "posterior.zarr", idata, geography_group=geo)
+    if areas is not None:
+        write_summary(summarise_areas(out / "posterior.zarr", areas, probabilities=probabilities, partial=partial),
+                      out / "areas.csv")
     write_report(out, root=root, state=state, nmf=nmf, table=table, idata=idata, summary=summary,
                  seconds={"fit": fitted, "all": time.perf_counter() - start})
-    shutil.rmtree(checkpoint, ignore_errors=True)  # the fit is in posterior.nc now
-    phase(4, f"wrote {out}/report.html, summary.csv ({len(summary):,} rows, GLS beside), posterior.nc")
+    shutil.rmtree(checkpoint, ignore_errors=True)  # the fit is in posterior.zarr now
+    phase(4, f"wrote {out}/report.html, summary.csv ({len(summary):,} rows, GLS beside), posterior.zarr"
+             + (", areas.csv" if areas is not None else ""))
     return out
+
+
+def _geography(root, state, table: CensusTable, leaves: str):
+    """The stored fit's geography group (:func:`~dpinfer.io.nmf.store.geography`): every
+    block under the leaves, from the files' Block level (none if the files have no Block
+    level: plans are then matched to the leaves' geocodes)."""
+    from dpinfer.io.nmf.reading import block_geocodes
+    from dpinfer.io.nmf.store import geography
+
+    blocks = block_geocodes(root, state) if leaves != "Block" else None
+    return geography(table.leaves, leaves, table.cells.names, blocks if blocks is None or blocks.size else None)

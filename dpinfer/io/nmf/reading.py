@@ -161,7 +161,7 @@ from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
 
 __all__ = ["GeoLevel", "LevelConstraints", "NMFFileError", "NMFInfeasibleError", "NMFMissingConstraintsWarning",
            "NMFPrivacy", "NMFRelease", "NMFStrayFileWarning", "NMFUnknownQueryWarning", "NMFWarning",
-           "NoisyMeasurementFiles", "QueryRows", "read_nmf"]
+           "NoisyMeasurementFiles", "QueryRows", "block_geocodes", "read_nmf"]
 
 NEIGHBOUR = "substitution"
 _KINDS = {DPQUERY_DIR: DPQUERY_SUFFIX, CONSTRAINT_DIR: CONSTRAINT_SUFFIX}
@@ -428,20 +428,7 @@ def read_nmf(root, states, *, levels=None, product: str | None = None,
     """
     fips = _check_states(states)
     fs, base = _filesystem(root, filesystem)
-    if product is None:
-        if set(fips) == {72}:
-            product = PRODUCTS["PR"]
-        elif 72 in fips:
-            raise ValueError("Puerto Rico (72) is a separate run (PR_Person_PL_PROD): read it apart "
-                             f"from the other states, got states {sorted(fips)}")
-        else:
-            product = PRODUCTS["US"]
-    product_dir = f"{base}/{product}"
-    entries = _listdir(fs, product_dir)
-    if entries is None:
-        listed = _listdir(fs, base)
-        raise ValueError(f"no run root {product!r} under {base}; it holds "
-                         f"{sorted(e.base_name for e in listed) if listed is not None else 'nothing (missing)'}")
+    product, product_dir, entries = _product(fs, base, fips, product)
     found = sorted(e.base_name[: -len(".parquet")] for e in entries
                    if e.type == pafs.FileType.Directory and e.base_name.endswith(".parquet"))
     if levels is None:
@@ -513,6 +500,52 @@ def read_nmf(root, states, *, levels=None, product: str | None = None,
     _check_consistent(levels, geography, constraints, unread if levels[0] == "US" and len(levels) > 1 else ())
     return NoisyMeasurementFiles(str(root), product, tuple(sorted(fips)), file_states, tuple(levels), dpqueries,
                                  constraint_rows, geography, tuple(files_read), constraints)
+
+
+def block_geocodes(root, states, *, product: str | None = None, filesystem=None) -> np.ndarray:
+    """The geocodes of every Block geounit of ``states`` under ``root`` (sorted, unique), from
+    the ``geocode`` column alone of the Block level's DPQuery and Constraint files (a state's
+    Block level holds ~100 MB of measurements that a fit above blocks does not use): which
+    blocks lie under each leaf, for summaries of unions of blocks
+    (:mod:`dpinfer.io.nmf.areas`). Arguments as :func:`read_nmf`'s. Empty if the files have no
+    Block level for these states; a file that cannot be read is an :class:`NMFFileError`."""
+    fips = _check_states(states)
+    fs, base = _filesystem(root, filesystem)
+    _, product_dir, _ = _product(fs, base, fips, product)
+    level_dir = f"{product_dir}/Block.parquet"
+    found = []
+    for kind in _KINDS:
+        for value, path in sorted((_partitions(fs, f"{level_dir}/{kind}", "Block") or {}).items()):
+            if _state_of(value) not in fips:
+                continue
+            for file in _parquet_files(fs, path):
+                try:
+                    with fs.open_input_file(file) as handle:
+                        column = pq.ParquetFile(handle).read(columns=["geocode"]).column("geocode")
+                except (OSError, pa.ArrowException, KeyError) as err:
+                    raise NMFFileError(file, "geocode", None, f"not readable ({err})") from err
+                found.append(np.unique(_strings(file, "geocode", column)))
+    return np.unique(np.concatenate(found)).astype(str) if found else np.empty(0, dtype=str)
+
+
+def _product(fs, base: str, fips: list, product: str | None) -> tuple:
+    """(the run root's name, its directory, its entries) for ``fips``: Puerto Rico's own run for
+    72, else the US run, unless ``product`` names one."""
+    if product is None:
+        if set(fips) == {72}:
+            product = PRODUCTS["PR"]
+        elif 72 in fips:
+            raise ValueError("Puerto Rico (72) is a separate run (PR_Person_PL_PROD): read it apart "
+                             f"from the other states, got states {sorted(fips)}")
+        else:
+            product = PRODUCTS["US"]
+    product_dir = f"{base}/{product}"
+    entries = _listdir(fs, product_dir)
+    if entries is None:
+        listed = _listdir(fs, base)
+        raise ValueError(f"no run root {product!r} under {base}; it holds "
+                         f"{sorted(e.base_name for e in listed) if listed is not None else 'nothing (missing)'}")
+    return product, product_dir, entries
 
 
 def _check_choice(name: str, value, allowed) -> None:
