@@ -173,7 +173,8 @@ def areas_main(argv) -> None:
         raise SystemExit(f"dpinfer areas: {' '.join(str(err).splitlines())}") from None
     for line in summary.lines():
         print(f"dpinfer areas: {line}")
-    print(f"dpinfer areas: wrote {', '.join(str(p) for p in written if p is not None)}")
+    figure = out.with_suffix(".png")
+    print(f"dpinfer areas: wrote {', '.join(str(p) for p in (*written, figure if figure.exists() else None) if p)}")
 
 
 def cache_main(argv) -> None:

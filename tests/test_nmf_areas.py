@@ -266,3 +266,51 @@ def test_tabulation_areas_are_rebuilt_from_the_blocks(fit, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["areas", str(fit["path"])])
     assert "give a PLAN.csv or --tabulation LEVEL" in capsys.readouterr().err
+
+
+def test_gls_beside_each_area_is_the_baselines_own_estimate_of_its_sum(fit):
+    """With the GLS fit of the release, each district's gls and gls_sd are the GLS estimate
+    and sd of its sum over its leaves (by KKT solves): for districts that are the spine's
+    counties, equal to the GLS's own county targets from its tree pass (the covariance of
+    each area), for a sum and a share (delta method)."""
+    from dpinfer.io.nmf.fit import _members
+    from dpinfer.utility.baselines.nested.gls import nested_gls
+    from dpinfer.utility.baselines.nested.targets import area_sum_targets, ratio_targets
+
+    table = fit["table"]
+    gls = nested_gls(table.release)
+    rows, M = _members(table, "County")
+    county = table.areas.geocode.to_numpy()[rows]
+    leaf_county = np.asarray(M.argmax(axis=0)).ravel()
+    summary = summarise_areas(fit["path"], by_leaf(fit, county[leaf_county]), gls=gls)
+    cells = list(table.cells)
+    adult = np.array([c[0] == "18 and over" for c in cells])
+    hisp = np.array([c[1] == "Hispanic or Latino" for c in cells])
+    want = {"pop": gls.targets(area_sum_targets(table.release, rows, np.ones(28, bool), "County")),
+            "share_vap_hisp": gls.targets(ratio_targets(table.release, rows, adult & hisp, adult, "County"))}
+    for quantity, expected in want.items():
+        got = summary.table[summary.table.quantity == quantity].set_index("area").loc[county]
+        np.testing.assert_allclose(got["gls"], expected["estimate"], rtol=1e-9)
+        np.testing.assert_allclose(got["gls_sd"], expected["sd"], rtol=1e-6)
+    assert np.all(summary.table["gls_sd"] > 0)
+
+
+def test_the_figure_shows_each_area_with_its_interval_and_gls(fit, tmp_path):
+    """plot_areas: one panel per quantity, a point and interval per area (the table's), GLS
+    beside when given, NOT CONVERGED in the title of a fit that has not converged; write_summary
+    saves it beside the CSV."""
+    from dpinfer.io.nmf.areas import plot_areas
+    from dpinfer.utility.baselines.nested.gls import nested_gls
+
+    labels = [f"d{k % 4}" for k in range(len(fit["table"].leaves))]
+    summary = summarise_areas(fit["path"], by_leaf(fit, labels), gls=nested_gls(fit["table"].release))
+    figure = plot_areas(summary, ["share_vap_hisp", "vap"])
+    left, right = figure.axes
+    assert [t.get_text() for t in left.get_yticklabels()] == ["d0", "d1", "d2", "d3"]
+    medians = summary.table[summary.table.quantity == "vap"].set_index("area").loc[["d0", "d1", "d2", "d3"], "median"]
+    np.testing.assert_allclose(np.asarray(right.lines[0].get_xdata(), dtype=float), medians.to_numpy())
+    assert len(right.containers) == 2 and figure._suptitle.get_text().startswith("NOT CONVERGED")
+    with pytest.raises(ValueError, match="unknown quantities \\['share_latino'\\]"):
+        plot_areas(summary, "share_latino")
+    write_summary(summary, tmp_path / "areas.csv")
+    assert (tmp_path / "areas.png").stat().st_size > 10_000

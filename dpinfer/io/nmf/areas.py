@@ -278,7 +278,7 @@ class AreaSummary:
 
 def summarise_areas(draws, plan, *, probabilities=(), interval: float = 0.9, partial: bool = False,
                     name: str = "counts", geoid_column: str | None = None,
-                    area_column: str | None = None) -> AreaSummary:
+                    area_column: str | None = None, gls=None) -> AreaSummary:
     """Summaries of every area of ``plan`` from a fit's count draws (module docstring).
 
     ``draws``: a stored fit (a path: :func:`~dpinfer.io.nmf.store.open_posterior`) or a
@@ -286,7 +286,10 @@ def summarise_areas(draws, plan, *, probabilities=(), interval: float = 0.9, par
     ``plan``: a plan (:func:`read_plan`'s input, ``geoid_column`` and ``area_column`` passed
     on); ``probabilities``: events (:func:`parse_event`), a string or a sequence of them;
     ``interval``: the central interval's probability; ``partial``: allow blocks of the fit in
-    no area."""
+    no area; ``gls``: the GLS fit of the same release
+    (:func:`~dpinfer.utility.baselines.nested.gls.nested_gls`), whose estimate and sd of every
+    area quantity (a district's sum with the covariance of its leaves, a share by the delta
+    method) are added as columns ``gls`` and ``gls_sd`` (``dpinfer nmf --areas`` does)."""
     from dpinfer.io.nmf.store import open_posterior
 
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 < interval < 1:
@@ -312,6 +315,9 @@ def summarise_areas(draws, plan, *, probabilities=(), interval: float = 0.9, par
     verdict = posterior.attrs.get("dpinfer_convergence")
     values = _area_values(counts, leaf_area, len(areas), wanted)  # (chains, draws, areas, quantities)
     table, probs = _summaries(values, areas, names, events, interval)
+    if gls is not None:
+        estimates = gls.targets(_gls_targets(leaf_area, areas, wanted, n_cells=counts.shape[3]), prob=interval)
+        table["gls"], table["gls_sd"] = estimates["estimate"].to_numpy(), estimates["sd"].to_numpy()
     data = xr.Dataset({q: (("chain", "draw", "area"), values[..., k]) for k, q in enumerate(names)},
                       coords={"chain": np.arange(values.shape[0]), "draw": np.arange(values.shape[1]),
                               "area": areas})
@@ -377,6 +383,38 @@ def match_plan(assignment: pd.Series, leaves, geo: xr.Dataset | None, *, partial
     if not areas.size:
         raise ValueError("the plan assigns no block of the fit to an area")
     return leaf_area, np.asarray(areas, dtype=str), set_aside, int(missing.sum())
+
+
+def _gls_targets(leaf_area: np.ndarray, areas: np.ndarray, wanted, *, n_cells: int):
+    """Every (area, quantity) of the summaries' table, in its order, as the GLS baseline's
+    targets: weights 1 on (leaf, cell) for the area's leaves and the quantity's cells (a
+    share: the same for its denominator)."""
+    from dpinfer.utility.baselines.nested.targets import NestedTargets
+
+    n_leaves = leaf_area.size
+    K = len(wanted)
+
+    def weights(masks):
+        rows, cols = [], []
+        for a in range(areas.size):
+            leaves = np.flatnonzero(leaf_area == a)
+            for k, mask in enumerate(masks):
+                if mask is None:
+                    continue
+                c = (leaves[:, None] * n_cells + np.flatnonzero(mask)[None, :]).reshape(-1)
+                rows.append(np.full(c.size, a * K + k))
+                cols.append(c)
+        r = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        c = np.concatenate(cols) if cols else np.zeros(0, np.int64)
+        return scipy.sparse.csr_matrix((np.ones(r.size, np.int64), (r, c)), shape=(areas.size * K, n_leaves * n_cells))
+
+    num_cells = np.tile(np.stack([q[1] for q in wanted]), (areas.size, 1))
+    den_cells = np.tile(np.stack([q[2] if q[2] is not None else np.zeros_like(q[1]) for q in wanted]),
+                        (areas.size, 1))
+    labels = np.array([f"{a} {q[0]}" for a in areas for q in wanted], dtype=object)
+    return NestedTargets(labels, np.full(labels.size, "area", dtype=object), weights([q[1] for q in wanted]),
+                         weights([q[2] for q in wanted]), np.full(labels.size, -1, np.int64), num_cells,
+                         np.full(labels.size, -1, np.int64), den_cells)
 
 
 def _area_values(counts: xr.DataArray, leaf_area: np.ndarray, n_areas: int, wanted) -> np.ndarray:
@@ -453,10 +491,50 @@ def _summaries(values: np.ndarray, areas: np.ndarray, names: list, events: list,
     return table, probabilities
 
 
+def plot_areas(summary: AreaSummary, quantities=("share_vap_hisp", "share_vap_nh_white"), path=None):
+    """A figure of each area's posterior median and central interval of ``quantities`` (one
+    panel each, the areas in the plan's order), the GLS estimate +- z sd beside where the table
+    has it, the fit's verdict in the title when it has not converged; saved to ``path`` if
+    given. Returns the matplotlib Figure."""
+    import scipy.stats
+    from matplotlib.figure import Figure
+
+    quantities = [quantities] if isinstance(quantities, str) else list(quantities)
+    t = summary.table
+    unknown = [q for q in quantities if q not in set(t["quantity"])]
+    if unknown:
+        raise ValueError(f"unknown quantities {unknown}; quantities: {list(pd.unique(t['quantity']))}")
+    areas = list(pd.unique(t["area"]))
+    z = scipy.stats.norm.ppf(0.5 * (1 + summary.interval))
+    fig = Figure(figsize=(4.5 * len(quantities), 0.35 * len(areas) + 1.6))
+    axes = fig.subplots(1, len(quantities), squeeze=False, sharey=True)
+    y = np.arange(len(areas))
+    for ax, quantity in zip(axes[0], quantities):
+        rows = t[t["quantity"] == quantity].set_index("area").loc[areas]
+        ax.errorbar(rows["median"], y, xerr=[rows["median"] - rows["lower"], rows["upper"] - rows["median"]],
+                    fmt="o", color="C0", capsize=2, label=f"dpinfer median, {summary.interval:.0%} interval")
+        if "gls" in rows:
+            ax.errorbar(rows["gls"], y + 0.25, xerr=z * rows["gls_sd"], fmt="s", color="C1", ms=3, capsize=2,
+                        label=f"GLS +- {z:.3g} sd")
+        ax.set_title(quantity)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0][0].set_yticks(y, areas)
+    axes[0][0].invert_yaxis()
+    axes[0][-1].legend(loc="best", fontsize=8)
+    if summary.fit_converged is False:
+        fig.suptitle("NOT CONVERGED: not a result yet", color="#b00020")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
+
+
 def write_summary(summary: AreaSummary, out) -> tuple[Path, Path | None]:
-    """Write ``summary``'s table to ``out`` (a CSV path) and its probabilities, if any, beside
-    it (``<stem>-probabilities.csv``); each file's first lines are ``#`` comments with
-    :meth:`AreaSummary.lines` (read back with ``pd.read_csv(path, comment="#")``)."""
+    """Write ``summary``'s table to ``out`` (a CSV path), its probabilities, if any, beside
+    it (``<stem>-probabilities.csv``), and the figure of :func:`plot_areas` (``<stem>.png``,
+    when the cells give the shares it shows); each CSV's first lines are ``#`` comments with
+    :meth:`AreaSummary.lines` (read back with ``pd.read_csv(path, comment="#")``). Returns the
+    CSV paths."""
     out = Path(out)
     header = "".join(f"# {line}\n" for line in summary.lines())
     with open(out, "w", newline="") as handle:
@@ -468,4 +546,7 @@ def write_summary(summary: AreaSummary, out) -> tuple[Path, Path | None]:
         with open(probs, "w", newline="") as handle:
             handle.write(header)
             summary.probabilities.to_csv(handle, index=False)
+    shares = [q for q in ("share_vap_hisp", "share_vap_nh_white") if q in set(summary.table["quantity"])]
+    if shares:
+        plot_areas(summary, shares, path=out.with_suffix(".png"))
     return out, probs

@@ -310,8 +310,8 @@ def fit_nmf(root, state, *, leaves: str = "Block_Group", cells="pl94-28", out=No
     summary.to_csv(out / "summary.csv", index=False)
     write_posterior(out / "posterior.zarr", idata, geography_group=geo)
     if areas is not None:
-        write_summary(summarise_areas(out / "posterior.zarr", areas, probabilities=probabilities, partial=partial),
-                      out / "areas.csv")
+        write_summary(summarise_areas(out / "posterior.zarr", areas, probabilities=probabilities, partial=partial,
+                                      gls=gls), out / "areas.csv")
     write_report(out, root=root, state=state, nmf=nmf, table=table, idata=idata, summary=summary,
                  seconds={"fit": fitted, "all": time.perf_counter() - start})
     shutil.rmtree(checkpoint, ignore_errors=True)  # the fit is in posterior.zarr now
