@@ -316,7 +316,7 @@ def summarise_areas(draws, plan, *, probabilities=(), interval: float = 0.9, par
     values = _area_values(counts, leaf_area, len(areas), wanted)  # (chains, draws, areas, quantities)
     table, probs = _summaries(values, areas, names, events, interval)
     if gls is not None:
-        estimates = gls.targets(_gls_targets(leaf_area, areas, wanted, n_cells=counts.shape[3]), prob=interval)
+        estimates = gls.targets(area_targets(leaf_area, areas, wanted, n_cells=counts.shape[3]), prob=interval)
         table["gls"], table["gls_sd"] = estimates["estimate"].to_numpy(), estimates["sd"].to_numpy()
     data = xr.Dataset({q: (("chain", "draw", "area"), values[..., k]) for k, q in enumerate(names)},
                       coords={"chain": np.arange(values.shape[0]), "draw": np.arange(values.shape[1]),
@@ -385,10 +385,13 @@ def match_plan(assignment: pd.Series, leaves, geo: xr.Dataset | None, *, partial
     return leaf_area, np.asarray(areas, dtype=str), set_aside, int(missing.sum())
 
 
-def _gls_targets(leaf_area: np.ndarray, areas: np.ndarray, wanted, *, n_cells: int):
-    """Every (area, quantity) of the summaries' table, in its order, as the GLS baseline's
-    targets: weights 1 on (leaf, cell) for the area's leaves and the quantity's cells (a
-    share: the same for its denominator)."""
+def area_targets(leaf_area: np.ndarray, areas: np.ndarray, wanted, *, n_cells: int):
+    """Every (area, quantity) of ``wanted`` (:func:`area_quantities`), area by area in the
+    summaries' table's order, as the nested baselines' targets
+    (:class:`~dpinfer.utility.baselines.nested.targets.NestedTargets`, labels "<area>
+    <quantity>"): weights 1 on (leaf, cell) for the area's leaves (``leaf_area`` == its index)
+    and the quantity's cells, a share the same for its denominator; no target is one published
+    area's (``num_area`` -1)."""
     from dpinfer.utility.baselines.nested.targets import NestedTargets
 
     n_leaves = leaf_area.size
@@ -498,6 +501,7 @@ def plot_areas(summary: AreaSummary, quantities=("share_vap_hisp", "share_vap_nh
     given. Returns the matplotlib Figure."""
     import scipy.stats
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     quantities = [quantities] if isinstance(quantities, str) else list(quantities)
     t = summary.table
@@ -517,6 +521,7 @@ def plot_areas(summary: AreaSummary, quantities=("share_vap_hisp", "share_vap_nh
             ax.errorbar(rows["gls"], y + 0.25, xerr=z * rows["gls_sd"], fmt="s", color="C1", ms=3, capsize=2,
                         label=f"GLS +- {z:.3g} sd")
         ax.set_title(quantity)
+        ax.xaxis.set_major_locator(MaxNLocator(5))
         ax.grid(axis="x", alpha=0.3)
     axes[0][0].set_yticks(y, areas)
     axes[0][0].invert_yaxis()
