@@ -1,7 +1,8 @@
 """The districts example of docs/site/census-nmf.md ("Districts and other unions of blocks"), run
 and written to validation/results/areas_example.md: the page's synthetic state (2 counties,
 2 tracts each, seed 1), a plan of three districts along tract lines (one across the county
-line), ``dpinfer nmf --areas`` with two events, and what it wrote.
+line), ``dpinfer nmf --areas`` with two events, and what it wrote; its figure is copied to
+docs/census-nmf-areas.png.
 
 Run: .venv/bin/python validation/areas_example.py   (~1-2 min on a 2-core VM)
 """
@@ -9,6 +10,7 @@ Run: .venv/bin/python validation/areas_example.py   (~1-2 min on a 2-core VM)
 from __future__ import annotations
 
 import io
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,6 +18,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results" / "areas_example.md"
+FIGURE = Path(__file__).resolve().parents[1] / "docs" / "census-nmf-areas.png"  # the page's figure
 DISTRICTS = {"19001000100": "A", "19001940100": "A", "19001000200": "B", "19003000100": "B", "19003000200": "C"}
 EVENTS = ("share_vap_hisp > 0.1", "vap_hisp > vap_nh_black")
 SHOWN = ("pop", "vap", "vap_hisp", "share_vap_hisp", "share_vap_nh_white")
@@ -44,6 +47,7 @@ def main() -> None:
         header = [line[2:] for line in (out / "areas.csv").read_text().splitlines() if line.startswith("# ")]
         table = pd.read_csv(out / "areas.csv", comment="#")
         probs = pd.read_csv(out / "areas-probabilities.csv", comment="#")
+        shutil.copyfile(out / "areas.png", FIGURE)
     lines = [line for line in (done.stderr + done.stdout).splitlines() if "sampling: " not in line]
     shown = table[table.quantity.isin(SHOWN)]
     buffer = io.StringIO()
@@ -52,10 +56,11 @@ def main() -> None:
                  f"took {seconds:.0f} s in all; the stored fit is {store_mb:.1f} MB.\n\n")
     buffer.write("The command's lines (progress lines left out):\n\n```\n" + "\n".join(lines) + "\n```\n\n")
     buffer.write("`areas.csv`'s comment lines:\n\n```\n" + "\n".join(header) + "\n```\n\n")
-    buffer.write("| area | quantity | median | 90% interval | R-hat | bulk ESS |\n|---|---|---:|---|---:|---:|\n")
+    buffer.write("| area | quantity | median | 90% interval | R-hat | bulk ESS | GLS | GLS sd |\n"
+                 "|---|---|---:|---|---:|---:|---:|---:|\n")
     for row in shown.itertuples():
         buffer.write(f"| {row.area} | {row.quantity} | {row.median:.4g} | {row.lower:.4g} - {row.upper:.4g} | "
-                     f"{row.r_hat:.4g} | {row.ess_bulk:.0f} |\n")
+                     f"{row.r_hat:.4g} | {row.ess_bulk:.0f} | {row.gls:.4g} | {row.gls_sd:.4g} |\n")
     buffer.write("\n| area | event | probability | MC se | ESS |\n|---|---|---:|---:|---:|\n")
     for row in probs.itertuples():
         buffer.write(f"| {row.area} | {row.event} | {row.probability:.4g} | {row.mc_se:.4g} | {row.ess:.0f} |\n")

@@ -22,10 +22,15 @@ against the truth (:func:`dpinfer.utility.baselines.nested.comparison.compare_ne
   Gaussian) summed as independent, what a user of the per-cell tools gets for a district.
 
 Coverage with its binomial Monte Carlo standard error (the targets of one state treated as
-independent: a rough guide), the posterior's own expected coverage, width, MAE.
+independent: a rough guide), the posterior's own expected coverage, width, MAE; per quantity
+and pooled over the truths. Every truth of a seed gets the same noise draw, and GLS's error is
+a linear function of the noise alone (its estimate is unbiased and linear in the
+measurements), so GLS's rows are the same for every truth of a seed; the other methods'
+depend on the truth (per-cell posteriors truncate at 0; dpinfer's prior pools).
 
 Run:  .venv/bin/python validation/districts_side_by_side.py [--truths ...] [--seed 2020]
-Writes validation/results/districts_side_by_side.md (~15 min on a 2-core VM).
+Writes validation/results/districts_side_by_side.md (seed 2020) or districts_side_by_side-seed<S>.md
+(~8 min on a 2-core VM): each seed is another draw of the persons and the noise.
 """
 
 from __future__ import annotations
@@ -87,7 +92,7 @@ def score(root: str, seed: int):
     asked = [q for q in wanted if q[0] in ASKED]
     cells = [q for q in wanted if q[0] not in ASKED and q[2] is None and q[1].sum() == 1]
     parts = []
-    for group, chosen in (("district quantities", asked), ("district cells", cells)):
+    for group, chosen in [(f"district {q[0]}", [q]) for q in asked] + [("district cells", cells)]:
         t = area_targets(leaf_area, np.array(names), chosen, n_cells=len(table.cells))
         parts.append(type(t)(t.label, np.full(len(t), group, dtype=object), t.numerator, t.denominator,
                              t.num_area, t.num_cells, t.den_area, t.den_cells))
@@ -115,8 +120,9 @@ def main(argv=None) -> None:
             scores, verdict, leaves, sizes = score(root, seed=11)
         sections.append((truth, scores, verdict, time.perf_counter() - start, leaves, sizes))
         print(truth, verdict["converged"], f"{time.perf_counter() - start:.0f} s", flush=True)
-        RESULTS.write_text(report(sections, args))
-    print(RESULTS.read_text())
+        path = RESULTS if args.seed == 2020 else RESULTS.with_name(f"{RESULTS.stem}-seed{args.seed}.md")
+        path.write_text(report(sections, args))
+    print(path.read_text())
 
 
 def report(sections, args) -> str:
