@@ -219,7 +219,7 @@ def test_a_change_of_structure_or_of_a_version_is_a_new_key(cache_dir, monkeypat
     assert len(entries(cache_dir)) == len(before) + 2 * 3
 
 
-def test_a_corrupt_entry_is_compiled_afresh_with_a_warning(cache_dir, tmp_path, monkeypatch):
+def test_a_corrupt_entry_is_compiled_afresh_with_a_warning(cache_dir, tmp_path, monkeypatch, capsys):
     copy = tmp_path / "copy"
     import shutil
 
@@ -230,9 +230,15 @@ def test_a_corrupt_entry_is_compiled_afresh_with_a_warning(cache_dir, tmp_path, 
     forget()
     args = (10, 10, 1000, 0.1, 612)
     with pytest.warns(model_cache.ModelCacheWarning, match="could not be loaded"):
-        idata = sample(model=beta_binomial(*args), random_seed=1, **FIT)
+        idata = sample(model=beta_binomial(*args), random_seed=1, **{**FIT, "progressbar": True})
     assert model_cache.STATS["compiled"] >= 1
     assert_theta_exact(idata, *args)
+    # with progress lines on, every compilation is announced (a large model's takes minutes)
+    announced = capsys.readouterr().err.count("dpinfer: compiling the model's ")
+    assert announced == model_cache.STATS["compiled"]
+    forget()
+    sample(model=beta_binomial(*args), random_seed=1, **{**FIT, "progressbar": True})  # loaded: no notice
+    assert model_cache.STATS == {"loaded": 3} and "compiling the model's" not in capsys.readouterr().err
 
 
 def test_an_unwritable_cache_warns_and_the_fit_goes_on(tmp_path, monkeypatch):

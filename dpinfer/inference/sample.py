@@ -44,6 +44,7 @@ from dpinfer.inference import convergence, failures, planning
 from dpinfer.inference.engines import closed_form
 from dpinfer.inference.engines import nutpie as nutpie_engine
 from dpinfer.inference.engines.compiled import engine as compiled_engine
+from dpinfer.inference.engines.compiled import cache as compiled_cache
 from dpinfer.inference.engines.compiled.cache import describe
 from dpinfer.inference.engines.compiled.chains import NUTS_PER_SWEEP
 from dpinfer.inference.engines.pymc import engine as pymc_engine
@@ -192,7 +193,8 @@ def sample(
     cores = min(chains, cores if cores is not None else (os.cpu_count() or 1))
 
     plan = planning.plan_model(model, records, method=method)  # 1. plan
-    engine, fitted, compiled, reason = _engine(model, plan, method, sample_kwargs)  # 2. engine
+    with compiled_cache.notices(progressbar):
+        engine, fitted, compiled, reason = _engine(model, plan, method, sample_kwargs)  # 2. engine
     if inference == "auto" and deadline is None:
         raise ValueError("inference='auto' chooses full Bayes where it is predicted to converge within "
                          "max_minutes: give max_minutes")
@@ -214,10 +216,11 @@ def sample(
             options, "rng", "tol", "checkpoint"), **sample_kwargs)
         report, widenings, fit = {}, 0, None
     else:
-        idata, report, widenings, fit = _sample_counts(model, fitted, plan, engine, compiled,
-                                                        sample_kwargs, inference=inference,
-                                                        empirical_bayes=empirical_bayes,
-                                                        deadline=deadline, **options)
+        with compiled_cache.notices(progressbar):
+            idata, report, widenings, fit = _sample_counts(model, fitted, plan, engine, compiled,
+                                                            sample_kwargs, inference=inference,
+                                                            empirical_bayes=empirical_bayes,
+                                                            deadline=deadline, **options)
     summed = plan.summed if fitted is not model else []
     if log_likelihood:  # per-cell marginal log-likelihoods, on windows proven to within tol
         ll_model = fitted if summed else marginal_model(model, tol) if engine == "compiled" else fit.model

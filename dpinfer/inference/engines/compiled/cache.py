@@ -36,6 +36,7 @@ megabytes (default 1024; the entry just written is always kept).
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import logging
 import os
@@ -334,6 +335,21 @@ STATS: collections.Counter = collections.Counter()
 _LOG = logging.getLogger("dpinfer")
 
 
+_NOTICES = [False]  # whether a compilation is announced on stderr (the innermost notices())
+
+
+@contextlib.contextmanager
+def notices(enabled: bool):
+    """Within: each model function compiled (not loaded from the cache) is announced on stderr
+    before and, if it took 10 s or more, after (a large model's first compilation can take
+    minutes, which a progress line must not leave silent)."""
+    _NOTICES.append(bool(enabled))
+    try:
+        yield
+    finally:
+        _NOTICES.pop()
+
+
 def native_function(key: str | None, source: str, name: str, signature, compile_namespace):
     """The numba ``cfunc`` of ``signature`` defined by ``source`` (function ``name``), loaded
     from the cache entry ``key`` when there is one, else compiled with the globals returned by
@@ -357,9 +373,15 @@ def native_function(key: str | None, source: str, name: str, signature, compile_
             _touch(entry)
     if cfunc is None:
         start = time.perf_counter()
+        if _NOTICES[-1]:
+            print(f"dpinfer: compiling the model's {name} (the first fit of a model of this structure; kept in "
+                  "the model cache, later fits load it)", file=sys.stderr, flush=True)
         cfunc = _compile(entry, key, source, name, signature, compile_namespace())
         STATS["compiled"] += 1
         _LOG.debug("dpinfer: compiled the model's %s in %.2f s", name, time.perf_counter() - start)
+        if _NOTICES[-1] and time.perf_counter() - start >= 10:
+            print(f"dpinfer: compiled the model's {name} in {time.perf_counter() - start:.0f} s", file=sys.stderr,
+                  flush=True)
         if entry is not None and entry.is_dir():
             prune(size_limit(), keep=entry)
     if key is not None:
