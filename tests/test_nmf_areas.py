@@ -314,3 +314,15 @@ def test_the_figure_shows_each_area_with_its_interval_and_gls(fit, tmp_path):
         plot_areas(summary, "share_latino")
     write_summary(summary, tmp_path / "areas.csv")
     assert (tmp_path / "areas.png").stat().st_size > 10_000
+
+
+def test_block_codes_read_as_numbers_are_refused_with_the_reason(fit):
+    """A plan read as numbers loses the leading zero of states 01-09: refused, naming the
+    codes and the cause, not set aside as another state's blocks."""
+    plan = by_leaf(fit, ["x"] * len(fit["table"].leaves))
+    plan.loc[0, "GEOID20"] = "10010201001000"  # Alabama's 010010201001000 read as a number
+    with pytest.raises(ValueError, match="1 block code.*'10010201001000'.*14 digits: a leading zero lost"):
+        summarise_areas(fit["path"], plan)
+    plan.loc[0, "GEOID20"] = "19-001"
+    with pytest.raises(ValueError, match="not 15-digit GEOID20s: \\['19-001'\\]$"):
+        summarise_areas(fit["path"], plan)

@@ -20,7 +20,8 @@ cores) need no more. A fit without a block list (``dp.sample`` of a user's own m
 matched by its leaves' own labels: the plan's keys are then the leaves' geocodes.
 
 Nothing is dropped without a word: a block listed twice is an error naming it (even with the
-same label); a block of the fit's states that the fit does not have is an error naming it; a
+same label); so is a block code that is not 15 digits (a plan read as numbers has lost the
+leading zero of states 01-09: it would otherwise look like another state's); a block of the fit's states that the fit does not have is an error naming it; a
 block of the fit that the plan does not list is an error naming it unless ``partial=True``
 (a plan of some areas, such as places: the rest of the state is then in no area, and the
 result says how many blocks that is); blocks of other states (a national plan read for one
@@ -347,6 +348,14 @@ def match_plan(assignment: pd.Series, leaves, geo: xr.Dataset | None, *, partial
         blocks, block_leaf, what = leaves, np.arange(leaves.size), "leaf"
     known = pd.Index(blocks)
     listed = assignment.index.astype(str)
+    if what == "block":
+        malformed = listed[~((listed.str.len() == 15) & listed.str.isdigit())]
+        if malformed.size:
+            short = malformed[(malformed.str.len() == 14) & malformed.str.isdigit()]
+            hint = (f" ({short.size} of them 14 digits: a leading zero lost, as when the plan is read as numbers; "
+                    "read it as text, e.g. pd.read_csv(path, dtype=str))" if short.size else "")
+            raise ValueError(f"{malformed.size} block code(s) of the plan are not 15-digit GEOID20s: "
+                             f"{list(malformed[:5])}{hint}")
     unknown = listed[~listed.isin(known)]
     set_aside = {}
     if unknown.size and what == "block":
