@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -471,8 +472,6 @@ def _summaries(values: np.ndarray, areas: np.ndarray, names: list, events: list,
     pooled = flat.reshape(chains * draws, -1)
     undefined = np.all(np.isnan(pooled), axis=0)
     probs = ((1 - interval) / 2, 0.5, (1 + interval) / 2)
-    import warnings
-
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a share never defined: NaN
         lower, median, upper = np.nanquantile(pooled, probs, axis=0)
