@@ -205,30 +205,43 @@ def test_an_interrupted_dpinfer_nmf_continues_when_run_again(tmp_path, ctrl_c_af
 
 def test_the_pilot_is_the_bounded_least_squares_solution(truth_long):
     """The boxes' centre on the shipped state's tracts (280 counts, every level's measurements,
-    equalities and bounds): the same weighted objective as scipy's dense bounded solver (BVLS)
-    reaches, within the support; and every count within a few measurement sds of the truth
-    (the first solver, lsq_linear with lsmr_tol="auto", stopped 33 sds away at block-group
-    leaves and the boxes had to be widened twice)."""
+    equalities and bounds): the weighted least-squares fit of the measurements with the
+    equalities exact and x >= 0, against scipy's dense bounded solver (BVLS) with the
+    equality as a row weighted 10^3 times the heaviest measurement (its residual ~5e-7 person;
+    heavier weights leave BVLS ill-conditioned: at 10^5 it stops 0.07 sds away); the iterative fallback (a support with an upper end) reaches the same
+    objective with the equalities weighted 30 times; every count within a few measurement sds
+    of the truth (the first solver, lsq_linear with lsmr_tol="auto", stopped 33 sds away at
+    block-group leaves and the boxes had to be widened twice)."""
     import scipy.optimize
 
     from dpinfer.inference.planning.nested import leaf_matrix, measurement_sd, pilot_estimate
 
     table = census_table(dp.read_nmf(SHIPPED, 19, levels=LEVELS[:4]), "Tract", "pl94-28")
     sums = table.release.sums
-    pilot = pilot_estimate(sums, (0, None))
     measured, equal, _, _, variance = sums.term_kinds()
-    rows = np.flatnonzero(measured | equal)
-    w = np.where(measured[rows], 1.0 / np.sqrt(variance[rows]), 0.0)
-    w[~measured[rows]] = 30.0 * w.max()
-    A = w[:, None] * leaf_matrix(sums, rows).toarray()
-    b = w * sums.term_value[rows]
-    reference = scipy.optimize.lsq_linear(A, b, bounds=(0, np.inf), method="bvls").x
+    M = leaf_matrix(sums, np.flatnonzero(measured)).toarray() / np.sqrt(variance[measured])[:, None]
+    y = sums.term_value[measured] / np.sqrt(variance[measured])
+    E, e = leaf_matrix(sums, np.flatnonzero(equal)).toarray(), sums.term_value[equal]
 
     def cost(x):
-        return float(np.sum((A @ np.ravel(x) - b) ** 2))
+        return float(np.sum((M @ np.ravel(x) - y) ** 2))
 
+    def reference(weight):
+        w = weight * np.abs(M).max()
+        return scipy.optimize.lsq_linear(np.vstack([M, w * E]), np.concatenate([y, w * e]), bounds=(0, np.inf),
+                                         method="bvls", tol=1e-12).x
+
+    pilot = pilot_estimate(sums, (0, None))
     assert pilot.min() >= 0
-    assert cost(pilot) <= cost(reference) * (1 + 1e-6)
+    assert np.max(np.abs(E @ pilot.ravel() - e)) < 1e-6
+    assert cost(pilot) == pytest.approx(cost(reference(1e3)), rel=1e-6)
+    assert np.max(np.abs(pilot.ravel() - reference(1e3)) / measurement_sd(sums).ravel()) < 1e-3
+    bounded = pilot_estimate(sums, (0, 10**9))  # the iterative fallback: equalities weighted 30 times
+    w = 30.0 * np.abs(M).max()
+    assert np.sum((M @ bounded.ravel() - y) ** 2) + np.sum((w * (E @ bounded.ravel() - e)) ** 2) <= (
+        np.sum((M @ reference(30.0) - y) ** 2) + np.sum((w * (E @ reference(30.0) - e)) ** 2)) * (1 + 1e-6)
+    shifted = pilot_estimate(sums, (1, None))  # support [1, inf): the fit of x - 1 >= 0, shifted back
+    assert shifted.min() >= 1 - 1e-9 and np.max(np.abs(E @ shifted.ravel() - e)) < 1e-6
     truth = table.aggregate(truth_long["geocode"], truth_long["cell"], truth_long["count"])
     assert np.max(np.abs(pilot - truth) / measurement_sd(sums)) < 4
 
