@@ -17,8 +17,16 @@ model ``dpinfer nmf`` runs) is fitted twice:
   defaults) from the normal approximation of
   their marginal posterior (``"normal"``, ``dpinfer nmf``'s default).
 
+With ``--leaves Block`` (issue 38, "Must show" 1) the states are small ones read down to blocks
+(:data:`BLOCK_STATE`: 3-4 tracts a county, 2-3 block groups a tract, 6-10 blocks a block group
+of ~60 persons; ``--states 1:2020 2:2020``), the same model with blocks as leaves (a fifth level
+of concentrations).
+
 Targets: every (area, coarse cell) and every area's voting-age population, share Hispanic and
-share non-Hispanic white alone, at block group, tract and county level. Per target and
+share non-Hispanic white alone, at block group, tract and county level (and block, at block
+leaves, where also DISTRICTS random contiguous unions of blocks that cross tract lines and cut
+block groups are judged, drawn as in ``validation/districts_side_by_side.py`` but of 1-2 block
+groups' worth of blocks). Per target and
 quantile p in (0.05, 0.5, 0.95): the difference |q_EB - q_FB| against the bar 0.1 x the full-
 Bayes 90% interval's width (q_0.95 - q_0.05) plus Monte Carlo error. Counts and populations are
 whole numbers, whose ordinary quantiles jump by one where the cumulative probability crosses p
@@ -38,11 +46,11 @@ Also checked: the input of ``dpinfer nmf``'s full-Bayes time predictor, the slow
 hyperparameter's ESS per draw predicted from the estimate's missing information, against the
 full-Bayes fit's.
 
-Run:  .venv/bin/python validation/eb_vs_full_bayes.py [--states 3:2020 3:7 10:2020 10:8]
+Run:  .venv/bin/python validation/eb_vs_full_bayes.py [--states 3:2020 3:7 10:2020 10:8] [--leaves Block]
       [--fits DIR]   (DIR keeps the fits as netCDF: a rerun reads them instead of refitting)
       [--kept-only]  (only the states whose full-Bayes fit DIR keeps; empirical-Bayes fits
                       missing there are made)
-Writes validation/results/eb_vs_full_bayes.md.
+Writes validation/results/eb_vs_full_bayes.md (eb_vs_full_bayes-blocks.md with --leaves Block).
 """
 
 from __future__ import annotations
@@ -58,16 +66,22 @@ import numpy as np
 import pandas as pd
 
 RESULTS = Path(__file__).parent / "results" / "eb_vs_full_bayes.md"
-LEVELS = ("County", "Tract", "Block_Group")
+LEVELS = ("County", "Tract", "Block_Group", "Block")
+#: the synthetic states read down to blocks (write_synthetic_nmf's arguments but the counties and seed)
+BLOCK_STATE = {"state_fips": "19", "tracts_per_county": (3, 4), "block_groups_per_tract": (2, 3),
+               "blocks_per_block_group": (6, 10), "aian_tracts": 0, "mean_block_population": 60.0}
+DISTRICTS = 3  # unions of blocks judged at block leaves: 1-2 block groups' worth of blocks each
 QUANTILES = (0.05, 0.5, 0.95)
 BAR = 0.1  # share of the full-Bayes 90% interval's width
 MIN_PERSONS = 10  # shares of areas with fewer persons (full Bayes's median) are not judged: discrete
 Z = 2.0  # Monte Carlo standard errors allowed beyond the bar
 
 
-def derived_targets(table):
+def derived_targets(table, leaves: str = "Block_Group"):
     """Every area's cells, voting-age population, share Hispanic and share non-Hispanic white
-    alone at LEVELS (NestedTargets, groups "<level> <kind>")."""
+    alone at the levels down to ``leaves`` (NestedTargets, groups "<level> <kind>"); at block
+    leaves also DISTRICTS random unions of blocks across tract lines, their cells and the same
+    quantities."""
     from dpinfer.utility.baselines.nested.targets import (
         area_cell_targets,
         area_sum_targets,
@@ -81,13 +95,29 @@ def derived_targets(table):
     white = [i for i, c in enumerate(cells) if c[1] == "Not Hispanic or Latino" and c[2] == "white alone"]
     everyone = list(range(len(cells)))
     out = []
-    for level in LEVELS:
+    for level in LEVELS[:LEVELS.index(leaves) + 1]:
         rows = np.flatnonzero(table.areas.level.to_numpy() == level)
         name = level.replace("_", " ").lower()
         out += [area_cell_targets(table.release, rows, f"{name} cells"),
                 area_sum_targets(table.release, rows, adult, f"{name} voting-age population"),
                 ratio_targets(table.release, rows, hispanic, everyone, f"{name} share Hispanic"),
                 ratio_targets(table.release, rows, white, everyone, f"{name} share non-Hispanic white")]
+    if leaves == "Block":
+        from districts_side_by_side import districts
+
+        from dpinfer.io.nmf.areas import area_targets
+
+        n = len(cells)
+        mask = [np.isin(np.arange(n), c) for c in (adult, hispanic, white)]
+        one = [(f"cell {i}", np.arange(n) == i, None) for i in range(n)]
+        leaf_area = districts(table.leaves, np.random.default_rng(1), n=DISTRICTS, span=(1, 2))
+        names = np.array([f"D{k}" for k in range(DISTRICTS)])
+        for kind, chosen in (("cells", one), ("voting-age population", [("vap", mask[0], None)]),
+                             ("share Hispanic", [("share Hispanic", mask[1], np.ones(n, bool))]),
+                             ("share non-Hispanic white", [("share nh white", mask[2], np.ones(n, bool))])):
+            t = area_targets(leaf_area, names, chosen, n_cells=n)
+            out.append(type(t)(t.label, np.full(len(t), f"district {kind}", dtype=object), t.numerator,
+                               t.denominator, t.num_area, t.num_cells, t.den_area, t.den_cells))
     return concat_targets(*out)
 
 
@@ -133,9 +163,9 @@ def jittered_quantile(draws: np.ndarray, p: float, whole: bool) -> float:
                            np.column_stack([support - 0.5, support + 0.5]).reshape(-1)))
 
 
-def compare(table, full, empirical) -> pd.DataFrame:
+def compare(table, full, empirical, leaves: str = "Block_Group") -> pd.DataFrame:
     """Per target: the full-Bayes and empirical-Bayes quantiles, the bar and the excess."""
-    targets = derived_targets(table)
+    targets = derived_targets(table, leaves)
     rows = {}
     for name, idata in (("fb", full), ("eb", empirical)):
         draws = idata.posterior["counts"].values
@@ -172,7 +202,7 @@ METHODS = {  # name -> dp.sample options; each samples on until converged, withi
 }
 
 
-def fit_all(root: str, fits: Path | None, tag: str, seed: int):
+def fit_all(root: str, fits: Path | None, tag: str, seed: int, leaves: str = "Block_Group"):
     """(table, {method: (fit, seconds)}) for METHODS, each fit read from ``fits`` where an
     earlier run kept it."""
     import arviz as az
@@ -181,8 +211,8 @@ def fit_all(root: str, fits: Path | None, tag: str, seed: int):
     from dpinfer.io.nmf.model import census_model
     from dpinfer.io.nmf.table import census_table
 
-    nmf = dp.read_nmf(root, 19, levels=("US", "State", *LEVELS))
-    table = census_table(nmf, "Block_Group", "pl94-28")
+    nmf = dp.read_nmf(root, 19, levels=("US", "State", *LEVELS[:LEVELS.index(leaves) + 1]))
+    table = census_table(nmf, leaves, "pl94-28")
     out = {}
     for method, options in METHODS.items():
         path = fits / f"{tag}-{method}.nc" if fits is not None else None
@@ -250,6 +280,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--states", type=_state, nargs="+", default=[(3, 2020), (3, 7), (10, 2020), (10, 8)],
                         metavar="COUNTIES:SEED", help="the synthetic states (default 3:2020 3:7 10:2020 10:8)")
+    parser.add_argument("--leaves", default="Block_Group", choices=("Block_Group", "Block"),
+                        help="Block: the small states of BLOCK_STATE read down to blocks (give --states)")
     parser.add_argument("--fits", type=Path, default=None)
     parser.add_argument("--kept-only", action="store_true",
                         help="compare only the states whose full-Bayes fit --fits already keeps "
@@ -262,24 +294,27 @@ def main(argv=None) -> None:
         args.fits.mkdir(parents=True, exist_ok=True)
     elif args.kept_only:
         parser.error("--kept-only compares with the full-Bayes fits kept in --fits DIR: give --fits")
+    blocks = args.leaves == "Block"
+    results = RESULTS.with_name(f"{RESULTS.stem}-blocks.md") if blocks else RESULTS
+    levels = ("US", "State", *LEVELS[:LEVELS.index(args.leaves) + 1])
     sections = []
     for counties, seed in args.states:
-        tag = f"iowa{counties}-seed{seed}"
+        tag = f"blocks{counties}-seed{seed}" if blocks else f"iowa{counties}-seed{seed}"
         if args.kept_only and not (args.fits / f"{tag}-full-bayes.nc").exists():
             print(f"{tag}: no full-Bayes fit kept in {args.fits}; skipped", flush=True)
             continue
         with tempfile.TemporaryDirectory() as root:
-            dp.write_synthetic_nmf(root, **(PRESETS["iowa"] | {"n_counties": counties, "seed": seed}),
-                                   levels=("US", "State", *LEVELS))
-            table, fits = fit_all(root, args.fits, tag, seed=11)
+            state = BLOCK_STATE if blocks else PRESETS["iowa"]
+            dp.write_synthetic_nmf(root, **(state | {"n_counties": counties, "seed": seed}), levels=levels)
+            table, fits = fit_all(root, args.fits, tag, seed=11, leaves=args.leaves)
         full = fits["full-bayes"][0]
         rows = {}
         for method in ("empirical-bayes", "empirical-bayes-normal"):
-            rows[method] = summary(compare(table, full, fits[method][0]))
+            rows[method] = summary(compare(table, full, fits[method][0], args.leaves))
             print(tag, method, rows[method].to_string(), flush=True)
         sections.append((tag, len(table.leaves), fits, rows, predictor_check(full, fits["empirical-bayes"][0])))
-        RESULTS.write_text(report(sections))  # after every state: a long run keeps what it has done
-        print(f"wrote {RESULTS} ({len(sections)} states)", flush=True)
+        results.write_text(report(sections, args.leaves))  # after every state: a long run keeps what it has done
+        print(f"wrote {results} ({len(sections)} states)", flush=True)
 
 
 def verdict(idata) -> dict:
@@ -296,18 +331,21 @@ def verdict(idata) -> dict:
     return redone.as_dict()
 
 
-def report(sections) -> str:
+def report(sections, leaves: str = "Block_Group") -> str:
     from dpinfer.inference.sample import EMPIRICAL_BAYES as EB
 
-    lines = ["# Empirical Bayes against full Bayes on NMF tables (issue 37, Must show 2)", "",
-             "Written by `validation/eb_vs_full_bayes.py` (its docstring has the method). Bar: every "
+    unit = "block groups" if leaves == "Block_Group" else "blocks"
+    lines = ["# Empirical Bayes against full Bayes on NMF tables (" + (
+                 "issue 37, Must show 2)" if leaves == "Block_Group" else "issue 38, Must show 1: blocks as leaves)"), "",
+             "Written by `validation/eb_vs_full_bayes.py"
+             + (" --leaves Block" if leaves == "Block" else "") + "` (its docstring has the method). Bar: every "
              f"quantile (5%, 50%, 95%) of every target within {BAR:g} x the full-Bayes 90% interval's width "
              f"of full Bayes's, beyond {Z:g} combined Monte Carlo standard errors. Two empirical-Bayes variants: "
              f"the hyperparameters held at their estimate (`none`), and drawn every {EB['every']} draws, {EB['burn']} count "
              "draws after each, from the normal "
              "approximation of their posterior (`normal`, `dpinfer nmf`'s default).", ""]
-    for tag, leaves, fits, rows, predictor in sections:
-        lines += [f"## {tag} ({leaves} block groups x 28 cells: {28 * leaves:,} counts)", ""]
+    for tag, n_leaves, fits, rows, predictor in sections:
+        lines += [f"## {tag} ({n_leaves} {unit} x 28 cells: {28 * n_leaves:,} counts)", ""]
         for method, (idata, seconds) in fits.items():
             v = verdict(idata)
             lines.append(f"- {method}: {'converged' if v['converged'] else 'NOT CONVERGED'}, max R-hat "
