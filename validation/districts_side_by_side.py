@@ -7,13 +7,14 @@ the four the model does not generate: ``segregated``, ``structural-zeros``, ``la
 fitted as ``dpinfer nmf`` fits it when full Bayes does not fit the time (``census_model``, leaf
 sizes at their published totals, empirical Bayes with the hyperparameters drawn from the normal
 approximation of their posterior, sampling on until converged). At block-group leaves the state
-has 3 Iowa-shaped counties (:data:`STATES`); at block leaves 2 counties of 3-5 tracts, 2-3 block
-groups a tract and 10-20 blocks a block group of ~60 persons (~300 blocks; ``urban`` is left
-out there by default: its urban county alone has ~2,800 blocks). Then DISTRICTS random
+has 3 Iowa-shaped counties (:data:`STATES`); at block leaves 3 counties of 3-5 tracts, 2-3 block
+groups a tract and 10-20 blocks a block group of ~60 persons (~450 blocks; ``urban`` is left
+out there by default: its urban county alone has ~2,800 blocks; the estimate gets up to 3,000
+iterations and the fit 24 minutes, :data:`ESTIMATE`). Then DISTRICTS random
 contiguous districts: disjoint runs of consecutive leaves in the spine's order (so a run stays
 in a tract or continues into the next one, and may cross a county line), each crossing at least
-one tract line: 2-8 block groups, or at block leaves 2-8 block groups' worth of blocks (the
-mean number of blocks a block group times 2-8), which start and end inside block groups. Per
+one tract line: 2-8 block groups, or at block leaves 1-2 block groups' worth of blocks (the
+mean number of blocks a block group times 1 or 2), which start and end inside block groups. Per
 district the quantities of
 :func:`dpinfer.io.nmf.areas.area_quantities` that redistricting asks for (pop, vap, vap_hisp,
 vap_nh_white, vap_nh_black, share_vap_hisp, share_vap_nh_white) and its 28 cells are scored
@@ -60,10 +61,17 @@ LEVELS = ("County", "Tract", "Block_Group", "Block")
 #: the synthetic state at each leaf level (write_synthetic_nmf's arguments but truth and seed)
 STATES = {
     "Block_Group": {"preset": "iowa", "n_counties": 3},
-    "Block": {"preset": "small", "n_counties": 2, "tracts_per_county": (3, 5), "block_groups_per_tract": (2, 3),
+    "Block": {"preset": "small", "n_counties": 3, "tracts_per_county": (3, 5), "block_groups_per_tract": (2, 3),
               "blocks_per_block_group": (10, 20), "aian_tracts": 0, "mean_block_population": 60.0},
 }
 DISTRICTS = 10
+#: each district's size in block groups' worth of leaves: 10 such runs must fit in the state
+SPANS = {"Block_Group": (2, 8), "Block": (1, 2)}
+#: the estimate's iterations and the fit's time: at block leaves the concentrations of the
+#: blocks' split need far more than the default 300 iterations (at 300: 7 of 140 unsettled, the
+#: largest Monte Carlo error 0.873 of its sd, hierarchical truth, seed 2020)
+ESTIMATE = {"Block_Group": {}, "Block": {"max_iterations": 3000}}
+MINUTES = {"Block_Group": 15, "Block": 24}
 DRAWS = 1500
 ASKED = ("pop", "vap", "vap_hisp", "vap_nh_white", "vap_nh_black", "share_vap_hisp", "share_vap_nh_white")
 
@@ -105,9 +113,10 @@ def score(root: str, seed: int, leaves: str):
     table = census_table(dp.read_nmf(root, 19, levels=("US", "State", *levels)), leaves, "pl94-28")
     truth_long = pd.read_parquet(Path(root) / "truth.parquet")
     truth = table.aggregate(truth_long["geocode"], truth_long["cell"], truth_long["count"])
+    leaf_area = districts(table.leaves, np.random.default_rng(seed), span=SPANS[leaves])  # before the fit
     idata = dp.sample(model=census_model(table, leaf_sizes="published"), draws=DRAWS, tune=DRAWS, chains=2,
                       random_seed=seed, progressbar=False, inference="empirical-bayes",
-                      empirical_bayes={"uncertainty": "normal"}, max_minutes=15)
+                      empirical_bayes={"uncertainty": "normal", **ESTIMATE[leaves]}, max_minutes=MINUTES[leaves])
     counts = idata.posterior["counts"].values
     wanted = area_quantities(table.coords["cell"], table.cells.names)
     asked = [q for q in wanted if q[0] in ASKED]
@@ -121,7 +130,6 @@ def score(root: str, seed: int, leaves: str):
                                t.denominator, t.num_area, t.num_cells, t.den_area, t.den_cells))
         return out
 
-    leaf_area = districts(table.leaves, np.random.default_rng(seed))
     parts = grouped("district", leaf_area, [f"D{k}" for k in range(DISTRICTS)],
                     [(q[0], [q]) for q in asked] + [("cells", cells)])
     shape = {"districts": np.bincount(leaf_area[leaf_area >= 0])}
@@ -177,7 +185,8 @@ def report(sections, args) -> str:
              f"Written by `validation/districts_side_by_side.py --seed {args.seed}"
              + (" --leaves Block" if args.leaves == "Block" else "")
              + "` (its docstring has the method and the states): "
-             f"{DISTRICTS} random contiguous districts of 2-8 block groups' worth of {unit} across tract lines per "
+             f"{DISTRICTS} random contiguous districts of {SPANS[args.leaves][0]}-{SPANS[args.leaves][1]} block "
+             f"groups' worth of {unit} across tract lines per "
              f"state; their quantities ({', '.join(ASKED)}) and cells scored against the truth"
              + (", and the same quantities of the tabulation block groups rebuilt from blocks, and every block's "
                 "cells" if args.leaves == "Block" else "")
