@@ -1,8 +1,9 @@
 """The districts example of docs/site/census-nmf.md ("Districts and other unions of blocks"), run
 and written to validation/results/areas_example.md: the page's synthetic state (2 counties,
-2 tracts each, seed 1), a plan of three districts along tract lines (one across the county
-line), ``dpinfer nmf --areas`` with two events, and what it wrote; its figure is copied to
-docs/census-nmf-areas.png.
+2 tracts each, seed 1) read down to its blocks (``--leaves Block``), a plan of three districts
+along tract lines but for block group 190010002001, whose first four blocks go to A and the rest
+to B (B also crosses the county line), ``dpinfer nmf --areas`` with two events, and what it
+wrote; its figure is copied to docs/census-nmf-areas.png.
 
 Run: .venv/bin/python validation/areas_example.py   (~1-2 min on a 2-core VM)
 """
@@ -20,6 +21,8 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results" / "areas_example.md"
 FIGURE = Path(__file__).resolve().parents[1] / "docs" / "census-nmf-areas.png"  # the page's figure
 DISTRICTS = {"19001000100": "A", "19001940100": "A", "19001000200": "B", "19003000100": "B", "19003000200": "C"}
+CUT = "190010002001"  # the block group the plan cuts: its first CUT_BLOCKS blocks in A, the rest in B
+CUT_BLOCKS = 4
 EVENTS = ("share_vap_hisp > 0.1", "vap_hisp > vap_nh_black")
 SHOWN = ("pop", "vap", "vap_hisp", "share_vap_hisp", "share_vap_nh_white")
 
@@ -36,8 +39,9 @@ def main() -> None:
         dp.write_synthetic_nmf(scratch / "nmf", state_fips="19", n_counties=2, tracts_per_county=2, seed=1)
         blocks = pd.Series(tabulation_geoid(block_geocodes(scratch / "nmf", 19)), name="GEOID20")
         plan = pd.DataFrame({"GEOID20": blocks, "district": blocks.str[:11].map(DISTRICTS)})
+        plan.loc[plan.GEOID20.isin(sorted(blocks[blocks.str[:12] == CUT])[:CUT_BLOCKS]), "district"] = "A"
         plan.to_csv(scratch / "plan.csv", index=False)
-        command = [str(Path(sys.executable).with_name("dpinfer")), "nmf", "nmf", "--state", "19", "--out", "nmf-19",
+        command = [str(Path(sys.executable).with_name("dpinfer")), "nmf", "nmf", "--state", "19", "--leaves", "Block", "--out", "nmf-19",
                    "--areas", "plan.csv"] + [a for e in EVENTS for a in ("--probability", e)]
         start = time.perf_counter()
         done = subprocess.run(command, cwd=scratch, capture_output=True, text=True, check=True)
