@@ -13,7 +13,7 @@ import scipy.optimize
 from dpinfer.mechanisms.nested import NestedMeasurements
 from dpinfer.utility.baselines.nested.comparison import compare_nested, nested_target_table
 from dpinfer.utility.baselines.nested.gls import nested_gls
-from dpinfer.utility.baselines.nested.nnls import nested_nnls
+from dpinfer.lattice.nested.nnls import nested_nnls
 from dpinfer.utility.baselines.nested.per_cell import _convolve_all, per_cell_posterior, per_cell_posteriors
 from dpinfer.utility.baselines.nested.targets import (
     NestedTargets,

@@ -41,7 +41,7 @@ from dpinfer.inference.latents import NotMarginalisableError, prior_support
 from dpinfer.inference.planning.children import terms_depending_on
 from dpinfer.lattice.nested.sampler import NestedGibbs
 from dpinfer.mechanisms.records import ReleaseRecord
-from dpinfer.utility.baselines.nested.nnls import nested_nnls
+from dpinfer.lattice.nested.nnls import nested_nnls
 
 FIRST_K = 15  # first box half-width, in pilot standard deviations
 
@@ -230,7 +230,7 @@ def pilot_estimate(sums, support, rounds: int = 50) -> np.ndarray:
     under the equalities, within the prior's support (module docstring).
 
     Where the support is [L, inf) (every count prior but a Binomial's) it is
-    :func:`~dpinfer.utility.baselines.nested.nnls.nested_nnls` of the counts shifted by L
+    :func:`~dpinfer.lattice.nested.nnls.nested_nnls` of the counts shifted by L
     (x - L >= 0; the measurements and equalities shifted by L times their counts): block
     principal pivoting on the augmented KKT system of area sums, each step one sparse
     factorisation, the equalities exact. At one county of 5,063 blocks (141,764 counts) this

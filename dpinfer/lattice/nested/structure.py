@@ -205,3 +205,14 @@ class NestedSums:
                         raise ValueError(
                             f"equalities at one area must sum disjoint or nested sets of cells; "
                             f"{self.term_name[rows[i]]!r} and another equality there overlap partly")
+
+
+def as_sums(release) -> "NestedSums":
+    """The :class:`NestedSums` of ``release``: itself, or a release's ``sums`` (a
+    :class:`~dpinfer.mechanisms.nested.NestedMeasurements`); anything else is a TypeError."""
+    if isinstance(release, NestedSums):
+        return release
+    sums = getattr(release, "sums", None)
+    if isinstance(sums, NestedSums):
+        return sums
+    raise TypeError(f"release must be a NestedMeasurements or NestedSums, got {type(release).__name__}")

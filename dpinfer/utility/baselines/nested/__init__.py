@@ -16,13 +16,13 @@ Methods, one module each:
   BlueDown), its sds and intervals;
 * :mod:`~dpinfer.utility.baselines.nested.per_cell` -- the **per-cell posterior** of the tools
   that treat each published cell alone (sbaldasty/noisyvalue and dpvalue);
-* :mod:`~dpinfer.utility.baselines.nested.nnls` -- the **non-negative weighted least-squares
+* :mod:`~dpinfer.lattice.nested.nnls` -- the **non-negative weighted least-squares
   projection** (TopDown-style post-processing); point estimates only;
 * :mod:`~dpinfer.utility.baselines.nested.comparison` -- the targets' estimates and intervals of
   dpinfer's posterior draws and of every baseline, scored against the truth by group.
 
 GLS and NNLS solve their least-squares problems exactly on the augmented system of all area sums
-(:mod:`~dpinfer.utility.baselines.nested.kkt`); GLS takes every area's covariance from two
+(:mod:`~dpinfer.lattice.nested.kkt`); GLS takes every area's covariance from two
 passes over the tree (:mod:`~dpinfer.utility.baselines.nested.tree_pass`).
 :mod:`~dpinfer.utility.baselines.nested.inputs` checks the arguments they share (the release,
 cell sets).

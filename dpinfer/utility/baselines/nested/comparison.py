@@ -12,7 +12,7 @@ import pandas as pd
 
 from dpinfer.utility.baselines.nested.gls import GLSFit, nested_gls
 from dpinfer.utility.baselines.nested.inputs import _as_sums
-from dpinfer.utility.baselines.nested.nnls import nested_nnls
+from dpinfer.lattice.nested.nnls import nested_nnls
 from dpinfer.utility.baselines.nested.per_cell import per_cell_posteriors
 from dpinfer.utility.baselines.nested.targets import NestedTargets
 

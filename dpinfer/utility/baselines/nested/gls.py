@@ -8,7 +8,7 @@ target's sd sqrt(d' Cov d); interval estimate -+ z_{0.95} sd (1.645 sd); a ratio
 method.
 
 The estimate is one solve of the augmented KKT system of area sums
-(:mod:`~dpinfer.utility.baselines.nested.kkt`). The covariance is never formed: for a
+(:mod:`~dpinfer.lattice.nested.kkt`). The covariance is never formed: for a
 functional g (a target's d mapped to the leaves' sums; a ratio's delta-method gradient)
 Var(g'z^) = g' P g with P the z-block of the KKT inverse, since P H P = P (Cov(A'V^-1 y) = H),
 obtained by one solve with right-hand side [g; 0] -- blocks of many targets share the factor.
@@ -28,7 +28,7 @@ import scipy.sparse
 import scipy.stats
 
 from dpinfer.utility.baselines.nested.inputs import _as_sums
-from dpinfer.utility.baselines.nested.kkt import _KKTSolver, _System, _system
+from dpinfer.lattice.nested.kkt import _KKTSolver, _System, _system
 from dpinfer.utility.baselines.nested.targets import NestedTargets
 from dpinfer.utility.baselines.nested.tree_pass import _tree_pass
 
@@ -123,7 +123,7 @@ def nested_gls(release, *, tree: bool = True) -> GLSFit:
     {E x = 0}; it is the estimator of the Census Bureau's GLS uncertainty evaluation of the 2020
     NMF (uscensusbureau/DAS_2020_GLS_Uncertainty_Evaluation) and BlueDown's first step.
     Solved on the augmented system of area sums by one sparse factorisation
-    (:mod:`~dpinfer.utility.baselines.nested.kkt`: KKT system, SuperLU, iterative refinement);
+    (:mod:`~dpinfer.lattice.nested.kkt`: KKT system, SuperLU, iterative refinement);
     bounds are not used. Counts that the data do not determine are NaN. With ``tree`` (default)
     the two-pass tree algorithm also gives every area's covariance (``GLSFit.tree``), used by
     :meth:`GLSFit.targets` for one-area targets.

@@ -8,7 +8,7 @@ GLS passes of the Census Bureau's GLS evaluation,
 uscensusbureau/DAS_2020_GLS_Uncertainty_Evaluation, here as a Kalman filter and
 Rauch-Tung-Striebel smoother on the tree of sums) in
 O(n_areas * n_cells^3), when every leaf's own measurements determine its cells (otherwise, and
-for any other target, the KKT solves of :mod:`~dpinfer.utility.baselines.nested.kkt` serve).
+for any other target, the KKT solves of :mod:`~dpinfer.lattice.nested.kkt` serve).
 Both give the same numbers (tested).
 """
 

@@ -2,7 +2,7 @@ r"""The non-negative weighted least-squares projection of a nested release (TopD
 post-processing): :func:`nested_nnls`, the least-squares objective of
 :mod:`~dpinfer.utility.baselines.nested.gls` with x >= 0, the equalities and the bounds as
 constraints; point estimates only. Each step solves an equality-constrained problem on the
-augmented KKT system of :mod:`~dpinfer.utility.baselines.nested.kkt`.
+augmented KKT system of :mod:`~dpinfer.lattice.nested.kkt`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse
 
-from dpinfer.utility.baselines.nested.inputs import _as_sums
-from dpinfer.utility.baselines.nested.kkt import _KKTSolver, _system
+from dpinfer.lattice.nested.kkt import _KKTSolver, _system
+from dpinfer.lattice.nested.structure import as_sums
 
 __all__ = ["nested_nnls"]
 
@@ -27,13 +27,13 @@ def nested_nnls(release, *, bounds: bool = True, max_iter: int = 100) -> np.ndar
     complementarity pairs being x_i >= 0 and, with ``bounds``, each bound: every step solves the
     equality-constrained problem with the active pairs as equalities (fixed counts removed,
     active bounds as rows) on the augmented KKT system of
-    :mod:`~dpinfer.utility.baselines.nested.kkt`, and exchanges the pairs whose primal or
+    :mod:`~dpinfer.lattice.nested.kkt`, and exchanges the pairs whose primal or
     multiplier sign is wrong (all of them while their number falls, with Kim & Park's three-step
     allowance, else the largest index only). Equalities to 0 fix their
     counts at 0 before the start. Ends at a KKT point (x >= 0, multipliers >= 0 to 1e-9
     relative), which is the unique minimiser when the counts are determined.
     """
-    sums = _as_sums(release)
+    sums = as_sums(release)
     system = _system(sums)
     n_x = system.leaf_z.size
     N = system.N

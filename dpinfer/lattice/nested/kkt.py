@@ -1,5 +1,5 @@
 r"""The augmented least-squares system of a nested release and its exact KKT solves (shared by
-:mod:`~dpinfer.utility.baselines.nested.gls` and :mod:`~dpinfer.utility.baselines.nested.nnls`).
+:mod:`~dpinfer.utility.baselines.nested.gls` and :mod:`~dpinfer.lattice.nested.nnls`).
 
 With x-space matrices a measurement at the root touches every leaf (M' V^-1 M is dense), so both
 GLS and NNLS work on the **augmented system** of all area sums: variables z = S (n_areas *
