@@ -238,8 +238,9 @@ def pilot_estimate(sums, support, rounds: int = 50) -> np.ndarray:
     against ~60 s (the two agree within 0.02 measurement sds, the iterative one holding the
     equalities by weight only).
 
-    Otherwise (a support with an upper end, none below, or equalities that the first cannot
-    meet, which the start then reports term by term) an active set over LSMR: the equalities
+    Otherwise (a support with an upper end or none below, or where the first fails: equalities
+    it cannot meet, which the start then reports term by term, or counts nothing determines)
+    an active set over LSMR: the equalities
     as rows of weight 30 times the heaviest measurement's, columns scaled to unit norm; the
     counts not held are fitted with the held ones fixed, counts beyond a bound are held at it,
     held counts whose gradient points into the support are freed, until nothing changes (at
@@ -249,8 +250,8 @@ def pilot_estimate(sums, support, rounds: int = 50) -> np.ndarray:
     if lower is not None and upper is None and np.any(sums.term_kinds()[0]):
         try:
             return lower + nested_nnls(_shifted(sums, lower), bounds=False)
-        except RuntimeError:  # inconsistent equalities: the fit below, which the start reports
-            pass
+        except RuntimeError:  # a step that did not solve (inconsistent equalities, counts nothing
+            pass              # determines) or pivoting that did not end: the fit below
     measured, equal, _, _, variance = sums.term_kinds()
     rows = np.flatnonzero(measured | equal)
     n = sums.n_leaves * sums.n_cells
