@@ -5,7 +5,7 @@ For each synthetic truth of :mod:`dpinfer.io.nmf.persons` (the model-like ``hier
 the four the model does not generate: ``segregated``, ``structural-zeros``, ``large-facility``,
 ``urban``), a state is written in the published layout with exact discrete Gaussian noise and
 fitted as ``dpinfer nmf`` fits it when full Bayes does not fit the time (``census_model``, leaf
-sizes at their published totals, empirical Bayes with the hyperparameters drawn from the normal
+sizes at their published totals unless ``--leaf-sizes estimated``, empirical Bayes with the hyperparameters drawn from the normal
 approximation of their posterior, sampling on until converged). At block-group leaves the state
 has 3 Iowa-shaped counties (:data:`STATES`); at block leaves 3 counties of 3-5 tracts, 2-3 block
 groups a tract and 10-20 blocks a block group of ~60 persons (~450 blocks; ``urban`` is left
@@ -29,7 +29,9 @@ against the truth (:func:`dpinfer.utility.baselines.nested.comparison.compare_ne
 
 At block leaves two more groups of targets are scored: every block's 28 cells, and the
 tabulation block groups rebuilt from blocks (blocks grouped by their GEOID20's first 12 digits,
-:func:`dpinfer.io.nmf.areas.tabulation_plan`) with the same quantities as the districts.
+:func:`dpinfer.io.nmf.areas.tabulation_plan`) with the same quantities as the districts, and
+every block's pop and vap (where the leaf sizes at their published totals would count a
+block's noisy total twice, in the prior and in the likelihood).
 
 Coverage with its binomial Monte Carlo standard error (the targets of one state treated as
 independent: a rough guide), the posterior's own expected coverage, width, MAE; per quantity
@@ -39,8 +41,10 @@ measurements), so GLS's rows are the same for every truth of a seed; the other m
 depend on the truth (per-cell posteriors truncate at 0; dpinfer's prior pools).
 
 Run:  .venv/bin/python validation/districts_side_by_side.py [--truths ...] [--seed 2020] [--leaves Block]
+      [--leaf-sizes estimated]
 Writes validation/results/districts_side_by_side.md (seed 2020) or districts_side_by_side-seed<S>.md
-(~8 min on a 2-core VM), with ``--leaves Block`` districts_side_by_side-blocks[-seed<S>].md: each
+(~8 min on a 2-core VM), with ``--leaves Block`` districts_side_by_side-blocks[-seed<S>].md (-blocks-estimated-sizes with
+``--leaf-sizes estimated``): each
 seed is another draw of the persons and the noise.
 """
 
@@ -100,7 +104,7 @@ def districts(leaves, rng, n: int = DISTRICTS, span: tuple = (2, 8)) -> np.ndarr
                        f"{leaves.size} leaves")
 
 
-def score(root: str, seed: int, leaves: str):
+def score(root: str, seed: int, leaves: str, leaf_sizes: str = "published"):
     import dpinfer as dp
     from dpinfer.io.nmf.areas import area_quantities, area_targets
     from dpinfer.io.nmf.model import census_model
@@ -114,7 +118,7 @@ def score(root: str, seed: int, leaves: str):
     truth_long = pd.read_parquet(Path(root) / "truth.parquet")
     truth = table.aggregate(truth_long["geocode"], truth_long["cell"], truth_long["count"])
     leaf_area = districts(table.leaves, np.random.default_rng(seed), span=SPANS[leaves])  # before the fit
-    idata = dp.sample(model=census_model(table, leaf_sizes="published"), draws=DRAWS, tune=DRAWS, chains=2,
+    idata = dp.sample(model=census_model(table, leaf_sizes=leaf_sizes), draws=DRAWS, tune=DRAWS, chains=2,
                       random_seed=seed, progressbar=False, inference="empirical-bayes",
                       empirical_bayes={"uncertainty": "normal", **ESTIMATE[leaves]}, max_minutes=MINUTES[leaves])
     counts = idata.posterior["counts"].values
@@ -137,6 +141,8 @@ def score(root: str, seed: int, leaves: str):
         geoid = tabulation_geoid(table.leaves)
         tabulated, leaf_bg = np.unique([g[:12] for g in geoid], return_inverse=True)
         parts += grouped("tabulation block group", leaf_bg, tabulated, [(q[0], [q]) for q in asked])
+        parts += grouped("block", np.arange(len(table.leaves)), table.leaves,
+                         [(q[0], [q]) for q in asked if q[0] in ("pop", "vap")])
         leaf_rows = np.flatnonzero(table.areas.level.to_numpy() == "Block")
         parts.append(area_cell_targets(table.release, leaf_rows, "block cells"))
         spine = np.unique([g[:12] for g in table.leaves], return_inverse=True)[1]
@@ -149,12 +155,16 @@ def score(root: str, seed: int, leaves: str):
 
 
 def main(argv=None) -> None:
+    from dpinfer.io.nmf.model import LEAF_SIZES
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--truths", nargs="+", default=None, choices=TRUTHS,
                         help="default: all five; at --leaves Block all but urban (its urban county alone has "
                              "~2,800 blocks)")
     parser.add_argument("--seed", type=int, default=2020)
     parser.add_argument("--leaves", default="Block_Group", choices=("Block_Group", "Block"))
+    parser.add_argument("--leaf-sizes", default="published", choices=LEAF_SIZES,
+                        help="census_model's leaf sizes (default: published, as dpinfer nmf)")
     args = parser.parse_args(argv)
     if args.truths is None:
         args.truths = [t for t in TRUTHS if args.leaves == "Block_Group" or t != "urban"]
@@ -164,14 +174,15 @@ def main(argv=None) -> None:
     state = dict(STATES[args.leaves])
     state = PRESETS[state.pop("preset")] | state
     levels = LEVELS[:LEVELS.index(args.leaves) + 1]
-    stem = RESULTS.stem + ("-blocks" if args.leaves == "Block" else "")
+    stem = (RESULTS.stem + ("-blocks" if args.leaves == "Block" else "")
+            + ("-estimated-sizes" if args.leaf_sizes == "estimated" else ""))
     path = RESULTS.with_name(f"{stem}.md" if args.seed == 2020 else f"{stem}-seed{args.seed}.md")
     sections = []
     for truth in args.truths:
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as root:
             dp.write_synthetic_nmf(root, **(state | {"seed": args.seed}), truth=truth, levels=("US", "State", *levels))
-            scores, verdict, leaves, shape = score(root, seed=11, leaves=args.leaves)
+            scores, verdict, leaves, shape = score(root, seed=11, leaves=args.leaves, leaf_sizes=args.leaf_sizes)
         sections.append((truth, scores, verdict, time.perf_counter() - start, leaves, shape))
         print(truth, verdict["converged"], f"{time.perf_counter() - start:.0f} s", flush=True)
         path.write_text(report(sections, args))
@@ -184,6 +195,7 @@ def report(sections, args) -> str:
              f"{unit} as leaves)", "",
              f"Written by `validation/districts_side_by_side.py --seed {args.seed}"
              + (" --leaves Block" if args.leaves == "Block" else "")
+             + (f" --leaf-sizes {args.leaf_sizes}" if args.leaf_sizes != "published" else "")
              + "` (its docstring has the method and the states): "
              f"{DISTRICTS} random contiguous districts of {SPANS[args.leaves][0]}-{SPANS[args.leaves][1]} block "
              f"groups' worth of {unit} across tract lines per "
