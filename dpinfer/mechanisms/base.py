@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pymc as pm
+from pymc.distributions.shape_utils import convert_dims
 
 from dpinfer import privacy
 from dpinfer._graphs import observed_integers, shape_of
@@ -141,8 +142,10 @@ class Mechanism(abc.ABC):
         Gibbs-sample the latent true values exactly. ``true_values`` is latent counts x or a
         linear query of them (``Q @ x``, margins, totals), or, for a continuous mechanism, a
         real-valued latent statistic (then an ordinary observed variable for NUTS); a discrete
-        mechanism on a continuous latent is refused."""
+        mechanism on a continuous latent is refused. ``dims``: as PyMC's (a name, or a tuple
+        of names, one per axis of the release)."""
         model = pm.modelcontext(model)
+        dims = _as_dims(dims)
         check_latent_type(model, true_values, self, name)
         if hasattr(observed, "get_value"):  # pm.Data: validate its value, keep it symbolic
             value = self.check_release(observed.get_value())
@@ -300,3 +303,14 @@ class AdditiveMechanism(Mechanism):
         true_values = as_real_array("true_values", true_values)
         lo, hi = self.noise_interval(prob)
         return true_values + lo, true_values + hi
+
+
+def _as_dims(dims):
+    """``dims`` in PyMC's meaning (:func:`pymc.distributions.shape_utils.convert_dims`: one name
+    is a one-axis tuple), refusing what PyMC would misread (a non-string name)."""
+    if dims is None or isinstance(dims, str):
+        return convert_dims(dims)
+    if isinstance(dims, (tuple, list)) and all(isinstance(d, str) or d is None for d in dims):
+        return convert_dims(tuple(dims))
+    raise TypeError(f"dims must be a dimension name or a tuple of names (one per axis of the release), "
+                    f"got {dims!r}")
