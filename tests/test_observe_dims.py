@@ -61,3 +61,10 @@ def test_a_release_file_observes_with_a_name(tmp_path):
         release.observe(x, dims="cell")
     assert model.named_vars_to_dims["y"] == ("cell",)
     assert set(model.coords) == {"cell"}
+
+
+def test_grouped_negative_binomial_takes_a_name():
+    with pm.Model(coords={"area": ["u", "v"]}) as model:
+        dp.GroupedNegativeBinomial("x", np.array([3.0, 4.0]), 2.0, 1.0, np.array([0, 0]), dims="area")
+    assert model.named_vars_to_dims["x"] == ("area",)
+    assert set(model.coords) == {"area"}
