@@ -63,8 +63,8 @@ def test_a_release_file_observes_with_a_name(tmp_path):
     assert set(model.coords) == {"cell"}
 
 
-def test_grouped_negative_binomial_takes_a_name():
-    with pm.Model(coords={"area": ["u", "v"]}) as model:
-        dp.GroupedNegativeBinomial("x", np.array([3.0, 4.0]), 2.0, 1.0, np.array([0, 0]), dims="area")
-    assert model.named_vars_to_dims["x"] == ("area",)
-    assert set(model.coords) == {"area"}
+def test_grouped_negative_binomial_takes_a_list_of_names():
+    with pm.Model(coords={"area": ["u", "v"], "cell": ["a", "b"]}) as model:
+        dp.GroupedNegativeBinomial("x", np.full((2, 2), 3.0), 2.0, 1.0, np.array([0, 0]), dims=["area", "cell"])
+    assert model.named_vars_to_dims["x"] == ("area", "cell")
+    assert set(model.coords) == {"area", "cell"}
