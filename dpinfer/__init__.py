@@ -31,6 +31,9 @@ _EXPORTS = {
     "dpinfer.inference": (
         "marginal_model", "sample"
     ),
+    "dpinfer.inference.recovery": (
+        "RecoveryWarning", "recoveries_of"
+    ),
     "dpinfer.inference.sharded": (
         "sample_sharded",
     ),

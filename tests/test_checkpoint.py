@@ -18,6 +18,7 @@ import pytest
 import dpinfer as dp
 from dpinfer.inference import checkpoint as checkpoints
 from dpinfer.inference.checkpoint import CheckpointMismatchError, Interrupted
+from dpinfer.io.report import recoveries_html
 
 # short fits: their convergence is not what is tested
 pytestmark = pytest.mark.filterwarnings("ignore::dpinfer.inference.convergence.ConvergenceWarning")
@@ -82,9 +83,13 @@ def test_ctrl_c_saves_the_chains_and_the_resumed_fit_gives_the_uninterrupted_dra
     ident = checkpoints.read_identity(path)
     done = [checkpoints.Checkpoint(path, ident, 20).load(c).done for c in range(2)]
     assert min(done) < 300, done  # stopped before the end
-    resumed = dp.sample(model=model(), resume=path, **(SETTINGS | {"random_seed": None}))
+    with pytest.warns(dp.RecoveryWarning, match="resumed the fit from the checkpoint"):
+        resumed = dp.sample(model=model(), resume=path, **(SETTINGS | {"random_seed": None}))
     _same_draws(uninterrupted, resumed)
     assert json.loads(resumed.sample_stats.attrs["resumed_at_iterations"]) == done
+    [entry] = dp.recoveries_of(resumed)
+    assert entry["kind"] == "resumed" and entry["iterations"] == done and entry["checkpoint"] == str(path)
+    assert dp.recoveries_of(uninterrupted) == [] and recoveries_html(uninterrupted) == ""
 
 
 def test_a_killed_process_resumes_from_its_last_checkpoint(tmp_path, uninterrupted):
@@ -176,19 +181,32 @@ def test_a_fit_that_widened_its_windows_resumes_with_the_same_widenings(tmp_path
         return m
 
     settings = dict(draws=150, tune=150, chains=2, random_seed=1, progressbar=False)
-    whole = dp.sample(model=far(), **settings)
+    with pytest.warns(dp.RecoveryWarning, match=r"the windows of \['x'\] missed tol"):  # progressbar=False
+        whole = dp.sample(model=far(), **settings)
     report = json.loads(whole.posterior.attrs["dpinfer"])["x"]
     assert report["widenings"] >= 1
+    widened = dp.recoveries_of(whole)
+    assert [(r["kind"], r["replayed"], list(r["bounds"])) for r in widened] == \
+        [("windows widened", False, ["x"])] * report["widenings"]
     disarm = ctrl_c_after_saves(2, when=lambda checkpoint: checkpoint.identity["widenings"])  # in the refit
     path = tmp_path / "fit"
     with pytest.raises(Interrupted):
         dp.sample(model=far(), checkpoint=path, checkpoint_every=20, cores=1, **settings)
     disarm()
-    assert len(checkpoints.read_identity(path)["widenings"]) >= 1
+    done = len(checkpoints.read_identity(path)["widenings"])  # when it was stopped
+    assert done >= 1
     resumed = dp.sample(model=far(), resume=path, **settings)
     for name in ("lam", "x"):
         np.testing.assert_array_equal(resumed.posterior[name].values, whole.posterior[name].values)
     assert json.loads(resumed.posterior.attrs["dpinfer"])["x"] == report
+    # in order: the widenings replayed, the resume, any made after it
+    kinds = [(r["kind"], r.get("replayed")) for r in dp.recoveries_of(resumed)]
+    assert kinds == [("windows widened", True)] * done + [("resumed", None)] + \
+        [("windows widened", False)] * (len(widened) - done)
+    assert [dict(r, replayed=False) for r in dp.recoveries_of(resumed) if r["kind"] != "resumed"] == widened
+    page = recoveries_html(resumed)  # the reports' section (dpinfer fit, dpinfer nmf)
+    assert f"Recoveries ({len(kinds)})" in page and page.count("<li>") == len(kinds)
+    assert "resumed the fit from the checkpoint" in page
 
 
 def test_an_empirical_bayes_fit_resumes_with_the_uninterrupted_draws(tmp_path, ctrl_c_after_saves):

@@ -10,6 +10,7 @@ import pytest
 from scipy import special, stats
 
 from dpinfer.inference import marginal_model, sample
+from dpinfer.inference.recovery import RecoveryWarning, recoveries_of
 from dpinfer.inference.window import initial_half_width, neglected_log_mass
 from dpinfer.mechanisms.geometric import DoubleGeometric
 
@@ -212,10 +213,12 @@ def test_window_widens_when_the_check_fails(monkeypatch):
 
     monkeypatch.setattr(CellsPlan, "first_half_width", lambda plan, tol, compiled: 1)
     model = beta_binomial_model()
-    idata = sample(50, tune=50, chains=1, random_seed=3, progressbar=False, model=model,
-                   method="marginal")
+    with pytest.warns(RecoveryWarning, match="widened them and fitted again"):
+        idata = sample(50, tune=50, chains=1, random_seed=3, progressbar=False, model=model,
+                       method="marginal")
     report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
     assert report["engine"] == "pymc" and report["widenings"] >= 1
+    assert [r["kind"] for r in recoveries_of(idata)] == ["windows widened"] * report["widenings"]
     assert report["max_relative_error_bound"] <= report["tol"]
 
 

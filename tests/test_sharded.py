@@ -181,12 +181,17 @@ def test_a_worker_killed_mid_fit_costs_only_the_sweeps_since_the_checkpoint(clie
 
     killer = threading.Thread(target=kill_after_the_first_checkpoint)
     killer.start()
-    idata = dp.sample_sharded(build_shard, shared_model(), GROUPS, client=client, checkpoint=path,
-                              checkpoint_every=50, **options)
+    with pytest.warns(dp.RecoveryWarning, match=r"lost the workers \['tcp://[^']+'\] at sweep \d+; carrying on "
+                                                r"from the checkpoint at sweep [1-9]\d*0 "):  # whatever progressbar is
+        idata = dp.sample_sharded(build_shard, shared_model(), GROUPS, client=client, checkpoint=path,
+                                  checkpoint_every=50, progressbar=False, **options)
     killer.join()
     assert killed
-    err = capsys.readouterr().err
-    assert re.search(r"lost the workers \['tcp://[^']+'\]; carrying on from the checkpoint at sweep [1-9]\d*0 ", err)
+    assert capsys.readouterr().err == ""
+    [lost] = dp.recoveries_of(idata)  # on the record
+    assert lost["kind"] == "lost workers" and len(lost["workers"]) == 1
+    assert lost["resumed_at_sweep"] % 50 == 0 and 0 < lost["resumed_at_sweep"] <= lost["lost_at_sweep"]
+    assert dp.recoveries_of(reference) == []
     for name in ("mu0", "m", "x"):
         np.testing.assert_array_equal(reference.posterior[name].values, idata.posterior[name].values)
     assert sorted(os.listdir(path)) == ["checkpoint.json", "latest.json", f"sweep-{550:09d}"]

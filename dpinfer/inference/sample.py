@@ -40,7 +40,7 @@ import xarray as xr
 
 from dpinfer._validation import check_probability
 from dpinfer.inference import checkpoint as checkpoints
-from dpinfer.inference import convergence, failures, planning
+from dpinfer.inference import convergence, failures, planning, recovery
 from dpinfer.inference.engines import closed_form
 from dpinfer.inference.engines import nutpie as nutpie_engine
 from dpinfer.inference.engines.compiled import engine as compiled_engine
@@ -214,6 +214,7 @@ def sample(
     if engine == "nutpie":  # 3. sample
         idata = nutpie_engine.run(fitted, compiled, seed=int(rng.integers(2**31)), **_without(
             options, "rng", "tol", "checkpoint"), **sample_kwargs)
+        recovery.record(idata, [])
         report, widenings, fit = {}, 0, None
     else:
         with compiled_cache.notices(progressbar):
@@ -372,11 +373,13 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
                 spread = {"every": empirical_bayes["every"], "burn": empirical_bayes["burn"]}
     seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
     replay = checkpoint.widenings_to_replay() if checkpoint is not None else []
-    fit = None
+    fit, recoveries = None, []
     for attempt in range(MAX_WIDENINGS + 1):
         if attempt < len(replay):
             compiled_engine.chain_seeds(rng, chains)  # what the fit took from rng
             planning.widen(plans, replay[attempt], tol)
+            recovery.announce(recoveries, "windows widened", _widening_message(replay[attempt]), warn=False,
+                              bounds=_bounds(replay[attempt]), replayed=True)
             continue
         if engine == "compiled":
             idata, report, failed = compiled_engine.run(
@@ -388,7 +391,14 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
                 model, plans, draws=draws, tune=tune, chains=chains, cores=cores,
                 seed=int(seeds[attempt]), rng=rng, tol=tol, progressbar=progressbar,
                 sample_kwargs=sample_kwargs)
+        resumed_at = idata.sample_stats.attrs.get("resumed_at_iterations")
+        if resumed_at is not None:  # this attempt's chains continued from the checkpoint
+            recovery.announce(recoveries, "resumed", f"dpinfer: resumed the fit from the checkpoint "
+                              f"{str(checkpoint.path)!r} at iterations {json.loads(resumed_at)} (per chain); "
+                              f"{len(replay)} widening(s) of windows replayed", checkpoint=str(checkpoint.path),
+                              iterations=json.loads(resumed_at))
         if not failed:
+            recovery.record(idata, recoveries)
             estimate = held if held is not None else start
             if estimate is not None:
                 idata.posterior.attrs["dpinfer_empirical_bayes"] = json.dumps(_estimate_entry(compiled, estimate, spread))
@@ -401,8 +411,18 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
         planning.widen(plans, failed, tol)
         if checkpoint is not None:
             checkpoint.widened(failed)
-        if progressbar:
-            print(f"dpinfer: widening the windows of {sorted(failed)} and refitting")
+        recovery.announce(recoveries, "windows widened", _widening_message(failed), bounds=_bounds(failed),
+                          replayed=False)
+
+
+def _widening_message(failed: dict) -> str:
+    return (f"dpinfer: the windows of {sorted(failed)} missed tol (bounds reached: {_bounds(failed)}); "
+            "widened them and fitted again")
+
+
+def _bounds(failed: dict) -> dict:
+    """Each failed latent's bound as a number (JSON)."""
+    return {str(name): float(bound) for name, bound in failed.items()}
 
 
 def _empirical_bayes_settings(given: dict) -> dict:

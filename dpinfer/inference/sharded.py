@@ -48,7 +48,7 @@ import pymc as pm
 import xarray as xr
 
 from dpinfer._validation import check_probability
-from dpinfer.inference import convergence
+from dpinfer.inference import convergence, recovery
 from dpinfer.inference.checkpoint import Checkpoint, model_hash, replaced_privately, versions
 from dpinfer.inference.engines.compiled import engine as compiled_engine
 from dpinfer.inference.sample import MAX_WIDENINGS, check_sampler_options
@@ -169,9 +169,11 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
                 "tune) or the model puts the counts far from the releases - check the model")
         for k, f in failed.items():
             widenings[k].append(f)
-        if progressbar:
-            print(f"dpinfer: widening the windows of {where} and refitting", file=sys.stderr, flush=True)
+        recovery.announce(fit.recoveries, "windows widened", f"dpinfer: the windows of {where} missed tol; widened "
+                          "them and fitted again", bounds={short(parts[k]): {str(n): float(b) for n, b in f.items()}
+                                                           for k, f in failed.items()}, replayed=False)
     idata = _datatree(driver, fit.steppers, outputs, tune=tune, chains=chains)
+    recovery.record(idata, fit.recoveries)
     idata.sample_stats.attrs.update(
         bytes_per_sweep=fit.bytes_per_sweep, sampling_time=fit.sampling_seconds,
         total_time=time.perf_counter() - began, n_shards=n_shards, progress=fit.progress_line,
@@ -256,6 +258,7 @@ class _Fit:
         self.shard_seeds, self.driver_seeds, self.starts_q = shard_seeds, driver_seeds, starts_q
         self.progressbar = progressbar
         self.total = options["tune"] + options["draws"]
+        self.recoveries = []  # recovery.announce's entries, in order
 
     def start(self, widenings: list, sweep: int = 0) -> None:
         """Build the shards (on the workers alive) and the driver's chains, fresh or, for
@@ -315,9 +318,11 @@ class _Fit:
                 recoveries += 1
                 self.workers = _workers(self.client, wait=True)
                 sweep = self.store.latest()
-                if self.progressbar:
-                    print(f"\ndpinfer: lost the workers {lost}; carrying on from the checkpoint at sweep {sweep} "
-                          f"on the {len(self.workers)} workers alive", file=sys.stderr, flush=True)
+                recovery.announce(self.recoveries, "lost workers", f"dpinfer: lost the workers {lost} at sweep "
+                                  f"{self.done}; carrying on from the checkpoint at sweep {sweep} on the "
+                                  f"{len(self.workers)} workers alive", workers=[str(w) for w in lost],
+                                  lost_at_sweep=int(self.done), resumed_at_sweep=int(sweep),
+                                  workers_alive=len(self.workers))
                 self.start(self.widenings, sweep)
                 progress.done = sweep
         self.sampling_seconds = time.perf_counter() - began

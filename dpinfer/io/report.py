@@ -14,7 +14,7 @@
   bulk and tail ESS over every parameter and count, with the quantities they belong to, and the
   divergent transitions, against R-hat <= 1.01, ESS >= 400 and none) and, if it did not, what
   to do; the exposure used, the template's parameterisation and every fit ``dpinfer fit``
-  made; then all of the above with the diagnostics (divergences, the largest R-hat and the
+  made; every recovery the fit made (windows widened, a resume); then all of the above with the diagnostics (divergences, the largest R-hat and the
   smallest ESS, dpinfer's report: engine, method, windows and their bounds).
 """
 
@@ -151,7 +151,7 @@ def write_report(directory, idata, *, latent: str, release, labels, title: str, 
         _parameters_figure(idata, params[:SCALAR_LIMIT], out / "parameters.png")
     diag = diagnostics(idata)
     report = json.loads(idata.posterior.attrs.get("dpinfer", "{}"))
-    top = _top(convergence, verdict, advice or [], rounds or [], exposure, template)
+    top = _top(convergence, verdict, advice or [], rounds or [], exposure, template) + recoveries_html(idata)
     page = _html(title, description, table, summary.loc[[i for i in summary.index if i in params]]
                  if params else None, diag, report, has_parameters=bool(params), top=top)
     (out / "index.html").write_text(page, encoding="utf-8")
@@ -193,6 +193,19 @@ def _top(convergence, verdict: str, advice: list, rounds: list, exposure, templa
                      f"<th>min bulk ESS</th><th>divergences</th><th>seconds</th></tr>{rows}</table>")
     status = "converged" if c.converged else "not-converged"
     return f'<section id="verdict" class="{status}">{head}{"".join(lines)}</section>'
+
+
+def recoveries_html(idata) -> str:
+    """A section (id "recoveries") listing every recovery the fit made
+    (:mod:`dpinfer.inference.recovery`: windows widened, a resume, lost workers), or "" if none."""
+    from dpinfer.inference.recovery import recoveries_of
+
+    entries = recoveries_of(idata)
+    if not entries:
+        return ""
+    items = "".join(f"<li>{html.escape(r['kind'])}: {html.escape(r['message'])}</li>" for r in entries)
+    return (f'<section id="recoveries"><h2>Recoveries ({len(entries)})</h2><p>The fit went on after these '
+            f"(also in <code>sample_stats.attrs[\"dpinfer_recoveries\"]</code>):</p><ul>{items}</ul></section>")
 
 
 def _html(title, description, table, parameters, diag, report, *, has_parameters, top="") -> str:

@@ -3,7 +3,8 @@
 The page opens with what a reader must know before any number: the method that ran (full or
 empirical Bayes, and why: ``posterior.attrs["dpinfer_inference"]``; the empirical-Bayes
 estimate's method and Monte Carlo error), the convergence verdict (a fit that has not
-converged says so first and is not a result), and the table's size. Then, per level, every
+converged says so first and is not a result), every recovery the fit made (windows widened, a
+resume), and the table's size. Then, per level, every
 area's total population with dpinfer's posterior median and 90% interval beside the GLS
 estimate +- 1.645 sd (the Census Bureau's GLS on the same measurements) and the truth where
 known (and the same for every area's share Hispanic, where the two differ visibly); against
@@ -20,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dpinfer.io.report import recoveries_html
+
 Z90 = 1.6448536269514722  # the standard normal's 95% quantile: GLS +- Z90 sd is a 90% interval
 
 
@@ -28,7 +31,8 @@ def write_report(out: Path, *, root, state, nmf, table, idata, summary: pd.DataF
     figures = level_figures(summary, out)
     page = out / "report.html"
     page.write_text(report_html(root=root, state=state, nmf=nmf, table=table, attrs=dict(idata.posterior.attrs),
-                                summary=summary, figures=figures, seconds=seconds))
+                                summary=summary, figures=figures, seconds=seconds,
+                                recoveries=recoveries_html(idata)))
     return page
 
 
@@ -130,8 +134,9 @@ def level_figures(summary: pd.DataFrame, out: Path) -> list[str]:
 
 
 def report_html(*, root, state, nmf, table, attrs: dict, summary: pd.DataFrame, figures: list,
-                seconds: dict) -> str:
-    """The page (module docstring)."""
+                seconds: dict, recoveries: str = "") -> str:
+    """The page (module docstring); ``recoveries``: the fit's recoveries section
+    (:func:`dpinfer.io.report.recoveries_html`), after the verdict."""
     esc = html.escape
     verdict = json.loads(attrs["dpinfer_convergence"])
     converged = verdict["converged"]
@@ -147,6 +152,7 @@ def report_html(*, root, state, nmf, table, attrs: dict, summary: pd.DataFrame, 
         f"<p id='method'><b>Method.</b> {esc(method_text(attrs))}</p>",
         f"<h2 id='verdict' class='{'converged' if converged else 'not-converged'}'>"
         f"{esc(verdict_text(verdict))}</h2>",
+        recoveries,
         f"<p id='sizes'><b>Table.</b> {len(table.leaves):,} leaves x {len(table.cells)} cells = "
         f"{len(table.leaves) * len(table.cells):,} latent counts; {sums.term_value.size:,} terms "
         f"(measurements, equalities, bounds) from {len(nmf.files)} files under {esc(str(root))} (levels "
