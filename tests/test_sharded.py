@@ -17,6 +17,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -28,6 +30,7 @@ from scipy import stats
 from scipy.special import gammaln
 
 import dpinfer as dp
+from dpinfer.inference.checkpoint import CheckpointMismatchError
 from dpinfer.inference.sharded import _partition
 
 distributed = pytest.importorskip("distributed")
@@ -38,9 +41,9 @@ TOTALS = RELEASE.sum(axis=1)
 GROUPS = [0, 1, 2, 3]
 
 
-def build_shard(groups, drop_prior_term=False):
+def build_shard(groups, release=RELEASE):
     groups = np.asarray(groups)
-    release = RELEASE[groups].ravel()
+    release = release[groups].ravel()
     local = np.repeat(np.arange(len(groups)), 2)
     mechanism = dp.Conditioned(dp.DoubleGeometric(epsilon=EPSILON), dp.Invariants.groups(local))
     with pm.Model() as model:
@@ -197,6 +200,110 @@ def test_a_worker_killed_mid_fit_costs_only_the_sweeps_since_the_checkpoint(clie
     assert sorted(os.listdir(path)) == ["checkpoint.json", "latest.json", f"sweep-{550:09d}"]
     assert oct(os.stat(path).st_mode & 0o777) == "0o700"
     assert sorted(os.listdir(path / f"sweep-{550:09d}")) == ["shard-0", "shard-1", "shared"]
+
+
+DRIVER_SCRIPT = """
+import sys, time
+sys.path.insert(0, {tests!r})
+import cloudpickle
+import distributed
+import test_sharded as t
+import dpinfer as dp
+from dpinfer.inference import sharded
+
+cloudpickle.register_pickle_by_value(t)  # the workers need not import the test module
+save = sharded._SweepCheckpoints.save
+def slow_save(self, *args):  # a slow file system: the driver is killed mid-fit
+    save(self, *args)
+    time.sleep(0.5)
+sharded._SweepCheckpoints.save = slow_save
+if {address!r}:
+    client = distributed.Client({address!r})
+else:  # the driver's own cluster, in its process: it dies with the driver
+    client = distributed.Client(distributed.LocalCluster(n_workers=2, processes=False, dashboard_address=":0"))
+dp.sample_sharded(t.build_shard, t.shared_model(), t.GROUPS, client=client, checkpoint={path!r},
+                  checkpoint_every=50, progressbar=False, **{options!r})
+"""
+
+
+def killed_driver(tmp_path, options, address=""):
+    """Run a sharded fit's driver in another process and SIGKILL it once its first checkpoint
+    is whole; returns the checkpoint's directory."""
+    path = tmp_path / "checkpoint"
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER_SCRIPT.format(tests=os.path.dirname(__file__), address=address, path=str(path),
+                                           options=options))
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 300
+        while not (path / "latest.json").exists() and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.02)
+        assert child.poll() is None, "the driver ended before it could be killed: " + child.stderr.read().decode()
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait()
+        child.stderr.close()
+    assert 0 < json.loads((path / "latest.json").read_text())["sweep"] < options["draws"] + options["tune"]
+    return path
+
+
+@pytest.mark.parametrize("cluster", ["the same", "a new"])
+def test_a_killed_driver_resumes_from_the_last_checkpoint(client, tmp_path, cluster):
+    """Issue 40: the driver process SIGKILLed after a checkpoint (connected to this module's
+    LocalCluster, or with its own cluster, which dies with it); the same call with resume= in
+    this process, on this module's cluster, without the seed, gives the uninterrupted draws."""
+    options = dict(draws=300, tune=300, chains=2, random_seed=7)
+    reference = dp.sample_sharded(build_shard, shared_model(), GROUPS, shards=2, progressbar=False, **options)
+    address = client.scheduler.address if cluster == "the same" else ""
+    path = killed_driver(tmp_path, options, address)
+    sweep = json.loads((path / "latest.json").read_text())["sweep"]
+    with pytest.warns(dp.RecoveryWarning, match=f"resumed the sharded fit from the checkpoint .* at sweep {sweep}"):
+        resumed = dp.sample_sharded(build_shard, shared_model(), GROUPS, client=client, resume=path,
+                                    progressbar=False, **(options | {"random_seed": None}))
+    for name in ("mu0", "m", "x"):
+        np.testing.assert_array_equal(reference.posterior[name].values, resumed.posterior[name].values)
+    [entry] = dp.recoveries_of(resumed)
+    assert entry["kind"] == "resumed" and entry["sweep"] == sweep
+
+
+def test_a_checkpoint_of_another_fit_is_refused_saying_what_differs(tmp_path):
+    options = dict(draws=40, tune=40, chains=2, random_seed=7, shards=2, progressbar=False)
+    path = tmp_path / "checkpoint"
+    dp.sample_sharded(build_shard, shared_model(), GROUPS, checkpoint=path, checkpoint_every=20, **options)
+    cases = [
+        (dict(options, random_seed=8), "random_seed: its seed's entropy is 7, now 8"),
+        (dict(options, draws=50), "draws=40 there, 50 now"),
+        (dict(options, shards=4), r"its shards hold the groups \['0', '1'\]; \['2', '3'\], now \['0'\]; \['1'\]"),
+        (dict(options, target_accept=0.9), "target_accept=0.8 there, 0.9 now"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(CheckpointMismatchError, match=message):
+            dp.sample_sharded(build_shard, shared_model(), GROUPS, resume=path, **kwargs)
+    with pytest.raises(CheckpointMismatchError, match="its shared model is another"):
+        dp.sample_sharded(build_shard, shared_model(scale=2.0), GROUPS, resume=path, **options)
+    ident = json.loads((path / "checkpoint.json").read_text())
+    ident["versions"]["dpinfer"] = "0.0.1"
+    (path / "checkpoint.json").write_text(json.dumps(ident))
+    with pytest.raises(CheckpointMismatchError, match="dpinfer 0.0.1 with .*; now dpinfer"):
+        dp.sample_sharded(build_shard, shared_model(), GROUPS, resume=path, **options)
+    with pytest.raises(FileExistsError, match="not empty; give a new or empty directory, or resume="):
+        dp.sample_sharded(build_shard, shared_model(), GROUPS, checkpoint=path, **options)
+    with pytest.raises(ValueError, match="give checkpoint= or resume=, not both"):
+        dp.sample_sharded(build_shard, shared_model(), GROUPS, checkpoint=tmp_path / "other", resume=path, **options)
+    with pytest.raises(FileNotFoundError, match="holds no sharded dpinfer checkpoint"):
+        dp.sample_sharded(build_shard, shared_model(), GROUPS, resume=tmp_path / "nothing", **options)
+
+
+def test_a_resume_with_other_data_in_a_shard_is_refused(tmp_path):
+    options = dict(draws=40, tune=40, chains=2, random_seed=7, shards=2, progressbar=False)
+    path = tmp_path / "checkpoint"
+    dp.sample_sharded(build_shard, shared_model(), GROUPS, checkpoint=path, checkpoint_every=20, **options)
+
+    def other_data(groups):
+        return build_shard(groups, release=RELEASE + 1)
+
+    with pytest.raises(CheckpointMismatchError, match="belongs to another model"):
+        dp.sample_sharded(other_data, shared_model(), GROUPS, resume=path, **options)
 
 
 def test_a_shared_model_that_is_not_the_conditional_is_refused():

@@ -30,7 +30,9 @@ the same (it is the change of log p(theta), which the local state cannot alter).
 missing from the shared model, a term dropped or a wrong factor fails this check.
 
 Chains advance in lock step (each shard runs every chain's iteration in one call). With a
-seed the draws are the same whatever the workers, for the same ``shards``.
+seed the draws are the same whatever the workers, for the same ``shards``; so a fit carried on
+from a checkpoint, after a worker was lost or by a new driver (``resume=``), gives the draws
+of the uninterrupted fit. Every such recovery is on the record (:mod:`dpinfer.inference.recovery`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,13 @@ import xarray as xr
 
 from dpinfer._validation import check_probability
 from dpinfer.inference import convergence, recovery
-from dpinfer.inference.checkpoint import Checkpoint, model_hash, replaced_privately, versions
+from dpinfer.inference.checkpoint import (
+    Checkpoint,
+    CheckpointMismatchError,
+    model_hash,
+    replaced_privately,
+    versions,
+)
 from dpinfer.inference.engines.compiled import engine as compiled_engine
 from dpinfer.inference.sample import MAX_WIDENINGS, check_sampler_options
 from dpinfer.inference.engines.compiled.chains import (
@@ -73,7 +81,7 @@ METHOD = ("sharded exact Gibbs: the shared parameters by NUTS given the shards' 
 def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune: int = 1000,
                    chains: int = 2, client=None, shards: int | None = None, weights=None,
                    random_seed: int | None = None, tol: float = 1e-10, progressbar: bool = True,
-                   checkpoint=None, checkpoint_every: int = 100, **sample_kwargs) -> xr.DataTree:
+                   checkpoint=None, checkpoint_every: int = 100, resume=None, **sample_kwargs) -> xr.DataTree:
     """Sample one model's posterior with its groups sharded over workers (module docstring).
 
     Parameters
@@ -101,6 +109,15 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
         during the fit: the shards are started again on the workers alive from the last
         checkpoint and the fit carries on (at most MAX_RECOVERIES times); the draws are those
         of an uninterrupted fit.
+    resume
+        A sharded checkpoint directory (written with ``checkpoint=``) whose fit stopped (this
+        process, the driver, was killed or lost): the fit continues from its last whole
+        checkpoint on this call's client (the same cluster or another), replaying the
+        widenings it had made, and keeps saving there; the draws are those of the
+        uninterrupted fit. The same call with ``resume=`` in place of ``checkpoint=``
+        (``random_seed`` may be left out: it is in the checkpoint); another model, data,
+        groups, shards, settings, seed or dpinfer version is refused with what differs
+        (:class:`~dpinfer.inference.checkpoint.CheckpointMismatchError`).
     draws, tune, chains, random_seed, progressbar, tol, sample_kwargs
         As ``dpinfer.sample`` with the compiled engine (``target_accept``, ``max_treedepth``,
         ``nuts_per_sweep``, ``counts_per_sweep``, for the shared parameters and every shard).
@@ -131,9 +148,13 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
     if not 1 <= n_shards <= len(groups):
         raise ValueError(f"shards must be between 1 and the number of groups ({len(groups)}), got {shards!r}")
     settings = compiled_engine.settings(_checked_options(sample_kwargs))
+    if checkpoint is not None and resume is not None and Path(checkpoint) != Path(resume):
+        raise ValueError(f"give checkpoint= or resume=, not both (resume={str(resume)!r} keeps saving there)")
     began = time.perf_counter()
 
     driver = _Driver(shared_model, len(groups))
+    if resume is not None and random_seed is None:  # the checkpointed fit's seed
+        random_seed = _SweepCheckpoints.stored_entropy(resume)
     seeds = np.random.SeedSequence(random_seed)
     driver_seed, probe_seed, *shard_seeds = seeds.spawn(2 + n_shards)
     starts_q = [driver.compiled.initial_q(int(s.generate_state(1)[0]), shared_model)
@@ -145,15 +166,30 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
     parts = _partition(groups, n_shards, weights)
     options = dict(shared=driver.shapes, summaries=driver.summary_names, chains=chains, tune=tune,
                    draws=draws, starts=starts, probe=probe, tol=tol, settings=settings)
-    store = None if checkpoint is None else _SweepCheckpoints(checkpoint, checkpoint_every, driver, parts,
-                                                             settings | {"draws": draws, "tune": tune, "chains": chains})
+    identity = {"versions": versions(), "model": _SweepCheckpoints.driver_hash_of(driver),
+                "settings": settings | {"draws": draws, "tune": tune, "chains": chains, "tol": tol},
+                "shards": [[repr(g) for g in part] for part in parts], "entropy": str(seeds.entropy)}
+    store = (None if checkpoint is None and resume is None else
+             _SweepCheckpoints.create(checkpoint, checkpoint_every, identity) if resume is None else
+             _SweepCheckpoints.open(resume, checkpoint_every, identity))
     fit = _Fit(driver, build_shard, parts, options, client=client, workers=workers, store=store,
                shard_seeds=[[int(s.generate_state(1)[0]) for s in seq.spawn(chains)] for seq in shard_seeds],
                driver_seeds=driver_seed.spawn(chains), starts_q=starts_q, progressbar=progressbar)
     widenings = [[] for _ in parts]  # per shard, each refit's failed latents (name -> bound)
-    for attempt in range(MAX_WIDENINGS + 1):
-        fit.start(widenings)
-        if attempt == 0:
+    rounds = store.widening_rounds() if resume is not None else []  # the stopped fit's, replayed
+    for failed in rounds:
+        for k, f in failed.items():
+            widenings[k].append(f)
+        recovery.announce(fit.recoveries, "windows widened", _widening_message(parts, failed), warn=False,
+                          bounds=_bounds(parts, failed), replayed=True)
+    for attempt in range(len(rounds), MAX_WIDENINGS + 1):
+        sweep = store.latest() if resume is not None and attempt == len(rounds) else 0
+        fit.start(widenings, sweep)
+        if sweep:
+            recovery.announce(fit.recoveries, "resumed", f"dpinfer: resumed the sharded fit from the checkpoint "
+                              f"{str(resume)!r} at sweep {sweep} on {len(fit.workers)} workers; {len(rounds)} "
+                              "widening(s) of windows replayed", checkpoint=str(resume), sweep=sweep)
+        if attempt == len(rounds):
             check_shared_model(driver, fit.shards, (starts_q[0], probe_q), (starts[0], probe),
                                int(probe_seed.generate_state(2)[1]))
         outputs = fit.run()
@@ -169,9 +205,10 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
                 "tune) or the model puts the counts far from the releases - check the model")
         for k, f in failed.items():
             widenings[k].append(f)
-        recovery.announce(fit.recoveries, "windows widened", f"dpinfer: the windows of {where} missed tol; widened "
-                          "them and fitted again", bounds={short(parts[k]): {str(n): float(b) for n, b in f.items()}
-                                                           for k, f in failed.items()}, replayed=False)
+        if store is not None:
+            store.widened(failed)
+        recovery.announce(fit.recoveries, "windows widened", _widening_message(parts, failed),
+                          bounds=_bounds(parts, failed), replayed=False)
     idata = _datatree(driver, fit.steppers, outputs, tune=tune, chains=chains)
     recovery.record(idata, fit.recoveries)
     idata.sample_stats.attrs.update(
@@ -191,6 +228,16 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
     idata.posterior.attrs["dpinfer_convergence"] = json.dumps(result.as_dict())
     convergence.report(result, show=progressbar)
     return idata
+
+
+def _widening_message(parts: list, failed: dict) -> str:
+    where = "; ".join(f"{sorted(f)} of the groups {short(parts[k])}" for k, f in failed.items())
+    return f"dpinfer: the windows of {where} missed tol; widened them and fitted again"
+
+
+def _bounds(parts: list, failed: dict) -> dict:
+    """Each shard's failed latents' bounds (JSON), keyed by its groups."""
+    return {short(parts[k]): {str(n): float(b) for n, b in f.items()} for k, f in failed.items()}
 
 
 class _Driver:
@@ -350,21 +397,84 @@ class _SweepCheckpoints:
     ``every`` sweeps a ``sweep-<n>`` directory with the driver's chains (``shared``) and each
     shard's (``shard-<k>``), :class:`~dpinfer.inference.checkpoint.Checkpoint`'s files; then
     ``latest.json`` names it and the older one is removed. ``checkpoint.json`` records what
-    the fit was (versions, settings, the shards' groups)."""
+    the fit is (versions, the shared model's hash, settings, the shards' groups, the seed's
+    entropy) and the widenings made so far, so that a new driver can resume it (:meth:`open`)."""
 
-    def __init__(self, path, every: int, driver: "_Driver", parts: list, settings: dict):
-        if int(every) != every or every < 1:
+    def __init__(self, path, every: int, identity: dict):
+        if isinstance(every, bool) or int(every) != every or every < 1:
             raise ValueError(f"checkpoint_every must be a whole number >= 1, got {every!r}")
-        self.path, self.every = Path(path), int(every)
-        if self.path.exists() and any(self.path.iterdir()):
-            raise FileExistsError(f"checkpoint={str(path)!r} is not empty; give a new or empty directory")
-        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.path, 0o700)
-        self.n_shards = len(parts)
-        self.driver_hash = model_hash(driver.compiled.key, driver.compiled.data.values, np.zeros(0, np.int64))
+        self.path, self.every, self.identity = Path(path), int(every), identity
+        self.n_shards = len(identity["shards"])
+        self.driver_hash = identity["model"]
+
+    @staticmethod
+    def driver_hash_of(driver: "_Driver") -> str:
+        return model_hash(driver.compiled.key, driver.compiled.data.values, np.zeros(0, np.int64))
+
+    @classmethod
+    def create(cls, path, every: int, identity: dict) -> "_SweepCheckpoints":
+        """A new checkpoint directory at ``path`` (absent or empty)."""
+        out = cls(path, every, dict(identity, widenings=[]))
+        if out.path.exists() and any(out.path.iterdir()):
+            raise FileExistsError(f"checkpoint={str(path)!r} is not empty; give a new or empty directory, or "
+                                  f"resume={str(path)!r} to continue the fit it holds")
+        out.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(out.path, 0o700)
+        out._write_identity()
+        return out
+
+    @classmethod
+    def open(cls, path, every: int, identity: dict) -> "_SweepCheckpoints":
+        """The checkpoint at ``path`` to resume, after checking that it is this fit's
+        (:class:`CheckpointMismatchError` naming every difference)."""
+        stored = _SweepCheckpoints.read(path)
+        differences = []
+        if stored["versions"] != identity["versions"]:
+            old, new = stored["versions"], identity["versions"]
+            differences.append(f"it was written by another dpinfer version or software stack (dpinfer "
+                               f"{old.get('dpinfer')} with {old.get('compiled')}; now dpinfer {new['dpinfer']} "
+                               f"with {new['compiled']})")
+        if stored["model"] != identity["model"]:
+            differences.append("its shared model is another (its structure or data hash differently)")
+        if stored["shards"] != identity["shards"]:
+            differences.append(f"its shards hold the groups {_runs(stored['shards'])}, now {_runs(identity['shards'])} "
+                               "(give the same groups, shards and weights)")
+        for name, value in identity["settings"].items():
+            if stored["settings"].get(name) != value:
+                differences.append(f"{name}={stored['settings'].get(name)!r} there, {value!r} now")
+        if stored["entropy"] != identity["entropy"]:
+            differences.append(f"random_seed: its seed's entropy is {stored['entropy']}, now {identity['entropy']}")
+        if differences:
+            raise CheckpointMismatchError(f"resume={str(path)!r} cannot continue this fit: " + "; ".join(differences))
+        return cls(path, every, stored)
+
+    @staticmethod
+    def read(path) -> dict:
+        file = Path(path) / "checkpoint.json"
+        if not file.exists():
+            raise FileNotFoundError(f"resume={str(path)!r} holds no sharded dpinfer checkpoint ({file} is missing)")
+        stored = json.loads(file.read_text())
+        if "entropy" not in stored:
+            raise CheckpointMismatchError(f"resume={str(path)!r} was written by a dpinfer that could not resume "
+                                          "a sharded fit; start it again with checkpoint=")
+        return stored
+
+    @staticmethod
+    def stored_entropy(path) -> int:
+        return int(_SweepCheckpoints.read(path)["entropy"])
+
+    def _write_identity(self) -> None:
         with replaced_privately(self.path / "checkpoint.json") as tmp:
-            tmp.write_text(json.dumps({"versions": versions(), "settings": settings,
-                                       "shards": [[repr(g) for g in part] for part in parts]}, indent=1))
+            tmp.write_text(json.dumps(self.identity, indent=1))
+
+    def widened(self, failed: dict) -> None:
+        """Note a widening (shard -> {latent: bound}) before the fit starts again."""
+        self.identity["widenings"].append({str(k): {n: float(b) for n, b in f.items()} for k, f in failed.items()})
+        self._write_identity()
+
+    def widening_rounds(self) -> list[dict]:
+        """The widenings made so far, in order (shard -> {latent: bound})."""
+        return [{int(k): f for k, f in failed.items()} for failed in self.identity["widenings"]]
 
     def _sweep_dir(self, sweep: int) -> Path:
         return self.path / f"sweep-{sweep:09d}"
@@ -431,6 +541,10 @@ def check_shared_model(driver: _Driver, shard_list: list, qs: tuple, thetas: tup
             "are the change of the prior of the shared parameters). Check that every term of the "
             "local parameters' prior that involves the shared parameters is in shared_model, written "
             f"through the summaries {driver.summary_names}, and that the summaries are sufficient")
+
+
+def _runs(shards: list) -> str:
+    return "; ".join(f"[{part[0]} .. {part[-1]}]" if len(part) > 2 else f"{part}" for part in shards)
 
 
 def _checked_options(options: dict) -> dict:
