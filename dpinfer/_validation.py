@@ -58,8 +58,9 @@ def check_integer_sensitivity(value, name: str = "sensitivity") -> int:
     """Sensitivity of an integer-valued query: a whole number >= 1."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a whole number >= 1, got {value!r}")
-    if not float(value).is_integer() or value < 1:
-        raise ValueError(f"{name} must be a whole number >= 1 for a discrete mechanism, got {value!r}")
+    if not float(value).is_integer() or not 1 <= value <= 2**53:
+        raise ValueError(f"{name} must be a whole number in [1, 2**53] for a discrete mechanism (an integer "
+                         f"that float64 holds exactly), got {value!r}")
     return int(value)
 
 
@@ -82,8 +83,9 @@ def check_bounds(lower, upper, *, integer: bool = False) -> tuple:
 def as_real_array(name: str, values) -> np.ndarray:
     """Finite real values as a float64 array."""
     arr = np.asarray(values)
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
-        raise TypeError(f"{name} must be numeric, got dtype {arr.dtype}")
+    if arr.dtype == object or np.issubdtype(arr.dtype, np.complexfloating) or \
+            not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise TypeError(f"{name} must be numeric (real numbers), got dtype {arr.dtype}")
     arr = arr.astype(np.float64)
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} must be finite; found NaN or infinite entries")
@@ -134,8 +136,10 @@ def check_probability(value, name: str = "prob") -> float:
 
 def check_count(name: str, value, minimum: int) -> int:
     """A whole number >= ``minimum`` (chains, steps, sweeps, runs, lags), returned as int."""
-    if isinstance(value, bool) or int(value) != value or int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a whole number >= {minimum}, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value) or int(value) != value or int(value) < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
     return int(value)
 
 

@@ -111,10 +111,12 @@ def smallest_private_epsilon(too_loose: Callable[[float], bool]) -> float:
         return 0.0
     hi = 1.0
     for _ in range(_MAX_DOUBLINGS):
+        if not math.isfinite(hi):
+            break
         if not too_loose(hi):
             return bisect_private_end(too_loose, 0.0, hi)
         hi *= 2.0
-    raise RuntimeError("no epsilon reaches this delta")
+    raise RuntimeError("no finite epsilon reaches this delta")
 
 
 # --- root searches on smooth profiles, returning the private end ------------------------------

@@ -483,7 +483,8 @@ BAD = {
                               r"invariants\.values: the released values break the declared invariants: "
                               r"release violates the invariants: the total is 40, but a\[0\] = 41"),
     "rows vs invariants": ("Conditioned", [("invariants.n_cells", 5)], None,
-                           r"invariants: cover 5 cells, but the values file has 4 values "
+                           r"invariants: cover 5 cells \(its n_cells, groups or matrix\), but the values file has 4 "
+                           r"values "
                            r"\(4 rows x 1 value column\(s\)\)"),
     "invariant values length": ("Conditioned", [("invariants.values", [40, 1])], None,
                                 r"invariants\.values: has 2 entries but the invariants have 1 constraint rows"),

@@ -24,6 +24,7 @@ __all__ = ["DiscreteGaussian", "discrete_gaussian_log_normaliser", "discrete_gau
 _SERIES_TERMS = 12
 _TWO_PI_SQ = 2.0 * math.pi**2
 _HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
+MAX_SIGMA = 1e75  # sigma^4 (the variance's series) stays finite in float64 below ~1e77
 # Tail-sum length: ceil(_TAIL_SIGMAS * sigma) + _TAIL_EXTRA pmf terms (see DiscreteGaussian).
 _TAIL_SIGMAS = 9.0
 _TAIL_EXTRA = 2
@@ -39,7 +40,7 @@ def discrete_gaussian_log_normaliser(sigma) -> float:
     result keeps full relative precision, and 12 terms exceed float64 resolution (see
     ``_SERIES_TERMS``).
     """
-    sigma = check_positive("sigma", sigma)
+    sigma = _checked_sigma(sigma)
     j = np.arange(1, _SERIES_TERMS + 1, dtype=np.float64)
     if sigma < 1.0:
         return float(np.log1p(2.0 * np.sum(np.exp(-(j**2) / (2.0 * sigma**2)))))
@@ -56,13 +57,22 @@ def discrete_gaussian_variance(sigma) -> float:
     Var = sigma^2 - 8 pi^2 sigma^4 sum_{j>=1} j^2 q^{j^2} / (1 + 2 sum_{j>=1} q^{j^2}),
     q = exp(-2 pi^2 sigma^2): slightly below sigma^2, as Canonne, Kamath & Steinke (2020) show.
     """
-    sigma = check_positive("sigma", sigma)
+    sigma = _checked_sigma(sigma)
     j = np.arange(1, _SERIES_TERMS + 1, dtype=np.float64)
     if sigma < 1.0:
         w = np.exp(-(j**2) / (2.0 * sigma**2))
         return float(2.0 * np.sum(j**2 * w) / (1.0 + 2.0 * np.sum(w)))
     w = np.exp(-_TWO_PI_SQ * sigma**2 * j**2)
     return float(sigma**2 - 4.0 * _TWO_PI_SQ * sigma**4 * np.sum(j**2 * w) / (1.0 + 2.0 * np.sum(w)))
+
+
+def _checked_sigma(sigma) -> float:
+    """sigma > 0 and at most MAX_SIGMA (beyond it sigma^4 overflows float64 in the series)."""
+    sigma = check_positive("sigma", sigma)
+    if sigma > MAX_SIGMA:
+        raise ValueError(f"sigma must be at most {MAX_SIGMA:g} (float64 arithmetic of the discrete Gaussian's "
+                         f"normaliser and variance overflows beyond), got {sigma!r}")
+    return sigma
 
 
 def _log_normaliser(sigma):

@@ -29,6 +29,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import numbers
 import os
 import sys
 import time
@@ -38,7 +39,7 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
-from dpinfer._validation import check_probability
+from dpinfer._validation import check_count, check_probability
 from dpinfer.inference import checkpoint as checkpoints
 from dpinfer.inference import convergence, failures, planning, recovery
 from dpinfer.inference.engines import closed_form
@@ -167,7 +168,7 @@ def sample(
     ``["dpinfer_convergence"]`` are the report of step 4 of the module docstring.
     """
     tol = check_probability(tol, "tol")
-    if method not in METHODS:
+    if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     deadline = None
     if max_minutes is not None:
@@ -175,22 +176,21 @@ def sample(
                 math.isfinite(max_minutes) and max_minutes >= 0):
             raise ValueError(f"max_minutes must be a finite number of minutes >= 0, got {max_minutes!r}")
         deadline = time.monotonic() + 60.0 * max_minutes
-    if inference not in INFERENCES:
+    if not isinstance(inference, str) or inference not in INFERENCES:
         raise ValueError(f"inference must be one of {INFERENCES}, got {inference!r}")
     if empirical_bayes is not None and (inference == "full-bayes" or not isinstance(empirical_bayes, dict)):
         raise TypeError(f"empirical_bayes takes a dict of settings {EMPIRICAL_BAYES_KEYS} and inference="
                         f"'empirical-bayes' or 'auto'; got {empirical_bayes!r} with inference={inference!r}")
     empirical_bayes = _empirical_bayes_settings(empirical_bayes or {})
-    for name, value, least in (("draws", draws, 1), ("tune", tune, 0), ("chains", chains, 1)):
-        if int(value) != value or value < least:
-            raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+    draws, tune, chains = (check_count(name, value, least)
+                           for name, value, least in (("draws", draws, 1), ("tune", tune, 0), ("chains", chains, 1)))
     model = pm.modelcontext(model)
     records = releases_of(model)
     if not records:
         raise ValueError("the model has no release registered with Mechanism.observe(...); use pm.sample")
     seed = _seed_sequence(random_seed, resume)
     rng = np.random.default_rng(seed)
-    cores = min(chains, cores if cores is not None else (os.cpu_count() or 1))
+    cores = min(chains, check_count("cores", cores, 1) if cores is not None else (os.cpu_count() or 1))
 
     plan = planning.plan_model(model, records, method=method)  # 1. plan
     with compiled_cache.notices(progressbar):
@@ -248,6 +248,10 @@ def sample(
 
 def _seed_sequence(random_seed, resume) -> np.random.SeedSequence:
     """The fit's seed; resuming without ``random_seed``, the checkpointed fit's."""
+    if random_seed is not None and (isinstance(random_seed, bool) or not isinstance(random_seed, numbers.Integral)
+                                    or random_seed < 0):
+        raise (ValueError if isinstance(random_seed, numbers.Integral) and not isinstance(random_seed, bool)
+               else TypeError)(f"random_seed must be None or a whole number >= 0, got {random_seed!r}")
     if resume is not None and random_seed is None:
         return np.random.SeedSequence(int(checkpoints.read_identity(resume)["entropy"]))
     return np.random.SeedSequence(random_seed)

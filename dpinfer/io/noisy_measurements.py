@@ -431,7 +431,7 @@ def read_noisy_measurements(
 
 
 def _check_invariant_option(invariants) -> None:
-    if invariants not in INVARIANT_OPTIONS:
+    if not isinstance(invariants, str) or invariants not in INVARIANT_OPTIONS:
         raise ValueError(f"invariants must be one of {INVARIANT_OPTIONS}, got {invariants!r}")
 
 

@@ -302,7 +302,7 @@ def _choose(count_variance, y, w, design, spread, basis: str, noise) -> Paramete
     :func:`binomial_parameterisation`: the release's spread, the range (its 95% interval unless
     ``spread`` is given) and I_i = V_i (``basis="counts"``, counts drawn) or V_i^2 / (V_i + v_i)
     (``"release"``, counts summed out)."""
-    if basis not in BASES:
+    if not isinstance(basis, str) or basis not in BASES:
         raise ValueError(f"information must be one of {BASES}, got {basis!r}")
     fit = release_spread(y, w, design)
     if spread is None:

@@ -30,7 +30,7 @@ NEIGHBOUR_RELATIONS = ("add-remove", "substitution")
 
 
 def check_neighbour(value) -> str:
-    if value not in NEIGHBOUR_RELATIONS:
+    if not isinstance(value, str) or value not in NEIGHBOUR_RELATIONS:
         raise ValueError(f"neighbour must be one of {NEIGHBOUR_RELATIONS}, got {value!r}")
     return value
 

@@ -53,6 +53,10 @@ _TAIL_EXTRA = 10
 _ROUNDING_MARGIN = 1e-10
 
 
+MAX_SIGMA = 1e6  # the exact privacy profile (_delta_for_epsilon) sums ~40 sigma pmf terms
+MIN_SIGMA = 1e-100  # ... each divided by sigma^2 (which must not underflow to 0)
+
+
 def _tail_length(sigma: float) -> int:
     return math.ceil(_TAIL_SIGMAS * sigma) + _TAIL_EXTRA
 
@@ -64,8 +68,10 @@ def _delta_for_epsilon(epsilon: float, sigma: float, sensitivity: int, log_norm:
         delta = sum_{y > c} p(y) (1 - exp(epsilon - (2 y Delta + Delta^2)/(2 sigma^2))),
 
     every term in [0, p(y)] (for y > c the loss of y + Delta vs y exceeds epsilon), so the sum
-    has no cancellation. Terms from y = floor(c) + 1 up to max(that, 0) + 40 sigma + 10."""
+    has no cancellation. Terms from y = max(floor(c) + 1, -(40 sigma + 10)) up to max(that, 0) +
+    40 sigma + 10 (beyond 40 sigma + 10 from 0, p(y) < e^-800 is 0 in float64)."""
     first = math.floor(epsilon * sigma**2 / sensitivity - 0.5 * sensitivity) + 1
+    first = max(first, -_tail_length(sigma))  # p(y) underflows to 0 below -40 sigma - 10
     y = np.arange(first, max(first, 0) + _tail_length(sigma), dtype=np.float64)
     log_p = -(y**2) / (2.0 * sigma**2) - log_norm
     excess = epsilon - (2.0 * y * sensitivity + sensitivity**2) / (2.0 * sigma**2)
@@ -85,7 +91,7 @@ class DiscreteGaussian(AdditiveMechanism):
     Parameters
     ----------
     sigma : float
-        Noise scale > 0.
+        Noise scale, MIN_SIGMA (10^-100) <= sigma <= MAX_SIGMA (10^6).
     sensitivity : int
         Whole number >= 1.
     delta : float
@@ -98,6 +104,9 @@ class DiscreteGaussian(AdditiveMechanism):
 
     def __init__(self, sigma, sensitivity=1, delta=1e-6, neighbour: str = "add-remove"):
         self.sigma = check_positive("sigma", sigma)
+        if not MIN_SIGMA <= self.sigma <= MAX_SIGMA:
+            raise ValueError(f"sigma must lie in [{MIN_SIGMA:g}, {MAX_SIGMA:g}]: the exact privacy profile sums "
+                             f"~40 sigma terms of the pmf, each divided by sigma^2; got {sigma!r}")
         self.sensitivity = check_integer_sensitivity(sensitivity)
         self._delta = check_delta(delta)
         self.neighbour = check_neighbour(neighbour)
@@ -114,10 +123,14 @@ class DiscreteGaussian(AdditiveMechanism):
         target = delta * (1.0 - _ROUNDING_MARGIN)
 
         def too_loose(sigma: float) -> bool:
+            if sigma > MAX_SIGMA:
+                raise ValueError(f"epsilon={epsilon!r} at delta={delta!r} and sensitivity {sensitivity} needs "
+                                 f"sigma > {MAX_SIGMA:g}, beyond what DiscreteGaussian computes exactly "
+                                 "(MAX_SIGMA); give a larger epsilon or delta")
             log_norm = discrete_gaussian_log_normaliser(sigma)
             return _delta_for_epsilon(epsilon, sigma, sensitivity, log_norm) > target
 
-        sigma = smallest_private_scale(too_loose, start=sensitivity / epsilon)
+        sigma = smallest_private_scale(too_loose, start=min(sensitivity / epsilon, MAX_SIGMA))
         return cls(sigma, sensitivity, delta, neighbour)
 
     # --- privacy -------------------------------------------------------------------------------

@@ -90,12 +90,12 @@ class GeneralizedLaplace(Mechanism):
         self._epsilon = check_epsilon(epsilon)
         if not isinstance(invariants, Invariants):
             raise TypeError(f"invariants must be a dpinfer.Invariants, got {type(invariants).__name__}")
-        if norm not in NORMS:
+        if not isinstance(norm, str) or norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
         if iterations is not None and (isinstance(iterations, bool) or int(iterations) != iterations
                                        or iterations < 1):
             raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
-        if chain not in CHAINS:
+        if not isinstance(chain, str) or chain not in CHAINS:
             raise ValueError(f"chain must be one of {CHAINS}, got {chain!r}")
         a = DEFAULT_PROPOSAL_A[norm] if proposal_a is None else float(proposal_a)
         if not 0.0 < a < 1.0:

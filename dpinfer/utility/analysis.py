@@ -155,7 +155,7 @@ def posterior_predictive_releases(idata, model=None, rng=None, *, var_names=None
         Use every ``thin``-th draw of each chain (conditioned mechanisms release one draw at a
         time, and their exact samplers are slow).
     """
-    if replicate not in REPLICATES:
+    if not isinstance(replicate, str) or replicate not in REPLICATES:
         raise ValueError(f"replicate must be one of {REPLICATES}, got {replicate!r}")
     if int(thin) != thin or thin < 1:
         raise ValueError(f"thin must be a whole number >= 1, got {thin!r}")

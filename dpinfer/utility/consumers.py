@@ -111,7 +111,7 @@ BUILT_IN_LOSSES: dict[str, Callable[[int], np.ndarray]] = {
 
 
 def _check_loss_name(loss: str) -> str:
-    if loss not in BUILT_IN_LOSSES:
+    if not isinstance(loss, str) or loss not in BUILT_IN_LOSSES:
         raise ValueError(
             f"loss must be one of {sorted(BUILT_IN_LOSSES)}, a function of n or an "
             f"(n+1) x (n+1) matrix, got {loss!r}"

@@ -127,7 +127,7 @@ def _as_completed(completed) -> xr.DataArray:
 
 
 def _check_estimand(estimand: str) -> None:
-    if estimand not in ESTIMANDS:
+    if not isinstance(estimand, str) or estimand not in ESTIMANDS:
         raise ValueError(f"estimand must be one of {ESTIMANDS}, got {estimand!r}")
 
 
@@ -171,7 +171,7 @@ class RubinResult:
         ``"barnard-rubin"`` (default) or ``"rubin"`` (ν_old, Rubin 1987)."""
         if not 0 < prob < 1:
             raise ValueError(f"prob must be in (0, 1), got {prob!r}")
-        if df not in DF_METHODS:
+        if not isinstance(df, str) or df not in DF_METHODS:
             raise ValueError(f"df must be one of {DF_METHODS}, got {df!r}")
         nu = self.df if df == "barnard-rubin" else self.df_old
         with np.errstate(invalid="ignore"):

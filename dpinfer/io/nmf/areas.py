@@ -139,7 +139,7 @@ def tabulation_plan(draws, level: str) -> pd.Series:
     (an error at :func:`summarise_areas`): they need blocks as leaves."""
     from dpinfer.io.nmf.store import open_posterior
 
-    if level not in TABULATION:
+    if not isinstance(level, str) or level not in TABULATION:
         raise ValueError(f"level must be one of {list(TABULATION)}, got {level!r}")
     tree = open_posterior(draws) if isinstance(draws, (str, os.PathLike)) else draws
     geo = _geography(tree)

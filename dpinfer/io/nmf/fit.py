@@ -258,9 +258,9 @@ def fit_nmf(root, state, *, leaves: str = "Block_Group", cells="pl94-28", out=No
     from dpinfer.io.nmf.report import write_report
     from dpinfer.utility.baselines.nested.gls import nested_gls
 
-    if leaves not in LEVELS:
+    if not isinstance(leaves, str) or leaves not in LEVELS:
         raise ValueError(f"leaves must be one of {LEVELS}, got {leaves!r}")
-    if inference not in INFERENCES:
+    if not isinstance(inference, str) or inference not in INFERENCES:
         raise ValueError(f"inference must be one of {INFERENCES}, got {inference!r}")
     if isinstance(max_minutes, bool) or not isinstance(max_minutes, (int, float)) or not (
             np.isfinite(max_minutes) and max_minutes > 0):

@@ -193,7 +193,7 @@ def known_specs(axis: str) -> tuple:
 
 
 def _check_axis(axis) -> None:
-    if axis not in AXES:
+    if not isinstance(axis, str) or axis not in AXES:
         raise ValueError(f"axis must be one of {AXES}, got {axis!r}")
 
 

@@ -70,7 +70,7 @@ def census_model(table: CensusTable, *, name: str = "counts", leaf_sizes: str = 
 
     import dpinfer as dp
 
-    if leaf_sizes not in LEAF_SIZES:
+    if not isinstance(leaf_sizes, str) or leaf_sizes not in LEAF_SIZES:
         raise ValueError(f"leaf_sizes must be one of {LEAF_SIZES}, got {leaf_sizes!r}")
     groupings = spine_groupings(table)
     n_leaves = len(table.leaves)

@@ -94,7 +94,7 @@ def coarsening(cells) -> Coarsening:
     """The coarse cells named by ``cells``: a name of :data:`COARSENINGS` or a dict axis -> spec
     (axes left out are summed, ``"*"``)."""
     if isinstance(cells, str):
-        if cells not in COARSENINGS:
+        if not isinstance(cells, str) or cells not in COARSENINGS:
             raise ValueError(f"cells must be one of {sorted(COARSENINGS)} or a dict axis -> spec, got {cells!r}")
         cells = COARSENINGS[cells]
     if not isinstance(cells, dict) or set(cells) - set(AXES):

@@ -37,7 +37,7 @@ def _decode_invariants(ctx: _Context, table, *, values_table=None, where="invari
     if "kind" not in table:
         raise ctx.error(f"{where}.kind", f"missing (one of {list(_INVARIANT_KINDS)})")
     kind = table["kind"]
-    if kind not in _INVARIANT_KINDS:
+    if not isinstance(kind, str) or kind not in _INVARIANT_KINDS:
         close = difflib.get_close_matches(str(kind), list(_INVARIANT_KINDS), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ctx.error(f"{where}.kind", f"unknown kind {kind!r}{hint} (one of {list(_INVARIANT_KINDS)})")

@@ -27,7 +27,7 @@ def _decode_query(ctx: _Context, table, discrete: bool):
     if not isinstance(table, dict):
         raise ctx.error("query", f"must be a table, got {type(table).__name__}")
     kind = table.get("kind")
-    if kind not in _QUERY_KINDS:
+    if not isinstance(kind, str) or kind not in _QUERY_KINDS:
         raise ctx.error("query.kind", f"must be one of {list(_QUERY_KINDS)}, got {kind!r}")
     p = _check_fields(ctx, table, _QUERY_KINDS[kind] + _QUERY_COMMON, "query", fixed=("kind",))
     columns = p.get("columns")

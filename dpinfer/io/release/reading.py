@@ -161,8 +161,8 @@ def _check_release_values(ctx: _Context, mech, values: np.ndarray, declared, sha
     inv = getattr(mech, "invariants", None)
     if inv is not None:
         if values.size != inv.n_cells:
-            raise ctx.error("invariants", f"cover {inv.n_cells} cells, but the values file has "
-                            f"{values.size} values ({shape_hint})")
+            raise ctx.error("invariants", f"cover {inv.n_cells} cells (its n_cells, groups or matrix), but the values "
+                            f"file has {values.size} values ({shape_hint})")
         if inv.kind == "margins" and values.ndim == 2 and tuple(values.shape) != tuple(inv.shape):
             raise ctx.error("invariants.shape", f"is {list(inv.shape)}, but the values form a "
                             f"{values.shape[0]} x {values.shape[1]} table")
