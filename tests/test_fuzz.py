@@ -6,9 +6,11 @@ subclass them) whose message names the argument; never another exception from in
 silent acceptance of a value outside what the argument allows (a NaN epsilon, a negative
 sigma, a bool for a number, a string for a bound).
 
-Each property runs twice: here with a short derandomised profile (FAST examples, the same
-every run: the fast tier), and with LONG random examples in the validation tier
-(``make validate``). Every failure the fuzzing found is fixed and kept below as an explicit
+The entry points: the mechanisms' constructors, ``release`` and ``observe``, ``dp.sample``'s
+options, release manifests (every field corrupted or deleted), ``dpinfer fit``'s options and
+``dp.read_nmf``'s arguments. Each property runs twice: here with a short derandomised profile
+(FAST examples, the same every run: the fast tier), and with LONG random examples in the
+validation tier (``make validate``). Every failure the fuzzing found is fixed and kept below as an explicit
 example (``@example``), so it stays a regression test.
 """
 
@@ -303,3 +305,87 @@ def test_from_privacy_with_a_sigma_beyond_reach_is_refused_by_name():
     terms (MemoryError); the search now stops at MAX_SIGMA and says so."""
     with pytest.raises(ValueError, match=r"epsilon=1e-12 at delta=1e-12 .* needs sigma > 1e\+06"):
         dp.DiscreteGaussian.from_privacy(1e-12, 1e-12)
+
+
+# --- the command line -------------------------------------------------------------------------
+#: option -> tokens it must refuse (a valid token would start a fit: not what is fuzzed here)
+CLI_BAD = {
+    "--draws": ["-1", "0", "abc", "1.5", "", "nan"],
+    "--tune": ["-1", "abc", "1.5", "", "inf"],
+    "--chains": ["-1", "0", "abc", "", "2.0"],
+    "--cores": ["-1", "0", "abc", ""],
+    "--max-minutes": ["-1", "nan", "inf", "abc", "", "1e400"],
+    "--seed": ["-1", "abc", "1.5", ""],
+    "--model": ["", "no-such-template", "auto "],
+}
+CLI_CASES = sorted((option, token) for option, tokens in CLI_BAD.items() for token in tokens)
+
+
+@pytest.fixture(scope="module")
+def release_file(tmp_path_factory):
+    return dp.write_release(tmp_path_factory.mktemp("cli") / "r.toml", dp.DoubleGeometric(0.5), np.array([4, 6, 5]),
+                            name="y")
+
+
+def _cli_refuses_bad_options_by_name(release_file, case, capsys):
+    from dpinfer.cli import main
+
+    option, token = case
+    with pytest.raises(SystemExit) as caught:
+        main(["fit", str(release_file), option, token, "--quiet"])
+    message = str(caught.value.code) if not isinstance(caught.value.code, int) else capsys.readouterr().err
+    assert caught.value.code != 0
+    assert option.lstrip("-").replace("-", "_") in message.replace("-", "_"), message
+    assert "Traceback" not in message
+
+
+def test_dpinfer_fit_refuses_bad_options_by_name(release_file, capsys):
+    fuzz(FAST, lambda case: _cli_refuses_bad_options_by_name(release_file, case, capsys),
+         dict(case=st.sampled_from(CLI_CASES)))
+
+
+# --- the noisy measurement files' reader ------------------------------------------------------
+@pytest.fixture(scope="module")
+def nmf_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nmf")
+    dp.write_synthetic_nmf(root, n_counties=1, tracts_per_county=2, block_groups_per_tract=(2, 2),
+                           blocks_per_block_group=(2, 3), aian_tracts=0,
+                           levels=("US", "State", "County", "Tract", "Block_Group"))
+    return root
+
+
+def _state_19(x) -> bool:
+    items = list(x) if isinstance(x, (list, tuple)) else [x]
+    return (len(items) == 1 and isinstance(items[0], (int, str, np.integer)) and not isinstance(items[0], bool)
+            and items[0] in (19, "19"))
+
+
+NMF_ARGUMENTS = {"states": (19, _state_19), "levels": (None, lambda x: x is None),
+                 "product": (None, lambda x: x is None)}
+
+
+def _read_nmf_refuses_junk_by_name(nmf_root, argument, junk):
+    kwargs = {a: default for a, (default, _) in NMF_ARGUMENTS.items()} | {argument: junk}
+    if NMF_ARGUMENTS[argument][1](junk):
+        return
+    try:
+        files = dp.read_nmf(nmf_root, kwargs.pop("states"), **kwargs)
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        assert argument.rstrip("s") in str(err), f"the error does not name {argument!r}: {err}"
+        return
+    pytest.fail(f"read_nmf accepted {argument}={junk!r}: {files!r}")
+
+
+NMF_JUNK = st.one_of(JUNK, st.sampled_from([99, "99", "1", 1, -19, "nineteen", ["19", "20"], ("US",), ["Nation"],
+                                            ("Block_Group", "Block"), "Tract", "US_Person", "nope"]))
+
+
+def test_read_nmf_refuses_junk_by_name(nmf_root):
+    fuzz(FAST, lambda argument, junk: _read_nmf_refuses_junk_by_name(nmf_root, argument, junk),
+         dict(argument=st.sampled_from(sorted(NMF_ARGUMENTS)), junk=NMF_JUNK))
+
+
+@pytest.mark.validation
+def test_read_nmf_refuses_junk_by_name_long(nmf_root):
+    fuzz(LONG, lambda argument, junk: _read_nmf_refuses_junk_by_name(nmf_root, argument, junk),
+         dict(argument=st.sampled_from(sorted(NMF_ARGUMENTS)), junk=NMF_JUNK))

@@ -438,6 +438,9 @@ def read_nmf(root, states, *, levels=None, product: str | None = None,
                              f"levels {LEVELS}; pass levels= to read the known ones")
         levels = [lv for lv in LEVELS if lv in found]
     else:
+        if not isinstance(levels, (str, list, tuple)) or not all(isinstance(lv, str) for lv in
+                                                                  ([levels] if isinstance(levels, str) else levels)):
+            raise TypeError(f"levels must be a level name or a sequence of them ({LEVELS}), got {levels!r}")
         chosen = [levels] if isinstance(levels, str) else list(levels)
         bad = [lv for lv in chosen if lv not in LEVELS or lv not in found]
         if bad or not chosen:
@@ -531,6 +534,10 @@ def block_geocodes(root, states, *, product: str | None = None, filesystem=None)
 def _product(fs, base: str, fips: list, product: str | None) -> tuple:
     """(the run root's name, its directory, its entries) for ``fips``: Puerto Rico's own run for
     72, else the US run, unless ``product`` names one."""
+    if product is not None and (not isinstance(product, str) or not product or "/" in product):
+        raise TypeError(f"product must be None or the name of a run root directory (e.g. {PRODUCTS['US']!r}), "
+                        f"got {product!r}")
+    given = product is not None
     if product is None:
         if set(fips) == {72}:
             product = PRODUCTS["PR"]
@@ -544,7 +551,8 @@ def _product(fs, base: str, fips: list, product: str | None) -> tuple:
     if entries is None:
         listed = _listdir(fs, base)
         raise ValueError(f"no run root {product!r} under {base}; it holds "
-                         f"{sorted(e.base_name for e in listed) if listed is not None else 'nothing (missing)'}")
+                         f"{sorted(e.base_name for e in listed) if listed is not None else 'nothing (missing)'}"
+                         + ("; product= names the run root's directory" if given else ""))
     return product, product_dir, entries
 
 
@@ -554,7 +562,14 @@ def _check_choice(name: str, value, allowed) -> None:
 
 
 def _check_states(states) -> list[int]:
-    items = [states] if isinstance(states, (str, numbers.Integral)) else list(states)
+    if isinstance(states, (str, numbers.Integral)):
+        items = [states]
+    elif isinstance(states, (list, tuple, set, frozenset, range)) or (isinstance(states, np.ndarray)
+                                                                       and states.ndim == 1):
+        items = list(states)
+    else:
+        raise TypeError(f"states must be a FIPS code 1..99 (int or 1-2 digit str) or a sequence of them, "
+                        f"got {states!r}")
     out = []
     for s in items:
         if isinstance(s, str) and s.isdigit() and len(s) <= 2:
