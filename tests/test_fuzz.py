@@ -29,7 +29,7 @@ import dpinfer as dp
 
 FAST = settings(max_examples=60, derandomize=True, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))
-LONG = settings(max_examples=3000, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+LONG = settings(max_examples=1000, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 #: junk for an argument: wrong types, NaN, infinities, signs, empties, shapes
 JUNK = st.one_of(
