@@ -87,6 +87,7 @@ def test_four_cells_with_a_total_match_enumeration(method, expected):
     report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
     assert expected in report["method"]
     assert report["max_relative_error_bound"] <= 1e-10
+    assert dp.recoveries_of(idata) == []  # recorded on every path (here without sample_stats)
     points, log_w = _four_cells_exact()
     _check_against_exact(idata, "x", points, log_w)
     assert model is not None

@@ -1,6 +1,7 @@
 """Every recovery a fit makes is on the record: announced as it happens with a
 :class:`RecoveryWarning` (whatever ``progressbar`` is), and kept in the result's
-``sample_stats.attrs["dpinfer_recoveries"]`` (a JSON list, one entry per recovery, in order).
+``sample_stats.attrs["dpinfer_recoveries"]`` (a JSON list, one entry per recovery, in order;
+``posterior.attrs`` where a result has no ``sample_stats``).
 
 A recovery is anything a fit did to go on after something went wrong, so that its draws are
 not those of an uneventful run of the same call, or took another path to them:
@@ -42,12 +43,16 @@ def announce(recoveries: list, kind: str, message: str, *, warn: bool = True, **
 
 
 def record(idata, recoveries: list) -> None:
-    """Keep ``recoveries`` in ``idata.sample_stats.attrs`` (module docstring)."""
-    idata.sample_stats.attrs[ATTRIBUTE] = json.dumps(recoveries)
+    """Keep ``recoveries`` in ``idata.sample_stats.attrs`` (module docstring); in
+    ``posterior.attrs`` for a result without sampler statistics (counts summed out by
+    convolution, drawn exactly: no sampler of their own)."""
+    group = idata.sample_stats if "sample_stats" in idata.children else idata.posterior
+    group.attrs[ATTRIBUTE] = json.dumps(recoveries)
 
 
 def recoveries_of(idata) -> list:
     """The recoveries a fit recorded (module docstring); empty for an uneventful fit."""
-    if "sample_stats" not in idata.children:
-        return []
-    return json.loads(idata.sample_stats.attrs.get(ATTRIBUTE, "[]"))
+    for group in ("sample_stats", "posterior"):
+        if group in idata.children and ATTRIBUTE in idata[group].attrs:
+            return json.loads(idata[group].attrs[ATTRIBUTE])
+    return []

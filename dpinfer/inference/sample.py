@@ -395,7 +395,8 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
                 model, plans, draws=draws, tune=tune, chains=chains, cores=cores,
                 seed=int(seeds[attempt]), rng=rng, tol=tol, progressbar=progressbar,
                 sample_kwargs=sample_kwargs)
-        resumed_at = idata.sample_stats.attrs.get("resumed_at_iterations")
+        resumed_at = idata["sample_stats"].attrs.get("resumed_at_iterations") if "sample_stats" in idata.children \
+            else None
         if resumed_at is not None:  # this attempt's chains continued from the checkpoint
             recovery.announce(recoveries, "resumed", f"dpinfer: resumed the fit from the checkpoint "
                               f"{str(checkpoint.path)!r} at iterations {json.loads(resumed_at)} (per chain); "
