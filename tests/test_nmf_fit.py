@@ -2,6 +2,7 @@
 level (against the geocodes' own nesting and the shipped truth file), and the command end to
 end on the shipped synthetic state."""
 
+import io
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -334,3 +335,31 @@ def test_column_quantiles_are_numpys_nanquantile():
         expected = np.nanquantile(values, probs, axis=0)
     np.testing.assert_array_equal(got, expected)
     assert np.isnan(got[:, 6]).all() and np.isfinite(got[:, [0, 1, 4]]).all()
+
+
+def test_published_leaf_sizes_at_blocks_warn_with_the_measured_coverage(tmp_path, monkeypatch):
+    """Issue 38: at Block leaves the published totals as leaf sizes undercover the blocks'
+    totals (measured 0.622 against 0.936): dpinfer nmf warns before it fits, not at other
+    leaves or with the sizes estimated (the fit itself is cut short here)."""
+    import warnings
+
+    from dpinfer.io.nmf import fit as nmf_fit
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(nmf_fit, "census_model", stop)
+    root = tmp_path / "nmf"
+    dp.write_synthetic_nmf(root, n_counties=1, tracts_per_county=2, block_groups_per_tract=(2, 2),
+                           blocks_per_block_group=(2, 3), aian_tracts=0)
+    with pytest.warns(nmf_fit.LeafSizesWarning, match=r"covered 0\.622 .* against 0\.936 with --leaf-sizes estimated"):
+        with pytest.raises(Stop):
+            nmf_fit.fit_nmf(root, 19, leaves="Block", out=tmp_path / "a", log=io.StringIO())
+    for leaves, sizes in (("Block", "estimated"), ("Block_Group", "published")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", nmf_fit.LeafSizesWarning)
+            with pytest.raises(Stop):
+                nmf_fit.fit_nmf(root, 19, leaves=leaves, leaf_sizes=sizes, out=tmp_path / "b", log=io.StringIO())
