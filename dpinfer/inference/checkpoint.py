@@ -136,22 +136,8 @@ class Checkpoint:
         if stored.get("format") != FORMAT:
             raise CheckpointMismatchError(f"resume={str(path)!r}: checkpoint format {stored.get('format')!r}, "
                                           f"this dpinfer reads format {FORMAT}")
-        differences = []
-        if stored["versions"] != ident["versions"]:
-            old, new = stored["versions"], ident["versions"]
-            differences.append(f"it was written by another dpinfer version or software stack "
-                               f"(dpinfer {old.get('dpinfer')} with {old.get('compiled')}; now dpinfer "
-                               f"{new['dpinfer']} with {new['compiled']})")
-        if stored["model"] != ident["model"]:
-            differences.append("it belongs to another model or other data (the model's structure, "
-                               "data and releases hash differently)")
-        for name, value in ident["settings"].items():
-            if stored["settings"].get(name) != value:
-                differences.append(f"{name}={stored['settings'].get(name)!r} there, {value!r} now")
-        if stored["entropy"] != ident["entropy"]:
-            differences.append(f"random_seed: its seed's entropy is {stored['entropy']}, now {ident['entropy']}")
-        if differences:
-            raise CheckpointMismatchError(f"resume={str(path)!r} cannot continue this fit: " + "; ".join(differences))
+        check_same_fit(path, stored, ident, "it belongs to another model or other data (the model's structure, "
+                                            "data and releases hash differently)")
         return cls(path, stored, every)
 
     def _write_identity(self) -> None:
@@ -196,6 +182,28 @@ class Checkpoint:
         values["counts"] = values["counts"].astype(np.int64)
         values["draws_counts"] = values["draws_counts"].astype(np.int64)
         return ChainState(**values, done=done, seconds=seconds)
+
+
+def check_same_fit(path, stored: dict, ident: dict, other_model: str, extra=()) -> None:
+    """Raise :class:`CheckpointMismatchError` naming every way the checkpointed fit ``stored``
+    differs from this one ``ident`` (software versions, model hash, settings, seed entropy,
+    and ``extra`` differences the caller found); ``other_model`` says what a hash mismatch means."""
+    differences = []
+    if stored["versions"] != ident["versions"]:
+        old, new = stored["versions"], ident["versions"]
+        differences.append(f"it was written by another dpinfer version or software stack "
+                           f"(dpinfer {old.get('dpinfer')} with {old.get('compiled')}; now dpinfer "
+                           f"{new['dpinfer']} with {new['compiled']})")
+    if stored["model"] != ident["model"]:
+        differences.append(other_model)
+    differences += list(extra)
+    for name, value in ident["settings"].items():
+        if stored["settings"].get(name) != value:
+            differences.append(f"{name}={stored['settings'].get(name)!r} there, {value!r} now")
+    if stored["entropy"] != ident["entropy"]:
+        differences.append(f"random_seed: its seed's entropy is {stored['entropy']}, now {ident['entropy']}")
+    if differences:
+        raise CheckpointMismatchError(f"resume={str(path)!r} cannot continue this fit: " + "; ".join(differences))
 
 
 def read_identity(path) -> dict:

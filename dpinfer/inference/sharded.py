@@ -54,6 +54,7 @@ from dpinfer.inference import convergence, recovery
 from dpinfer.inference.checkpoint import (
     Checkpoint,
     CheckpointMismatchError,
+    check_same_fit,
     model_hash,
     replaced_privately,
     versions,
@@ -428,24 +429,10 @@ class _SweepCheckpoints:
         """The checkpoint at ``path`` to resume, after checking that it is this fit's
         (:class:`CheckpointMismatchError` naming every difference)."""
         stored = _SweepCheckpoints.read(path)
-        differences = []
-        if stored["versions"] != identity["versions"]:
-            old, new = stored["versions"], identity["versions"]
-            differences.append(f"it was written by another dpinfer version or software stack (dpinfer "
-                               f"{old.get('dpinfer')} with {old.get('compiled')}; now dpinfer {new['dpinfer']} "
-                               f"with {new['compiled']})")
-        if stored["model"] != identity["model"]:
-            differences.append("its shared model is another (its structure or data hash differently)")
-        if stored["shards"] != identity["shards"]:
-            differences.append(f"its shards hold the groups {_runs(stored['shards'])}, now {_runs(identity['shards'])} "
-                               "(give the same groups, shards and weights)")
-        for name, value in identity["settings"].items():
-            if stored["settings"].get(name) != value:
-                differences.append(f"{name}={stored['settings'].get(name)!r} there, {value!r} now")
-        if stored["entropy"] != identity["entropy"]:
-            differences.append(f"random_seed: its seed's entropy is {stored['entropy']}, now {identity['entropy']}")
-        if differences:
-            raise CheckpointMismatchError(f"resume={str(path)!r} cannot continue this fit: " + "; ".join(differences))
+        shards = ([f"its shards hold the groups {_runs(stored['shards'])}, now {_runs(identity['shards'])} (give "
+                   "the same groups, shards and weights)"] if stored["shards"] != identity["shards"] else [])
+        check_same_fit(path, stored, identity, "its shared model is another (its structure or data hash differently)",
+                       shards)
         return cls(path, every, stored)
 
     @staticmethod
