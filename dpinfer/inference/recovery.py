@@ -42,6 +42,11 @@ def announce(recoveries: list, kind: str, message: str, *, warn: bool = True, **
         warnings.warn(message, RecoveryWarning, stacklevel=3)
 
 
+def bounds_of(failed: dict) -> dict:
+    """A widening's failed latents (name -> the bound they reached) as JSON numbers."""
+    return {str(name): float(bound) for name, bound in failed.items()}
+
+
 def record(idata, recoveries: list) -> None:
     """Keep ``recoveries`` in ``idata.sample_stats.attrs`` (module docstring); in
     ``posterior.attrs`` for a result without sampler statistics (counts summed out by

@@ -383,7 +383,7 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
             compiled_engine.chain_seeds(rng, chains)  # what the fit took from rng
             planning.widen(plans, replay[attempt], tol)
             recovery.announce(recoveries, "windows widened", _widening_message(replay[attempt]), warn=False,
-                              bounds=_bounds(replay[attempt]), replayed=True)
+                              bounds=recovery.bounds_of(replay[attempt]), replayed=True)
             continue
         if engine == "compiled":
             idata, report, failed = compiled_engine.run(
@@ -416,18 +416,14 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
         planning.widen(plans, failed, tol)
         if checkpoint is not None:
             checkpoint.widened(failed)
-        recovery.announce(recoveries, "windows widened", _widening_message(failed), bounds=_bounds(failed),
+        recovery.announce(recoveries, "windows widened", _widening_message(failed),
+                          bounds=recovery.bounds_of(failed),
                           replayed=False)
 
 
 def _widening_message(failed: dict) -> str:
-    return (f"dpinfer: the windows of {sorted(failed)} missed tol (bounds reached: {_bounds(failed)}); "
+    return (f"dpinfer: the windows of {sorted(failed)} missed tol (bounds reached: {recovery.bounds_of(failed)}); "
             "widened them and fitted again")
-
-
-def _bounds(failed: dict) -> dict:
-    """Each failed latent's bound as a number (JSON)."""
-    return {str(name): float(bound) for name, bound in failed.items()}
 
 
 def _empirical_bayes_settings(given: dict) -> dict:

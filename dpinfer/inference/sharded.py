@@ -238,7 +238,7 @@ def _widening_message(parts: list, failed: dict) -> str:
 
 def _bounds(parts: list, failed: dict) -> dict:
     """Each shard's failed latents' bounds (JSON), keyed by its groups."""
-    return {short(parts[k]): {str(n): float(b) for n, b in f.items()} for k, f in failed.items()}
+    return {short(parts[k]): recovery.bounds_of(f) for k, f in failed.items()}
 
 
 class _Driver:
