@@ -11,8 +11,10 @@ from scipy import special, stats
 
 from dpinfer.inference import marginal_model, sample
 from dpinfer.inference.recovery import RecoveryWarning, recoveries_of
-from dpinfer.inference.window import initial_half_width, neglected_log_mass
+from dpinfer.inference.window import initial_half_width, log_eta_off_centre, neglected_log_mass
+from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
 from dpinfer.mechanisms.geometric import DoubleGeometric
+from dpinfer.mechanisms.laplace import Laplace
 
 N, A, B, EPS, RELEASE = 1000, 10.0, 10.0, 0.1, 612
 
@@ -652,3 +654,22 @@ def test_a_release_far_from_the_prior_widens_the_windows_instead_of_holding_the_
     draws = idata.posterior["x"].values[..., 1]
     ess = float(az.ess(idata, var_names=["x"])["x"].values[1])
     assert abs(draws.mean() - x2_mean) < 4.5 * draws.std() / np.sqrt(ess)
+
+
+@pytest.mark.parametrize("mech", [DoubleGeometric(epsilon=0.5), Laplace(0.7), DiscreteGaussian(sigma=2.0)])
+def test_off_centre_tail_bound_covers_every_count_outside_the_window(mech):
+    """A second release of a cell, its window centred on another release: the bound must hold
+    for every supported x outside c - k .. c + k (brute force over 0..200), and never exceed
+    the likelihood's sup over every x, real for continuous noise (its value where the window is
+    far off)."""
+    release = np.array([10.0, 10.0, 3.0, 30.0, 0.4]) if not mech.discrete else np.array([10, 10, 3, 30, 0])
+    centres = np.array([10, 14, 10, 10, 0])
+    x = np.arange(0, 201)
+    for k in (0, 2, 5, 12):
+        bound = log_eta_off_centre(mech, release, centres, k, support=(0, None))
+        for s, c, b in zip(release, centres, bound):
+            outside = x[np.abs(x - c) > k]
+            true_sup = np.max(mech.log_likelihood(np.full(outside.shape, s), outside))
+            assert true_sup <= b + 1e-12, (k, s, c)
+            peak = max(np.max(mech.log_likelihood(np.full(x.shape, s), x)), mech.log_likelihood(s, s))
+            assert b <= peak + 1e-12

@@ -121,11 +121,10 @@ def _term_prior(plan, prior, text: str) -> str:
     return f"the prior at the posterior's parameters puts this sum at {_range(values)} (5%..95%)"
 
 
-def _window(plan) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
-    """(lo, hi, published value or None, half-width) per cell of a windowed plan."""
+def _window(plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(lo, hi, published value (NaN: none), half-width) per cell of a windowed plan."""
     if plan.kind == "fibre":
-        identity = plan.identity
-        value = identity[0].value.reshape(-1) if identity else None
+        value = plan.released_values()
         return plan.lo, plan.lo + plan.width - 1, value, plan.half_width
     w = plan.window
     centres = w.centres.reshape(-1)
@@ -161,7 +160,7 @@ def _windowed(plan, bound: float, idata, prior, *, engine: str, tol: float, wide
     hi = hi if upper is None else np.minimum(hi, upper)
     shape = draws.shape[2:]
     rows = [f"  - {name}[{', '.join(str(int(k)) for k in np.unravel_index(i, shape))}]: "
-            + (f"published {value[i]}, " if value is not None else "")
+            + (f"published {value[i]}, " if not np.isnan(value[i]) else "")
             + f"window {lo[i]}..{hi[i]}, posterior draws {flat[:, i].min()}..{flat[:, i].max()}, "
             + _prior_text(prior, i) for i in cells]
     return (f"{cause}. {listed}:\n" + "\n".join(rows)

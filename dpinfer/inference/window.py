@@ -120,21 +120,40 @@ def make_window(mechanism, release, support, half_width: int) -> Window:
     )
 
 
-def initial_half_width(mechanism, release, *, log_target: float, support=(None, None)) -> int:
-    """Smallest k with every cell's tail bound log eta_i(k) <= log_target (doubling, then
-    bisection; eta is non-increasing in k)."""
-    release = np.asarray(release)
+def log_eta_off_centre(mechanism, release, centres, half_width: int, support=(None, None)) -> np.ndarray:
+    """log sup{p(s | x): supported x outside c - k .. c + k}, for a window centred at ``c``,
+    not at s (a cell's window set by another release of it). Outside the window
+    |x - s| >= k + 1 - |c - s| =: m, so the sup is the mechanism's bound beyond ceil(m) - 1;
+    where m <= 0 the window need not exclude s at all and the bound is the likelihood's sup
+    over every x: the larger of the bound beyond 0 and the value at x = round(s)."""
+    release = np.asarray(release, dtype=float)
+    lower, upper = support
+    limits = (-np.inf if lower is None else lower, np.inf if upper is None else upper)
+    beyond = np.ceil(half_width + 1 - np.abs(np.asarray(centres) - release)).astype(np.int64) - 1
+    out = np.empty(release.shape)
+    for k in np.unique(beyond):
+        at = beyond == k
+        bound = mechanism.log_likelihood_bound_outside(release[at], max(int(k), 0), support=limits)
+        if k < 0:
+            bound = np.maximum(bound, mechanism.log_likelihood(release[at], np.rint(release[at])))
+        out[at] = bound
+    return out
+
+
+def smallest_half_width(log_eta_at, *, log_target: float, what: str) -> int:
+    """Smallest k with every cell's tail bound ``log_eta_at(k)`` <= log_target (doubling, then
+    bisection; eta is non-increasing in k). ``what`` names the likelihood in errors."""
 
     def ok(k: int) -> bool:
-        return bool(np.all(log_eta(mechanism, release, k, support) <= log_target))
+        return bool(np.all(log_eta_at(k) <= log_target))
 
     hi = 1
     while not ok(hi):
         hi *= 2
         if hi > MAX_HALF_WIDTH:
-            if np.any(log_eta(mechanism, release, hi, support) >= log_eta(mechanism, release, hi // 4, support)):
+            if np.any(log_eta_at(hi) >= log_eta_at(hi // 4)):
                 raise ValueError(
-                    f"{type(mechanism).__name__}'s likelihood does not decay away from the release "
+                    f"{what}'s likelihood does not decay away from the release "
                     "(a TruncatedLaplace is flat for true values beyond its bounds, which are "
                     "clipped before the noise), so no window of counts is exact: give the counts a "
                     "prior bounded by the mechanism's bounds, e.g. pm.Binomial(upper, p)")
@@ -147,6 +166,14 @@ def initial_half_width(mechanism, release, *, log_target: float, support=(None, 
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if ok(mid) else (mid, hi)
     return hi
+
+
+def initial_half_width(mechanism, release, *, log_target: float, support=(None, None)) -> int:
+    """Smallest k with every cell's tail bound log eta_i(k) <= log_target
+    (:func:`smallest_half_width`)."""
+    release = np.asarray(release)
+    return smallest_half_width(lambda k: log_eta(mechanism, release, k, support),
+                               log_target=log_target, what=type(mechanism).__name__)
 
 
 def neglected_log_mass(log_eta_cells: np.ndarray, log_lik_window: np.ndarray) -> np.ndarray:

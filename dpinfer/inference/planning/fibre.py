@@ -8,6 +8,10 @@ A latent count vector x can carry releases of three kinds (recorded by ``observe
 - a generalized Laplace release in the l2 norm (``GeneralizedLaplace(eps, inv, "l2")``): the
   likelihood exp(-eps ||s - x||_2) on the same fibre, a factor that is not a product over
   cells but is exact along every move line (:class:`dpinfer.lattice.fibre_gibbs.NormFactor`);
+- a release of a part of x (``mech.observe(name, x[a], s)``: some cells, a cell twice), with
+  any mechanism: per-cell terms as for x itself. The releases of cells are, together, one
+  release of the whole (their product likelihood): each cell's window is centred on its first
+  release, and its tail bound is the sum over its releases of each one's sup outside it;
 - a release of a linear query (``mech.observe(name, Q @ x, s)``), a likelihood term per row.
 
 :func:`plan_fibre` reads them and chooses
@@ -24,8 +28,9 @@ A latent count vector x can carry releases of three kinds (recorded by ``observe
   window the line updates come in palindromic blocks accepted by Metropolis-Hastings on
   Z(x) / Z(x') (:func:`dpinfer.lattice.fibre_gibbs.corrected_gibbs_sweep`).
 
-Cells with no release of their own are bounded by their prior's support (a Binomial's n);
-latent counts with unbounded support need a release of each cell (a window needs a noise tail).
+When some cell has no release of its own, every cell ranges over its prior's support (a
+Binomial's n); latent counts with unbounded support need a release of each cell, whole or in
+parts (a window needs a noise tail).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from dpinfer._graphs import shape_of
 from dpinfer.inference.planning.children import terms_depending_on
 from dpinfer.inference.latents import NotMarginalisableError, prior_support
 from dpinfer.inference.planning.entries import Entry
-from dpinfer.inference.window import initial_half_width, log_eta
+from dpinfer.inference.window import log_eta, log_eta_off_centre, smallest_half_width
 from dpinfer.lattice.invariants import Invariants, MoveSet
 from dpinfer.lattice.fibre_gibbs import MovePlan, NormFactor, QueryRows
 from dpinfer.mechanisms.conditioned import Conditioned
@@ -64,13 +69,18 @@ def cell_mechanism(mechanism):
     return mechanism.base if isinstance(mechanism, Conditioned) else mechanism
 
 
+def has_joint_factor(mechanism) -> bool:
+    """A release whose likelihood is not a product over cells: in the l2 norm, or
+    conditioned on non-negativity (its normaliser Z(x))."""
+    return is_l2_release(mechanism) or (isinstance(mechanism, Conditioned) and mechanism.nonnegative)
+
+
 def tail_mechanism(mechanism):
     """The mechanism whose ``log_likelihood_bound_outside`` bounds a cell's term outside the
-    window: the release's own for a release conditioned on non-negativity (its bound includes
-    the range of the x-dependent normaliser) or in the l2 norm, else the per-cell law."""
-    if is_l2_release(mechanism) or (isinstance(mechanism, Conditioned) and mechanism.nonnegative):
-        return mechanism
-    return cell_mechanism(mechanism)
+    window: the release's own for a release with a joint factor (the bound of a release
+    conditioned on non-negativity includes the range of the x-dependent normaliser), else the
+    per-cell law."""
+    return mechanism if has_joint_factor(mechanism) else cell_mechanism(mechanism)
 
 
 @dataclass
@@ -115,18 +125,43 @@ class FibrePlan:
 
     def __post_init__(self):
         self.n_cells = int(np.prod(self.shape))
+        # each cell's window is set by the first release of it (its "primary" value)
+        self._primary = np.full(self.n_cells, -1)  # the release, in cell_releases
+        self._primary_at = np.full(self.n_cells, -1)  # the value's position in that release
+        for j, e in enumerate(self.cell_releases):
+            cells = e.cells
+            first = np.unique(cells, return_index=True)[1]  # a cell released twice: its first value
+            new = first[self._primary[cells[first]] < 0]
+            self._primary[cells[new]], self._primary_at[cells[new]] = j, new
 
     @property
-    def identity(self) -> list:
-        return [e for e in self.entries if e.query is None]
+    def cell_releases(self) -> list:
+        """Releases of cells -- the counts themselves or a part ``x[a]`` (:attr:`Entry.cells`)
+        -- a release with a joint factor (l2 norm, non-negativity) first: each cell's window
+        is centred on the first release of it."""
+        return sorted((e for e in self.entries if e.cells is not None),
+                      key=lambda e: not has_joint_factor(e.record.mechanism))
 
     @property
     def queries(self) -> list:
-        return [e for e in self.entries if e.query is not None]
+        return [e for e in self.entries if e.cells is None]
+
+    @property
+    def covered(self) -> bool:
+        """Every cell has a release of its own (possibly in parts): windows around them."""
+        return bool(np.all(self._primary >= 0))
 
     @property
     def record(self):
         return self.entries[0].record
+
+    def released_values(self) -> np.ndarray:
+        """Each cell's value in the release that centres its window (NaN where none)."""
+        out = np.full(self.n_cells, np.nan)
+        for j, e in enumerate(self.cell_releases):
+            mine = self._primary == j
+            out[mine] = e.value[self._primary_at[mine]]
+        return out
 
     # --- windows -----------------------------------------------------------------------------
     def first_half_width(self, tol: float, compiled: bool = False) -> int:
@@ -134,24 +169,17 @@ class FibrePlan:
         n_cells) of the likelihood at the window centre (then checked on every step); it also
         sets the tolerance of the normaliser correction. Fibres run on the PyMC engine only."""
         self.tol = tol
-        if not self.identity:
+        if not self.covered:
             return 0
-        e = self.identity[0]
-        mech = cell_mechanism(e.record.mechanism)
-        if mech is None:  # l2: the factor at a typical count vector, exp(-eps ||s - x||_2)
-            log_peak = -e.record.mechanism.epsilon * e.record.mechanism.typical_noise_norm()
-        else:
-            log_peak = float(np.min(mech.log_likelihood(e.value, self.centres())))
-        target = np.log(tol) - np.log(self.n_cells) - np.log(1e8 * MOVES_PER_CELL) + log_peak
-        return initial_half_width(tail_mechanism(e.record.mechanism), e.value, log_target=target,
-                                  support=self.support)
+        target = np.log(tol) - np.log(self.n_cells) - np.log(1e8 * MOVES_PER_CELL) + self._log_peak()
+        return smallest_half_width(self._log_eta_at, log_target=target, what=self._what())
 
     def set_half_width(self, k: int) -> None:
         """The window of half-width ``k`` and everything the fibre step reads on it (class
         docstring)."""
         self.half_width = int(k)
         self.lo, self.width = self._box()
-        self.log_eta = self._log_eta()
+        self.log_eta = self._log_eta_at(self.half_width) if self.covered else np.full(self.n_cells, -np.inf)
         self.release_table = self._release_table()
         self.query_rows = self._query_rows()
         self.move_plan = MovePlan.build(self.moves.cells, self.moves.steps, self.query_rows.matrix)
@@ -165,55 +193,78 @@ class FibrePlan:
         here is proportional to them when small); double it where the bound is infinite."""
         if not np.isfinite(bound):
             return 2 * self.half_width
-        e = self.identity[0]
         target = float(np.max(self.log_eta)) + np.log(tol / (10.0 * bound))
-        k = initial_half_width(tail_mechanism(e.record.mechanism), e.value, log_target=target,
-                               support=self.support)
+        k = smallest_half_width(self._log_eta_at, log_target=target, what=self._what())
         return max(self.half_width + 1, k)
 
     def centres(self) -> np.ndarray:
-        """Window centres: the first release of the counts themselves, clipped to the support;
-        cells without one start at the support's lower end."""
+        """Window centres: each cell's first release, clipped to the support; cells without
+        one start at the support's lower end."""
         lower, upper = self.support
-        if self.identity:
-            c = np.rint(self.identity[0].value).astype(np.int64)
-        else:
-            c = np.full(self.n_cells, lower, dtype=np.int64)
+        values = self.released_values()
+        c = np.where(np.isnan(values), lower if lower is not None else 0, np.rint(np.nan_to_num(values)))
+        c = c.astype(np.int64)
         if lower is not None:
             c = np.maximum(c, lower)
         if upper is not None:
             c = np.minimum(c, upper)
         return c
 
+    def _what(self) -> str:
+        return " and ".join(sorted({type(e.record.mechanism).__name__ for e in self.cell_releases}))
+
+    def _log_peak(self) -> float:
+        """The smallest over cells of the window-setting release's log-likelihood at the
+        window centre (an l2 release: its factor at a typical count vector,
+        exp(-eps ||s - x||_2))."""
+        centres, peaks = self.centres(), []
+        for j, e in enumerate(self.cell_releases):
+            mine = np.flatnonzero(self._primary == j)
+            if mine.size == 0:
+                continue
+            mech = cell_mechanism(e.record.mechanism)
+            if mech is None:
+                peaks.append(-e.record.mechanism.epsilon * e.record.mechanism.typical_noise_norm())
+            else:
+                peaks.append(float(np.min(mech.log_likelihood(e.value[self._primary_at[mine]], centres[mine]))))
+        return min(peaks)
+
     def _box(self) -> tuple[np.ndarray, int]:
-        """(lo, width): cell i ranges over lo_i .. lo_i + width - 1."""
-        if self.identity:
+        """(lo, width): cell i ranges over lo_i .. lo_i + width - 1: the windows when every
+        cell has a release, else the whole (bounded) support."""
+        if self.covered:
             return self.centres() - self.half_width, 2 * self.half_width + 1
         lower, upper = self.support
         return np.full(self.n_cells, lower, np.int64), int(upper - lower + 1)
 
-    def _log_eta(self) -> np.ndarray:
-        """Per cell, log of a bound on its cell term summed outside the box: the smallest tail
-        sup over the releases of the cell (prior mass <= 1); -inf when the box covers the
-        support."""
-        if not self.identity:
-            return np.full(self.n_cells, -np.inf)
-        bounds = [
-            log_eta(tail_mechanism(e.record.mechanism), e.value, self.half_width, self.support)
-            for e in self.identity
-        ]
-        return np.min(bounds, axis=0)
+    def _log_eta_at(self, k: int) -> np.ndarray:
+        """Per cell, log of a bound on its releases' joint likelihood outside its window of
+        half-width k: the sum over its releases of each one's sup there (the window-setting
+        release's tail bound, :func:`log_eta`; further releases of the cell bounded off their
+        own centre, :func:`log_eta_off_centre`). Prior mass <= 1."""
+        centres, out = self.centres(), np.zeros(self.n_cells)
+        for j, e in enumerate(self.cell_releases):
+            cells = e.cells
+            primary = (self._primary[cells] == j) & (self._primary_at[cells] == np.arange(cells.size))
+            mech = tail_mechanism(e.record.mechanism)
+            bound = np.empty(cells.size)
+            bound[primary] = log_eta(mech, e.value[primary], k, self.support)
+            if not np.all(primary):
+                bound[~primary] = log_eta_off_centre(mech, e.value[~primary], centres[cells[~primary]], k,
+                                                     self.support)
+            np.add.at(out, cells, bound)
+        return out
 
     def _release_table(self) -> np.ndarray:
-        """sum over releases of the counts themselves of log p(s_i | v), v on the box, (d, W)."""
-        lo, width = self.lo, self.width
-        grid = lo[:, None] + np.arange(width)[None, :]
+        """sum over releases of cells of log p(s_j | v), v on the box of s_j's cell, (d, W)."""
+        grid = self.lo[:, None] + np.arange(self.width)[None, :]
         total = np.zeros(grid.shape)
-        for e in self.identity:
+        for e in self.cell_releases:
             mech = cell_mechanism(e.record.mechanism)
             if mech is None:  # the l2 factor enters the line updates instead
                 continue
-            total += mech.log_likelihood(np.broadcast_to(e.value[:, None], grid.shape), grid)
+            cells = grid[e.cells]
+            np.add.at(total, e.cells, mech.log_likelihood(np.broadcast_to(e.value[:, None], cells.shape), cells))
         return total
 
     def _query_rows(self) -> QueryRows:
@@ -278,7 +329,7 @@ def plan_fibre(model, latent, entries: list[Entry], *, allow_convolution: bool =
     d = int(np.prod(shape))
     rows, values, structured = [], [], []
     for e in entries:
-        if e.query is not None and not e.record.mechanism.discrete:
+        if e.cells is None and not e.record.mechanism.discrete:
             raise NotMarginalisableError(
                 f"release {e.record.name!r} of a query of {name!r} has continuous noise; the "
                 "fibre step bounds query likelihoods by 1, which needs a discrete mechanism"
@@ -321,6 +372,11 @@ def plan_fibre(model, latent, entries: list[Entry], *, allow_convolution: bool =
             f"latent {name!r}: a generalized Laplace release in the l2 norm must be a release of "
             "the counts themselves, and only one such release per latent is supported"
         )
+    if nonnegative and l2:
+        raise NotMarginalisableError(
+            f"latent {name!r} has a release conditioned on non-negativity and a generalized "
+            "Laplace release in the l2 norm; at most one release with a joint factor per latent "
+            "is supported")
     single = entries[0]
     convolution = allow_convolution and not nonnegative and (
         len(entries) == 1 and single.query is None and isinstance(single.record.mechanism, Conditioned)
@@ -331,11 +387,15 @@ def plan_fibre(model, latent, entries: list[Entry], *, allow_convolution: bool =
                      constraint, constraint_values,
                      normaliser=nonnegative[0].record.mechanism if nonnegative else None,
                      norm_factor=NormFactor(l2[0].record.mechanism.epsilon, l2[0].value) if l2 else None)
-    if not plan.identity and (support[0] is None or support[1] is None):
+    if not plan.covered and (support[0] is None or support[1] is None):
+        bare = np.flatnonzero(np.isnan(plan.released_values()))
+        cells = ", ".join(str(tuple(int(i) for i in np.unravel_index(c, shape))) for c in bare[:5])
         raise NotMarginalisableError(
-            f"latent {name!r} has no release of its own cells and an unbounded prior support: "
-            "dpinfer cannot bound the counts it neglects. Release the cells too, or give them a "
-            "bounded prior (Binomial with fixed n)"
+            f"latent {name!r} has {bare.size} of its {d} cells without a release of their own "
+            f"(cells {cells}{', ...' if bare.size > 5 else ''}; released in parts, the parts must "
+            "together cover every cell) and an unbounded prior support: dpinfer cannot bound the "
+            "counts it neglects. Release those cells too, or give the counts a bounded prior "
+            "(Binomial with fixed n)"
         )
     if plan.method == "fibre":
         plan.moves = constraint.markov_basis() if constraint is not None else MoveSet.unit(d)

@@ -73,8 +73,9 @@ def refusal(model, plans, method: str) -> str | None:
         return f"method={method!r} selects another engine"
     for plan in plans:
         if plan.kind == "fibre":
-            return ("latent counts with invariants other than group totals, linear queries or a "
-                    "release conditioned on non-negativity take fibre moves (PyMC engine)")
+            return (f"the counts {plan.latent_name!r} have invariants other than group totals, "
+                    "releases of linear queries or of parts of them, or a release conditioned on "
+                    "non-negativity: they take fibre moves (PyMC engine)")
         if plan.kind == "children":
             return (f"the counts {plan.latent_name!r} have children besides their release "
                     "(windowed Gibbs, PyMC engine)")
