@@ -148,3 +148,33 @@ def check_rng(rng) -> np.random.Generator:
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
     return rng
+
+
+def check_flag(name: str, value) -> bool:
+    """True or False (a number or a string is refused: ``progressbar="no"`` is not False)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_seed(value, name: str = "random_seed") -> int | None:
+    """None or a whole number >= 0 (a bool is not a seed)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be None or a whole number >= 0, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be None or a whole number >= 0, got {value!r}")
+    return int(value)
+
+
+def check_path(name: str, value):
+    """None or a non-empty path (a str or an os.PathLike), returned as a pathlib.Path."""
+    import os
+    from pathlib import Path
+
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or str(value) == "":
+        raise TypeError(f"{name} must be None or a directory path (a str or pathlib.Path), got {value!r}")
+    return Path(value)

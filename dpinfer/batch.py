@@ -86,6 +86,7 @@ import pandas as pd
 import pymc as pm
 import xarray as xr
 
+from dpinfer._validation import check_count
 from dpinfer.inference import sample
 from dpinfer.inference.checkpoint import resume_or_start
 
@@ -197,8 +198,8 @@ def fit_many(jobs: Iterable[FitJob], out_dir, *, executor=None, progressbar: boo
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"jobs must have unique names (they name the output files); repeated: {repeated}")
-    if checkpoint_every is not None and (int(checkpoint_every) != checkpoint_every or checkpoint_every < 1):
-        raise ValueError(f"checkpoint_every must be None or a whole number >= 1 (iterations), got {checkpoint_every!r}")
+    if checkpoint_every is not None:
+        checkpoint_every = check_count("checkpoint_every", checkpoint_every, 1)
     if executor is not None and not callable(getattr(executor, "submit", None)):
         raise TypeError("executor must be None, a concurrent.futures-style executor or a "
                         f"distributed.Client (an object with submit(fn, *args)), got {executor!r}")

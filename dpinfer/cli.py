@@ -222,6 +222,7 @@ def _from_config(path: Path):
     """dp.compare from a TOML file (keys: CONFIG_KEYS; README "Comparing mechanisms")."""
     import numpy as np
 
+    from dpinfer._validation import check_seed
     from dpinfer.utility import Consumer, compare
 
     try:
@@ -233,16 +234,30 @@ def _from_config(path: Path):
         raise SystemExit(f"config: unknown keys {unknown}; allowed: {sorted(CONFIG_KEYS)}")
     if "target" not in config or "true_values" not in config:
         raise SystemExit("config: 'target' and 'true_values' are required")
-    consumers = {label: Consumer(spec.get("loss", "absolute"), spec.get("side_information"))
-                 for label, spec in config.get("consumers", {}).items()}
-    levels = config.get("levels", ["release"] + (["consumer"] if consumers else []))
-    return compare(target=_target(config["target"]), families=config.get("families"),
-                   sensitivity=config.get("sensitivity", 1), true_values=config["true_values"],
-                   levels=levels, tails=config.get("tails", (1.0, 5.0)), prob=config.get("prob", 0.9),
-                   consumers=consumers or None, consumer_range=config.get("consumer_range"),
-                   priors=config.get("priors"),
-                   replications=config.get("replications", 2000),
-                   rng=np.random.default_rng(config.get("seed", 0)))
+    try:
+        consumers = {label: Consumer(spec.get("loss", "absolute"), spec.get("side_information"))
+                     for label, spec in _consumer_tables(config.get("consumers", {})).items()}
+        levels = config.get("levels", ["release"] + (["consumer"] if consumers else []))
+        return compare(target=_target(config["target"]), families=config.get("families"),
+                       sensitivity=config.get("sensitivity", 1), true_values=config["true_values"],
+                       levels=levels, tails=config.get("tails", (1.0, 5.0)), prob=config.get("prob", 0.9),
+                       consumers=consumers or None, consumer_range=config.get("consumer_range"),
+                       priors=config.get("priors"),
+                       replications=config.get("replications", 2000),
+                       rng=np.random.default_rng(check_seed(config.get("seed", 0), "seed")))
+    except (ValueError, TypeError) as err:
+        raise SystemExit(f"config {path}: {err}") from None
+
+
+def _consumer_tables(consumers) -> dict:
+    """The config's [consumers.LABEL] tables, each with ``loss`` and ``side_information`` only."""
+    if not isinstance(consumers, dict) or not all(isinstance(spec, dict) for spec in consumers.values()):
+        raise TypeError("consumers must be tables [consumers.LABEL] with loss = ... and side_information = [...]")
+    for label, spec in consumers.items():
+        unknown = sorted(set(spec) - {"loss", "side_information"})
+        if unknown:
+            raise ValueError(f"consumers.{label}: unknown keys {unknown}; allowed: ['loss', 'side_information']")
+    return consumers
 
 
 def fit_main(argv) -> None:
@@ -310,6 +325,11 @@ def compare_main(argv) -> None:
     parser.add_argument("--replications", type=int, default=None,
                         help="simulated releases (midwest: 100; config: its own or 2000)")
     args = parser.parse_args(argv)
+    if args.replications is not None and args.preset in ("seed002", "seed004"):
+        parser.error(f"--replications: the {args.preset} preset is exact (no simulated releases); it takes "
+                     "--replications with --preset midwest, and a config file takes replications = N")
+    if args.replications is not None and args.replications < 2:
+        parser.error(f"--replications must be a whole number >= 2, got {args.replications}")
     args.out.mkdir(parents=True, exist_ok=True)
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", 12)
@@ -321,7 +341,7 @@ def compare_main(argv) -> None:
         figure = presets.seed004_figure(tables)
     else:
         if args.preset == "midwest":
-            result = presets.midwest(replications=args.replications or 100)
+            result = presets.midwest(replications=100 if args.replications is None else args.replications)
         else:
             result = _from_config(args.config)
             if args.replications is not None:

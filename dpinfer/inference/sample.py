@@ -29,7 +29,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import numbers
 import os
 import sys
 import time
@@ -39,7 +38,7 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
-from dpinfer._validation import check_count, check_probability
+from dpinfer._validation import check_count, check_flag, check_path, check_probability, check_seed
 from dpinfer.inference import checkpoint as checkpoints
 from dpinfer.inference import convergence, failures, planning, recovery
 from dpinfer.inference.engines import closed_form
@@ -184,6 +183,9 @@ def sample(
     empirical_bayes = _empirical_bayes_settings(empirical_bayes or {})
     draws, tune, chains = (check_count(name, value, least)
                            for name, value, least in (("draws", draws, 1), ("tune", tune, 0), ("chains", chains, 1)))
+    progressbar, log_likelihood = check_flag("progressbar", progressbar), check_flag("log_likelihood", log_likelihood)
+    checkpoint, resume = check_path("checkpoint", checkpoint), check_path("resume", resume)
+    checkpoint_every = check_count("checkpoint_every", checkpoint_every, 1)
     model = pm.modelcontext(model)
     records = releases_of(model)
     if not records:
@@ -248,10 +250,7 @@ def sample(
 
 def _seed_sequence(random_seed, resume) -> np.random.SeedSequence:
     """The fit's seed; resuming without ``random_seed``, the checkpointed fit's."""
-    if random_seed is not None and (isinstance(random_seed, bool) or not isinstance(random_seed, numbers.Integral)
-                                    or random_seed < 0):
-        raise (ValueError if isinstance(random_seed, numbers.Integral) and not isinstance(random_seed, bool)
-               else TypeError)(f"random_seed must be None or a whole number >= 0, got {random_seed!r}")
+    random_seed = check_seed(random_seed)
     if resume is not None and random_seed is None:
         return np.random.SeedSequence(int(checkpoints.read_identity(resume)["entropy"]))
     return np.random.SeedSequence(random_seed)

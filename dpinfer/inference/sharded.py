@@ -49,7 +49,7 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
-from dpinfer._validation import check_probability
+from dpinfer._validation import as_real_array, check_count, check_flag, check_path, check_probability, check_seed
 from dpinfer.inference import convergence, recovery
 from dpinfer.inference.checkpoint import (
     Checkpoint,
@@ -136,18 +136,28 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
     ``["dpinfer_convergence"]`` R-hat and ESS over everything.
     """
     tol = check_probability(tol, "tol")
-    for name, value, least in (("draws", draws, 1), ("tune", tune, 0), ("chains", chains, 1)):
-        if int(value) != value or value < least:
-            raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+    draws, tune, chains = (check_count(name, value, least)
+                           for name, value, least in (("draws", draws, 1), ("tune", tune, 0), ("chains", chains, 1)))
+    random_seed, progressbar = check_seed(random_seed), check_flag("progressbar", progressbar)
+    checkpoint, resume = check_path("checkpoint", checkpoint), check_path("resume", resume)
+    checkpoint_every = check_count("checkpoint_every", checkpoint_every, 1)
+    if not callable(build_shard):
+        raise TypeError(f"build_shard must be a function of a list of groups returning a pymc.Model, got {build_shard!r}")
+    if isinstance(groups, (str, bytes, dict)) or not hasattr(groups, "__iter__"):
+        raise TypeError(f"groups must be a list of the groups to shard (labels or indices), got {groups!r}")
     groups = list(groups)
     if not groups or len(set(map(repr, groups))) != len(groups):
         raise ValueError("groups must be a non-empty list of distinct groups")
     if not isinstance(shared_model, pm.Model):
         raise TypeError(f"shared_model must be a pymc.Model, got {type(shared_model).__name__}")
+    if client is not None and not callable(getattr(client, "scheduler_info", None)):
+        raise TypeError(f"client must be None or a dask.distributed.Client, got {client!r}")
     workers = _workers(client)
-    n_shards = int(shards) if shards is not None else max(1, len(workers))
+    n_shards = check_count("shards", shards, 1) if shards is not None else max(1, len(workers))
     if not 1 <= n_shards <= len(groups):
         raise ValueError(f"shards must be between 1 and the number of groups ({len(groups)}), got {shards!r}")
+    if weights is not None:
+        weights = as_real_array("weights", weights)
     settings = compiled_engine.settings(_checked_options(sample_kwargs))
     if checkpoint is not None and resume is not None and Path(checkpoint) != Path(resume):
         raise ValueError(f"give checkpoint= or resume=, not both (resume={str(resume)!r} keeps saving there)")

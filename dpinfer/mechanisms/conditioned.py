@@ -46,7 +46,7 @@ import pytensor.tensor as pt
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
-from dpinfer._validation import as_integer_array, check_probability, check_rng
+from dpinfer._validation import as_integer_array, check_count, check_probability, check_rng
 from dpinfer.lattice.class_convolution import ClassLattice
 from dpinfer.lattice.convolution import log_convolution_at
 from dpinfer.lattice.independence_sampler import run_independence_chain, unimodular_block
@@ -123,12 +123,10 @@ class Conditioned(Mechanism):
             raise TypeError(f"invariants must be a dpinfer.Invariants, got {type(invariants).__name__}")
         if not isinstance(nonnegative, (bool, np.bool_)):
             raise TypeError(f"nonnegative must be True or False, got {nonnegative!r}")
-        if int(burn_in_sweeps) != burn_in_sweeps or burn_in_sweeps < 1:
-            raise ValueError(f"burn_in_sweeps must be a positive integer, got {burn_in_sweeps!r}")
         self.base = base
         self.invariants = invariants
         self.nonnegative = bool(nonnegative)
-        self.burn_in_sweeps = int(burn_in_sweeps)
+        self.burn_in_sweeps = check_count("burn_in_sweeps", burn_in_sweeps, 1)
         self._noise_table = None
         self._log_normaliser = None
         self._lattice = None

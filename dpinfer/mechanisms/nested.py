@@ -35,10 +35,17 @@ n_cells). ``dpinfer.sample`` then draws the counts with exact sum-tree moves
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
-from dpinfer.lattice.nested.structure import NestedSums
+from dpinfer._validation import as_integer_array, as_real_array, check_count
+from dpinfer.lattice.nested.structure import NestedSums, tree_of
 from dpinfer.lattice.nested.terms import TermTables
+
+
+MAX_CELLS = 2**20  # cells per area (the detailed histogram of the 2020 files has 2,016)
+MAX_SUMMED = 10_000  # published counts added up to one query cell (the detailed histogram has 2,016)
 
 
 class NestedMeasurements:
@@ -56,16 +63,15 @@ class NestedMeasurements:
     keeps_invariants = False
 
     def __init__(self, parent, leaves, n_cells: int, *, area_names=None, cell_shape=None):
-        self.parent = np.asarray(parent, dtype=np.int64).reshape(-1)
-        self.leaves = np.asarray(leaves, dtype=np.int64).reshape(-1)
-        self.n_cells = int(n_cells)
-        self.cell_shape = cell_shape
-        if self.n_cells < 1:
-            raise ValueError(f"n_cells must be >= 1, got {n_cells!r}")
-        self.area_names = (np.asarray(area_names, dtype=object) if area_names is not None
+        self.parent = as_integer_array("parent", parent).reshape(-1)
+        self.leaves = as_integer_array("leaves", leaves).reshape(-1)
+        tree_of(self.parent, self.leaves)  # one tree, its leaves each once (errors name them)
+        self.n_cells = check_count("n_cells", n_cells, 1)
+        if self.n_cells > MAX_CELLS:
+            raise ValueError(f"n_cells must be 1 .. {MAX_CELLS:,} (the cells of one area's histogram), got {n_cells!r}")
+        self.cell_shape = _cell_shape(cell_shape, self.n_cells)
+        self.area_names = (_names("area_names", area_names, self.parent.size) if area_names is not None
                            else np.arange(self.parent.size).astype(str).astype(object))
-        if self.area_names.size != self.parent.size:
-            raise ValueError(f"area_names has {self.area_names.size} names for {self.parent.size} areas")
         self.tables = TermTables()
         self._terms: list[tuple] = []  # (areas, cells mask (R, C), values, table ids, names)
         self._sums: NestedSums | None = None
@@ -73,30 +79,39 @@ class NestedMeasurements:
 
     # ---- adding terms -------------------------------------------------------------------------
     def _cells(self, cells) -> np.ndarray:
+        if isinstance(cells, (str, bytes)) or not hasattr(cells, "__len__") or len(cells) == 0:
+            raise TypeError(f"cells must be a (k, {self.n_cells}) bool mask or a non-empty list of k lists of "
+                            f"cell indices, got {cells!r}")
         ragged = not isinstance(cells, np.ndarray) and len({np.size(g) for g in cells}) > 1
         if not ragged and np.asarray(cells).dtype == bool:
             mask = np.atleast_2d(np.asarray(cells))
         else:  # a list of cell index lists, one per query cell (of any lengths)
             mask = np.zeros((len(cells), self.n_cells), bool)
             for j, group in enumerate(cells):
-                mask[j, np.asarray(group, dtype=np.int64).reshape(-1)] = True
-        if mask.shape[1] != self.n_cells:
+                index = as_integer_array("cells", group).reshape(-1)
+                if np.any((index < 0) | (index >= self.n_cells)):
+                    raise ValueError(f"cells must hold cell indices 0 .. {self.n_cells - 1}; query cell {j} "
+                                     f"has {index[(index < 0) | (index >= self.n_cells)][:3].tolist()}")
+                mask[j, index] = True
+        if mask.ndim != 2 or mask.shape[1] != self.n_cells:
             raise ValueError(f"cells must select among the {self.n_cells} cells, got a mask of width {mask.shape[1]}")
         if not np.all(mask.any(1)):
             raise ValueError("every query cell must sum at least one cell")
         return mask
 
     def _areas(self, areas) -> np.ndarray:
-        areas = np.asarray(areas, dtype=np.int64).reshape(-1)
+        areas = as_integer_array("areas", areas).reshape(-1)
         if np.any((areas < 0) | (areas >= self.parent.size)):
             raise ValueError(f"areas must be area indices 0 .. {self.parent.size - 1}")
         return areas
 
     def _add(self, name: str, areas, cells, values, tables, cell_names=None) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"name must be a non-empty string (the terms' label), got {name!r}")
         if self._sums is not None:
             raise RuntimeError("the terms are frozen once the release is used; add every term first")
         areas, mask = self._areas(areas), self._cells(cells)
-        values = np.asarray(values)
+        values = as_real_array(f"{name}: values", values)
         if values.shape != (areas.size, mask.shape[0]):
             raise ValueError(f"{name}: values must have shape (areas, query cells) = "
                              f"{(areas.size, mask.shape[0])}, got {values.shape}")
@@ -104,10 +119,8 @@ class NestedMeasurements:
             raise ValueError(f"{name}: values must be whole numbers")
         tables = np.broadcast_to(np.asarray(tables, dtype=np.int64), values.shape)
         n, k = values.shape
-        if cell_names is None:
-            cell_names = [f"query cell {j}" for j in range(k)]
-        elif len(cell_names) != k:
-            raise ValueError(f"{name}: cell_names must name the {k} query cells, got {len(cell_names)} names")
+        cell_names = ([f"query cell {j}" for j in range(k)] if cell_names is None
+                      else _names(f"{name}: cell_names", cell_names, k))
         labels = np.array([f"{name} [{self.area_names[a]}, {cell_names[j]}]" for a in areas for j in range(k)],
                           dtype=object)
         self._terms.append((np.repeat(areas, k), np.tile(mask, (n, 1)), values.astype(np.int64).reshape(-1),
@@ -121,14 +134,15 @@ class NestedMeasurements:
         "query cell j"), which messages quote."""
         areas = self._areas(areas)
         k = self._cells(cells).shape[0]
-        sigma2 = np.broadcast_to(np.asarray(sigma2, dtype=float), (areas.size,))
-        summed = np.broadcast_to(np.asarray(summed, dtype=np.int64), (k,))
-        bad = ~np.isfinite(sigma2) | (sigma2 <= 0)
+        sigma2 = _broadcast(f"{name}: sigma2", as_real_array(f"{name}: sigma2", sigma2), (areas.size,), "areas")
+        summed = _broadcast(f"{name}: summed", as_integer_array(f"{name}: summed", summed), (k,), "query cells")
+        bad = sigma2 <= 0
         if np.any(bad):
             raise ValueError(f"{name}: sigma2 must be finite and > 0, got {sigma2[bad][0]!r} at row "
                              f"{int(np.flatnonzero(bad)[0])}")
-        if np.any(summed < 1):
-            raise ValueError(f"{name}: summed must be >= 1 for every query cell")
+        if np.any(summed < 1) or np.any(summed > MAX_SUMMED):
+            raise ValueError(f"{name}: summed must be 1 .. {MAX_SUMMED} (published counts added up) for every "
+                             "query cell")
         tables = np.array([[self.tables.add_discrete_gaussian(s, m) for m in summed] for s in sigma2],
                           dtype=np.int64).reshape(areas.size, k)
         self._add(name, areas, cells, values, tables, cell_names)
@@ -295,3 +309,35 @@ def _contiguous_leaves(sums: NestedSums):
         children = sums.child_area[sums.child_ptr[v]:sums.child_ptr[v + 1]]
         stack.extend((int(c), False) for c in children[::-1])
     return np.array(order, np.int64), start, stop
+
+
+def _cell_shape(cell_shape, n_cells: int) -> tuple | None:
+    """None, or positive whole axis lengths whose product is ``n_cells``."""
+    if cell_shape is None:
+        return None
+    if isinstance(cell_shape, (str, bytes)) or not hasattr(cell_shape, "__iter__"):
+        raise TypeError(f"cell_shape must be None or a tuple of axis lengths, got {cell_shape!r}")
+    axes = tuple(cell_shape)
+    if not axes or not all(isinstance(a, numbers.Integral) and not isinstance(a, bool) and a >= 1 for a in axes):
+        raise ValueError(f"cell_shape must hold whole axis lengths >= 1, got {cell_shape!r}")
+    if int(np.prod(axes, dtype=object)) != n_cells:
+        raise ValueError(f"cell_shape {axes} must multiply to n_cells = {n_cells}")
+    return tuple(int(a) for a in axes)
+
+
+def _names(what: str, names, n: int) -> np.ndarray:
+    """``n`` labels (a sequence, not a string), as an object array."""
+    if isinstance(names, (str, bytes)) or not hasattr(names, "__len__"):
+        raise TypeError(f"{what} must be a sequence of {n} labels, got {names!r}")
+    out = np.asarray(list(names), dtype=object).reshape(-1)
+    if out.size != n:
+        raise ValueError(f"{what} must hold {n} labels, got {out.size}")
+    return out
+
+
+def _broadcast(what: str, values: np.ndarray, shape: tuple, per: str) -> np.ndarray:
+    try:
+        return np.broadcast_to(values, shape)
+    except ValueError:
+        raise ValueError(f"{what} must be a scalar or one value per {per} {shape}, got shape "
+                         f"{values.shape}") from None

@@ -59,7 +59,7 @@ from dpinfer.mechanisms import ClampedGeometric, Conditioned, DoubleGeometric, M
 from dpinfer.mechanisms.base import AdditiveMechanism
 from dpinfer.utility.consumers import Consumer, bayes_risk, minimax_risk
 from dpinfer.utility.derivability import clamped_to_range, mechanism_matrix
-from dpinfer.utility.equal_privacy import PrivacyTarget, calibrate
+from dpinfer.utility.equal_privacy import PrivacyTarget, calibrate, family_spec
 from dpinfer.utility.remap import bayes_optimal_mechanism, bayes_remap, optimal_mechanism, optimal_remap
 
 __all__ = ["Analysis", "Comparison", "compare"]
@@ -127,6 +127,40 @@ class Comparison:
         return fig
 
 
+DEFAULT_FAMILIES = ("Laplace", "DoubleGeometric", "Gaussian", "DiscreteGaussian")
+# the consumer level solves linear programs with (n + 1)^2 variables: n = 1000 is a million
+MAX_CONSUMER_RANGE = 1000
+
+
+def _true_values(true_values) -> np.ndarray:
+    """One or more real true values (True is not 1)."""
+    if isinstance(true_values, (bool, np.bool_)) or np.asarray(true_values).dtype == bool:
+        raise TypeError(f"true_values must be real numbers, got {true_values!r}")
+    x = as_real_array("true_values", true_values).reshape(-1)
+    if x.size == 0:
+        raise ValueError("true_values must hold at least one value")
+    return x
+
+
+def _families(families) -> tuple:
+    """None (the default families), one family or a non-empty sequence of them: names of
+    :data:`~dpinfer.utility.equal_privacy.FAMILIES` or mechanism classes."""
+    if families is None:
+        return DEFAULT_FAMILIES
+    if isinstance(families, (str, type)):
+        families = (families,)
+    if not isinstance(families, Sequence) or not families or \
+            not all(isinstance(f, (str, type)) for f in families):
+        raise TypeError("families must be None, a family's name or a non-empty list of names (e.g. "
+                        f"['Laplace', 'DoubleGeometric']), got {families!r}")
+    for family in families:  # an unknown name is an error, not a family "left out"
+        try:
+            family_spec(family)
+        except ValueError as err:
+            raise ValueError(f"families: {err}") from None
+    return tuple(families)
+
+
 def _mechanisms(mechanisms, target, families, sensitivity, unequal_privacy) -> dict:
     """The mechanisms to compare, at one privacy (module docstring of equal_privacy): calibrated
     from ``families`` to ``target``; or given, and then checked against ``target``, or else
@@ -136,7 +170,7 @@ def _mechanisms(mechanisms, target, families, sensitivity, unequal_privacy) -> d
     if mechanisms is None:
         if target is None:
             raise ValueError("give mechanisms={name: Mechanism} or target=PrivacyTarget(...) with families")
-        families = families or ("Laplace", "DoubleGeometric", "Gaussian", "DiscreteGaussian")
+        families = _families(families)
         out = {}
         for family in families:
             try:
@@ -429,20 +463,32 @@ def compare(mechanisms: Mapping[str, Mechanism] | None = None, true_values=None,
     rng = check_rng(rng)
     prob = check_probability(prob)
     replications = check_count("replications", replications, 2)
+    levels = (levels,) if isinstance(levels, str) else levels
+    if not isinstance(levels, Sequence) or not levels or any(lv not in LEVELS for lv in levels):
+        raise ValueError(f"levels must be a non-empty subset of {LEVELS}, got {levels!r}")
     levels = tuple(levels)
-    unknown = [lv for lv in levels if lv not in LEVELS]
-    if unknown or not levels:
-        raise ValueError(f"levels must be a non-empty subset of {LEVELS}, got {levels}")
     if "release" in levels and true_values is None:
         raise ValueError("true_values are needed for the release level")
     if "consumer" in levels and (not consumers or consumer_range is None):
         raise ValueError("the consumer level needs consumers={label: Consumer} and consumer_range=n")
+    if consumers is not None and (not isinstance(consumers, Mapping) or not all(
+            isinstance(c, Consumer) for c in consumers.values())):
+        raise TypeError(f"consumers must be a dict {{label: dp.Consumer(...)}}, got {consumers!r}")
+    if consumer_range is not None:
+        consumer_range = check_count("consumer_range", consumer_range, 1)
+        if consumer_range > MAX_CONSUMER_RANGE:
+            raise ValueError(f"consumer_range must be 1 .. {MAX_CONSUMER_RANGE} (the consumer level's linear "
+                             f"programs have (n + 1)^2 variables), got {consumer_range}")
+    if priors is not None and not isinstance(priors, Mapping):
+        raise TypeError(f"priors must be a dict {{label: prior probabilities on 0..consumer_range}}, got {priors!r}")
     if "analysis" in levels and not isinstance(analysis, Analysis):
         raise ValueError("the analysis level needs analysis=dp.utility.Analysis(...)")
-    tails = tuple(float(t) for t in tails)
-    if any(t < 0 for t in tails):
-        raise ValueError(f"tails must be >= 0, got {tails}")
-    x = as_real_array("true_values", true_values).reshape(-1) if true_values is not None else None
+    if isinstance(tails, (bool, np.bool_)) or np.asarray(tails).dtype == bool:
+        raise TypeError(f"tails must be one or more distances >= 0, got {tails!r}")
+    tails = tuple(as_real_array("tails", tails).reshape(-1).tolist())
+    if not tails or any(t < 0 for t in tails):
+        raise ValueError(f"tails must be one or more distances >= 0, got {tails}")
+    x = _true_values(true_values) if true_values is not None else None
     rows = []
     for name, mech in mechs.items():
         if "release" in levels:
@@ -450,7 +496,7 @@ def compare(mechanisms: Mapping[str, Mechanism] | None = None, true_values=None,
                                   use_exact=release_method == "exact")
         if "consumer" in levels:
             rows += _consumer_rows(name, mech, dict(consumers),
-                                   check_count("consumer_range", consumer_range, 1), dict(priors or {}))
+                                   consumer_range, dict(priors or {}))
         if "analysis" in levels:
             rows += _analysis_rows(name, mech, analysis, replications, prob, rng, progress)
     table = pd.DataFrame(rows, columns=["mechanism", "level", "metric", "setting", "value", "se", "method"])

@@ -169,6 +169,8 @@ def _side_indices(name: str, values, n: int | None) -> np.ndarray:
     """Sorted distinct whole numbers in {0..n} (n = None: any count >= 0), at least one."""
     if isinstance(values, (set, frozenset)):
         values = list(values)
+    if isinstance(values, (bool, np.bool_)) or np.asarray(values).dtype == bool:
+        raise TypeError(f"{name} must be whole counts, got {values!r}")
     idx = np.unique(as_integer_array(name, values).ravel())
     allowed = "counts >= 0" if n is None else f"a subset of {{0..{n}}}"
     if idx.size == 0:

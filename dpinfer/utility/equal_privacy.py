@@ -185,7 +185,7 @@ class Calibration:
     achieved: float
 
 
-def _family(family) -> _Family:
+def family_spec(family) -> _Family:
     if isinstance(family, str) and family in FAMILIES:
         return FAMILIES[family]
     if isinstance(family, type) and family.__name__ in FAMILIES:
@@ -204,7 +204,7 @@ def calibrate(family, target: PrivacyTarget, sensitivity=1) -> Calibration:
     """The ``family`` mechanism (a name in :data:`FAMILIES` or the class) with the smallest
     noise scale meeting ``target`` for a query of sensitivity ``sensitivity`` (module
     docstring). Raises ValueError naming the reason where no scale meets the target."""
-    spec = _family(family)
+    spec = family_spec(family)
     if not isinstance(target, PrivacyTarget):
         raise TypeError(f"target must be a PrivacyTarget, got {type(target).__name__}")
     sensitivity = check_positive("sensitivity", sensitivity)
@@ -233,7 +233,7 @@ def equal_privacy_table(target: PrivacyTarget, families=None, sensitivity=1) -> 
     target the reason instead (refusals are rows, not silent omissions)."""
     rows = []
     for family in families if families is not None else FAMILIES:
-        spec = _family(family)
+        spec = family_spec(family)
         try:
             cal = calibrate(spec.name, target, sensitivity)
         except ValueError as err:

@@ -59,6 +59,8 @@ import pandas as pd
 import scipy.sparse
 import xarray as xr
 
+from dpinfer._validation import check_flag
+
 GEOID_COLUMNS = ("GEOID20", "GEOID", "BLOCKID", "GEOID_BLOCK")  # case-insensitive, first found
 OPERATORS = {">": np.greater, ">=": np.greater_equal, "<": np.less, "<=": np.less_equal}
 SUM_BYTES = 2e8  # float bytes of area sums held at once; more areas are summarised in batches
@@ -76,6 +78,9 @@ def read_plan(plan, *, geoid_column: str | None = None, area_column: str | None 
     ``geoid_column``, else the first of GEOID_COLUMNS present (any case), else its first
     column; the label column ``area_column``, else its one other column. Errors name the
     file, the column and the rows: missing columns, empty codes or labels, a code listed twice."""
+    for argument, value in (("geoid_column", geoid_column), ("area_column", area_column)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{argument} must be None or a column name, got {value!r}")
     source = "plan"
     if isinstance(plan, (str, os.PathLike)):
         source = os.fspath(plan)
@@ -100,7 +105,7 @@ def read_plan(plan, *, geoid_column: str | None = None, area_column: str | None 
         upper = {c.upper(): c for c in columns}
         geoid_column = next((upper[c] for c in GEOID_COLUMNS if c in upper), columns[0] if columns else None)
     if geoid_column not in columns:
-        raise ValueError(f"{source}: no column {geoid_column!r} of block codes; columns: {columns}")
+        raise ValueError(f"{source}: no column {geoid_column!r} of block codes (geoid_column); columns: {columns}")
     if area_column is None:
         others = [c for c in columns if c != geoid_column]
         if len(others) != 1:
@@ -108,7 +113,7 @@ def read_plan(plan, *, geoid_column: str | None = None, area_column: str | None 
                              "name it (area_column= / --area-column)")
         area_column = others[0]
     if area_column not in columns:
-        raise ValueError(f"{source}: no column {area_column!r} of area labels; columns: {columns}")
+        raise ValueError(f"{source}: no column {area_column!r} of area labels (area_column); columns: {columns}")
     blocks = frame[geoid_column].astype(str).str.strip()
     labels = frame[area_column].map(lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v))
                                     else str(v).strip())
@@ -215,19 +220,19 @@ def parse_event(text: str, names) -> tuple:
     >, >=, <, <=. Anything else is a ValueError saying what is allowed."""
     match = _EVENT.match(str(text))
     if not match:
-        raise ValueError(f"event {text!r}: expected 'A OP B' with OP one of {list(OPERATORS)} and A, B "
+        raise ValueError(f"probability event {text!r}: expected 'A OP B' with OP one of {list(OPERATORS)} and A, B "
                          "quantity names or numbers, e.g. 'share_vap_hisp > 0.5' or 'vap_hisp > vap_nh_white'")
     left, op, right = match.groups()
     sides = []
     for side in (left, right):
         if re.fullmatch(_NAME, side):
             if side not in names:
-                raise ValueError(f"event {text!r}: unknown quantity {side!r}; quantities: {list(names)}")
+                raise ValueError(f"probability event {text!r}: unknown quantity {side!r}; quantities: {list(names)}")
             sides.append(side)
         else:
             sides.append(float(side))
     if not any(isinstance(s, str) for s in sides):
-        raise ValueError(f"event {text!r} compares two numbers; name at least one quantity")
+        raise ValueError(f"probability event {text!r} compares two numbers; name at least one quantity")
     return sides[0], op, sides[1]
 
 
@@ -298,10 +303,19 @@ def summarise_areas(draws, plan, *, probabilities=(), interval: float = 0.9, par
         raise ValueError(f"interval must be a probability strictly between 0 and 1, got {interval!r}")
     if isinstance(probabilities, str):
         probabilities = [probabilities]
+    if not isinstance(probabilities, (list, tuple)) or not all(isinstance(e, str) for e in probabilities):
+        raise TypeError(f"probabilities must be an event ('share_vap_hisp > 0.5') or a list of them, "
+                        f"got {probabilities!r}")
+    partial = check_flag("partial", partial)
+    if not isinstance(name, str):
+        raise TypeError(f"name must be the name of the fit's count draws (a string), got {name!r}")
     tree = open_posterior(draws) if isinstance(draws, (str, os.PathLike)) else draws
+    if not (hasattr(tree, "posterior") or "posterior" in getattr(tree, "children", {})):
+        raise TypeError(f"draws must be a stored fit's path (posterior.zarr) or a DataTree / InferenceData with "
+                        f"a posterior group, got {type(tree).__name__}")
     posterior = tree["posterior"] if "posterior" in getattr(tree, "children", {}) else tree.posterior
     if name not in posterior:
-        raise ValueError(f"the fit has no draws {name!r}; it has {list(posterior.data_vars)}")
+        raise ValueError(f"name={name!r}: the fit has no such draws; it has {list(posterior.data_vars)}")
     counts = posterior[name]
     if counts.ndim != 4:
         raise ValueError(f"{name!r} must be (chain, draw, leaf, cell) draws, got dims {counts.dims}")

@@ -230,6 +230,22 @@ BLOCK_LEAF_SIZES_WARNING = (
     "one leaf-size parameter a block); unions of blocks (districts) are less affected")
 
 
+def _read_truth(path) -> pd.DataFrame:
+    """A truth file: parquet with columns geocode, cell and count (a synthetic file's
+    truth.parquet); errors name ``truth``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"truth {path}: no such file")
+    try:
+        table = pd.read_parquet(path)
+    except Exception as err:  # pyarrow's errors are not ValueErrors
+        raise ValueError(f"truth {path}: not a parquet file ({' '.join(str(err).split())[:200]})") from None
+    missing = sorted({"geocode", "cell", "count"} - set(table.columns))
+    if missing:
+        raise ValueError(f"truth {path}: columns {missing} are missing (it needs geocode, cell and count)")
+    return table
+
+
 def fit_nmf(root, state, *, leaves: str = "Block_Group", cells="pl94-28", out=None, draws: int = 1000,
             tune: int = 1000, chains: int = 2, seed: int = 0, truth=None, progressbar: bool = True,
             checkpoint_every: int | None = None, inference: str = "auto", max_minutes: float = 20.0,
@@ -287,8 +303,12 @@ def fit_nmf(root, state, *, leaves: str = "Block_Group", cells="pl94-28", out=No
         print(f"dpinfer nmf: [{k}/4] {text} ({time.perf_counter() - start:.0f} s; {max(left, 0):.1f} min of "
               f"--max-minutes left)", file=log, flush=True)
 
+    if areas is None and (probabilities or partial):
+        raise ValueError("probabilities (--probability) and partial (--partial) are about the areas of a plan: "
+                         "give areas (--areas PLAN.csv) too")
     if areas is not None:
         areas = read_plan(areas)
+    true_table = _read_truth(truth) if truth is not None else None
     nmf = read_nmf(root, state, levels=LEVELS[: LEVELS.index(leaves) + 1])
     phase(1, f"read {len(nmf.files)} files of state {state}: levels {', '.join(nmf.levels)}")
     table = census_table(nmf, leaves, cells)
@@ -302,9 +322,8 @@ def fit_nmf(root, state, *, leaves: str = "Block_Group", cells="pl94-28", out=No
         for event in [probabilities] if isinstance(probabilities, str) else probabilities:
             parse_event(event, names)
     true_counts = None
-    if truth is not None:
-        t = pd.read_parquet(truth)
-        true_counts = table.aggregate(t["geocode"], t["cell"], t["count"])
+    if true_table is not None:
+        true_counts = table.aggregate(true_table["geocode"], true_table["cell"], true_table["count"])
     out = Path(out or f"nmf-{state}-{leaves}")
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "checkpoint"

@@ -113,6 +113,8 @@ def open_posterior(path) -> xr.DataTree:
         raise FileNotFoundError(f"no stored fit at {path} (expected a posterior.zarr directory or a netCDF file)")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
-        if path.is_dir():
-            return xr.open_datatree(path, engine="zarr")
-        return xr.open_datatree(path)
+        try:
+            return xr.open_datatree(path, engine="zarr") if path.is_dir() else xr.open_datatree(path)
+        except (ValueError, OSError, KeyError) as err:  # xarray's "no backend", zarr's missing groups
+            raise ValueError(f"{path} is not a stored dpinfer fit (a posterior.zarr directory or netCDF file of "
+                             f"dpinfer nmf): {' '.join(str(err).split())[:200]}") from None

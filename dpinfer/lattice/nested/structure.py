@@ -46,39 +46,8 @@ class NestedSums:
 
     def __post_init__(self):
         parent = np.asarray(self.parent, dtype=np.int64).reshape(-1)
-        n = parent.size
         leaf_area = np.asarray(self.leaf_area, dtype=np.int64).reshape(-1)
-        roots = np.flatnonzero(parent < 0)
-        if roots.size != 1:
-            raise ValueError(f"parent must describe one tree with one root (parent -1), found {roots.size} roots")
-        if np.any(parent >= n) or np.any(parent == np.arange(n)):
-            raise ValueError("parent holds an area index out of range or an area that is its own parent")
-        depth = np.full(n, -1, dtype=np.int64)
-        depth[roots[0]] = 0
-        for _ in range(n):  # propagate depths down; a cycle leaves -1
-            todo = (depth < 0) & (parent >= 0)
-            if not np.any(todo):
-                break
-            ready = todo & (depth[np.maximum(parent, 0)] >= 0)
-            if not np.any(ready):
-                break
-            depth[ready] = depth[parent[ready]] + 1
-        if np.any(depth < 0):
-            raise ValueError("parent has a cycle: not every area reaches the root")
-        order = np.argsort(-depth, kind="stable").astype(np.int64)
-        children = np.flatnonzero(parent >= 0)
-        children = children[np.argsort(parent[children], kind="stable")]
-        counts = np.bincount(parent[children], minlength=n)
-        child_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        area_leaf = np.full(n, -1, dtype=np.int64)
-        if np.unique(leaf_area).size != leaf_area.size or np.any((leaf_area < 0) | (leaf_area >= n)):
-            raise ValueError("leaf_area must list distinct areas of the tree")
-        area_leaf[leaf_area] = np.arange(leaf_area.size)
-        childless = counts == 0
-        if np.any(childless != (area_leaf >= 0)):
-            bad = np.flatnonzero(childless != (area_leaf >= 0))[:5]
-            raise ValueError(f"the leaves must be exactly the areas without children; areas {bad.tolist()} "
-                             "are not (an area with no leaf under it, or a leaf with children)")
+        order, children, child_ptr, area_leaf = tree_of(parent, leaf_area)
         term_area = np.asarray(self.term_area, dtype=np.int64).reshape(-1)
         by_area = np.argsort(term_area, kind="stable")
         cells = np.asarray(self.term_cells, dtype=bool).reshape(term_area.size, int(self.n_cells))
@@ -98,7 +67,7 @@ class NestedSums:
         set_(self, "child_ptr", child_ptr)
         set_(self, "child_area", children.astype(np.int64))
         set_(self, "area_leaf", area_leaf)
-        set_(self, "term_ptr", np.searchsorted(self.term_area, np.arange(n + 1)).astype(np.int64))
+        set_(self, "term_ptr", np.searchsorted(self.term_area, np.arange(parent.size + 1)).astype(np.int64))
         self._check_equalities()
 
     @property
@@ -216,3 +185,44 @@ def as_sums(release) -> "NestedSums":
     if isinstance(sums, NestedSums):
         return sums
     raise TypeError(f"release must be a NestedMeasurements or NestedSums, got {type(release).__name__}")
+
+
+def tree_of(parent: np.ndarray, leaves: np.ndarray) -> tuple:
+    """Check that ``parent`` (area -> its parent, -1 at the root) is one tree and ``leaves`` (the
+    counts' rows) are exactly its childless areas, each once; return (order: areas, children
+    before parents; children: areas sorted by parent; child_ptr; area_leaf: leaf row of an area,
+    -1 inside). Errors name the public arguments ``parent`` and ``leaves``."""
+    n = parent.size
+    roots = np.flatnonzero(parent < 0)
+    if roots.size != 1:
+        raise ValueError(f"parent must describe one tree with one root (parent -1), found {roots.size} roots")
+    if np.any(parent >= n) or np.any(parent == np.arange(n)) or np.any(parent < -1):
+        raise ValueError("parent holds an area index out of range (-1 .. areas - 1) or an area that is its "
+                         "own parent")
+    depth = np.full(n, -1, dtype=np.int64)
+    depth[roots[0]] = 0
+    for _ in range(n):  # propagate depths down; a cycle leaves -1
+        todo = (depth < 0) & (parent >= 0)
+        if not np.any(todo):
+            break
+        ready = todo & (depth[np.maximum(parent, 0)] >= 0)
+        if not np.any(ready):
+            break
+        depth[ready] = depth[parent[ready]] + 1
+    if np.any(depth < 0):
+        raise ValueError("parent has a cycle: not every area reaches the root")
+    order = np.argsort(-depth, kind="stable").astype(np.int64)
+    children = np.flatnonzero(parent >= 0)
+    children = children[np.argsort(parent[children], kind="stable")]
+    counts = np.bincount(parent[children], minlength=n)
+    child_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    area_leaf = np.full(n, -1, dtype=np.int64)
+    if np.unique(leaves).size != leaves.size or np.any((leaves < 0) | (leaves >= n)):
+        raise ValueError(f"leaves must list distinct areas of the tree (0 .. {n - 1})")
+    area_leaf[leaves] = np.arange(leaves.size)
+    childless = counts == 0
+    if np.any(childless != (area_leaf >= 0)):
+        bad = np.flatnonzero(childless != (area_leaf >= 0))[:5]
+        raise ValueError(f"leaves must be exactly the areas without children; areas {bad.tolist()} "
+                         "are not (an area with no leaf under it, or a leaf with children)")
+    return order, children.astype(np.int64), child_ptr, area_leaf
