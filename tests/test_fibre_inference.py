@@ -208,6 +208,24 @@ def test_counts_released_in_parts_match_enumeration():
     _check_against_exact(idata, "x", points[keep], log_w[keep])
 
 
+def test_a_part_released_on_its_total_matches_enumeration():
+    """x[:2] released conditioned on its exact total, x[2:] by plain noise: the fibre of the
+    part's total, the rest free."""
+    rates, part_a, part_b = np.array([3.0, 1.0, 6.0, 2.0]), np.array([4, -1]), np.array([5, 3])
+    geo = dp.DoubleGeometric(EPS)
+    with pm.Model():
+        x = pm.Poisson("x", rates)
+        dp.Conditioned(geo, dp.Invariants.total(2)).observe("a", x[:2], part_a)
+        geo.observe("b", x[2:], part_b)
+        idata = dp.sample(draws=1500, chains=2, random_seed=2, progressbar=False)
+    points = _box_points([0, 0, 0, 0], [30, 30, 30, 30])
+    points = points[points[:, :2].sum(1) == part_a.sum()]
+    log_w = (_log_poisson(points, rates).sum(1) + geo.noise_logpdf(part_a - points[:, :2]).sum(1)
+             + geo.noise_logpdf(part_b - points[:, 2:]).sum(1))
+    keep = log_w > np.max(log_w) - 40
+    _check_against_exact(idata, "x", points[keep], log_w[keep])
+
+
 def test_bounded_counts_released_in_part_match_enumeration():
     """Binomial counts with only x[1:] released: x[0] ranges over its whole support 0..n."""
     n, release = 6, np.array([4, 1])
