@@ -538,13 +538,34 @@ def _with_convergence(model, idata, progressbar: bool, exclude=()):
     when the fit falls short. ``exclude``: parameters held fixed (empirical Bayes)."""
     names = [rv.name for rv in model.free_RVs if rv.name in idata.posterior and rv.name not in exclude]
     result = convergence.check(idata, names, subject="counts given the parameters' empirical-Bayes estimate"
-                               if exclude else "parameters and counts")
+                               if exclude else "parameters and counts",
+                               latents=() if exclude else latent_names(model))
     if exclude:
         result = dataclasses.replace(result, unsettled=_unsettled(
             json.loads(idata.posterior.attrs.get("dpinfer_empirical_bayes", "{}"))))
     idata.posterior.attrs["dpinfer_convergence"] = json.dumps(result.as_dict())
     convergence.report(result, show=progressbar)
     return idata
+
+
+def latent_names(model) -> list:
+    """The free variables the model's releases privatise directly -- latent counts, latent
+    records -- with more than one element: reached from a release's true values without
+    passing through another free variable (a regression's records x and y, not its
+    coefficients beta behind y). Their R-hat is judged as a family
+    (:func:`~dpinfer.inference.convergence.latent_rhat_bound`); a scalar stays a parameter."""
+    from pytensor.graph.traversal import ancestors
+
+    from dpinfer._graphs import shape_of
+
+    free = list(model.free_RVs)
+    found = []
+    for record in releases_of(model):
+        if not hasattr(record.latent, "owner"):
+            continue
+        reached = set(ancestors([record.latent], blockers=free))
+        found += [v.name for v in free if v in reached and v.name not in found and int(np.prod(shape_of(v))) > 1]
+    return found
 
 
 def _unsettled(estimate: dict) -> str:

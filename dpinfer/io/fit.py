@@ -167,9 +167,11 @@ class Fit:
 def shortfall(convergence) -> str:
     """Why a fit falls short of the targets, e.g. "min bulk ESS 230 < 400 for mu"."""
     reasons = []
-    if not convergence.rhat_ok:
+    if math.isfinite(convergence.max_rhat) and convergence.max_rhat > convergence.rhat_target:
         reasons.append(f"max R-hat {convergence.max_rhat:.3f} > {convergence.rhat_target} "
                        f"for {convergence.worst_rhat}")
+    if convergence.latents is not None and not convergence.latents.ok:
+        reasons.append(convergence.latents.text())
     if convergence.min_ess < convergence.ess_target:
         reasons.append(f"min bulk ESS {convergence.min_ess:.0f} < {convergence.ess_target:.0f} "
                        f"for {convergence.worst_ess}")

@@ -165,6 +165,8 @@ def _top(convergence, verdict: str, advice: list, rounds: list, exposure, templa
     c = convergence
     rhat = (f"max R-hat <b>{c.max_rhat:.3f}</b> ({esc(c.worst_rhat)})" if np.isfinite(c.max_rhat)
             else esc(c.rhat_text))
+    if c.latents is not None:  # the parameters' max R-hat, and the latents' against their bound
+        rhat = f"{rhat} over the parameters, {esc(c.latents.text())}"
     figures = (f"{rhat}, min bulk ESS <b>{c.min_ess:.0f}</b> ({esc(c.worst_ess)}), min tail ESS "
                f"<b>{c.min_tail_ess:.0f}</b> ({esc(c.worst_tail_ess)}) over {c.quantities} {esc(c.subject)}, "
                f"{c.divergences} divergent transitions; targets: R-hat &le; "
