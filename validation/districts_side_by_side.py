@@ -104,7 +104,8 @@ def districts(leaves, rng, n: int = DISTRICTS, span: tuple = (2, 8)) -> np.ndarr
                        f"{leaves.size} leaves")
 
 
-def score(root: str, seed: int, leaves: str, leaf_sizes: str = "published"):
+def score(root: str, seed: int, leaves: str, leaf_sizes: str = "published", minutes: float | None = None,
+          iterations: int | None = None):
     import dpinfer as dp
     from dpinfer.io.nmf.areas import area_quantities, area_targets
     from dpinfer.io.nmf.model import census_model
@@ -120,7 +121,9 @@ def score(root: str, seed: int, leaves: str, leaf_sizes: str = "published"):
     leaf_area = districts(table.leaves, np.random.default_rng(seed), span=SPANS[leaves])  # before the fit
     idata = dp.sample(model=census_model(table, leaf_sizes=leaf_sizes), draws=DRAWS, tune=DRAWS, chains=2,
                       random_seed=seed, progressbar=False, inference="empirical-bayes",
-                      empirical_bayes={"uncertainty": "normal", **ESTIMATE[leaves]}, max_minutes=MINUTES[leaves])
+                      empirical_bayes={"uncertainty": "normal", **ESTIMATE[leaves],
+                                       **({"max_iterations": iterations} if iterations else {})},
+                      max_minutes=minutes or MINUTES[leaves])
     counts = idata.posterior["counts"].values
     wanted = area_quantities(table.coords["cell"], table.cells.names)
     asked = [q for q in wanted if q[0] in ASKED]
@@ -165,6 +168,10 @@ def main(argv=None) -> None:
     parser.add_argument("--leaves", default="Block_Group", choices=("Block_Group", "Block"))
     parser.add_argument("--leaf-sizes", default="published", choices=LEAF_SIZES,
                         help="census_model's leaf sizes (default: published, as dpinfer nmf)")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="each fit's time (default 15 at block-group leaves, 24 at blocks)")
+    parser.add_argument("--max-iterations", type=int, default=None,
+                        help="the hyperparameters' estimate's iterations at most (default: dp.sample's, 3000 at blocks)")
     args = parser.parse_args(argv)
     if args.truths is None:
         args.truths = [t for t in TRUTHS if args.leaves == "Block_Group" or t != "urban"]
@@ -175,14 +182,16 @@ def main(argv=None) -> None:
     state = PRESETS[state.pop("preset")] | state
     levels = LEVELS[:LEVELS.index(args.leaves) + 1]
     stem = (RESULTS.stem + ("-blocks" if args.leaves == "Block" else "")
-            + ("-estimated-sizes" if args.leaf_sizes == "estimated" else ""))
+            + ("-estimated-sizes" if args.leaf_sizes == "estimated" else "")
+            + (f"-{args.max_minutes:g}min" if args.max_minutes else ""))
     path = RESULTS.with_name(f"{stem}.md" if args.seed == 2020 else f"{stem}-seed{args.seed}.md")
     sections = []
     for truth in args.truths:
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as root:
             dp.write_synthetic_nmf(root, **(state | {"seed": args.seed}), truth=truth, levels=("US", "State", *levels))
-            scores, verdict, leaves, shape = score(root, seed=11, leaves=args.leaves, leaf_sizes=args.leaf_sizes)
+            scores, verdict, leaves, shape = score(root, seed=11, leaves=args.leaves, leaf_sizes=args.leaf_sizes,
+                                                   minutes=args.max_minutes, iterations=args.max_iterations)
         sections.append((truth, scores, verdict, time.perf_counter() - start, leaves, shape))
         print(truth, verdict["converged"], f"{time.perf_counter() - start:.0f} s", flush=True)
         path.write_text(report(sections, args))
@@ -196,6 +205,10 @@ def report(sections, args) -> str:
              f"Written by `validation/districts_side_by_side.py --seed {args.seed}"
              + (" --leaves Block" if args.leaves == "Block" else "")
              + (f" --leaf-sizes {args.leaf_sizes}" if args.leaf_sizes != "published" else "")
+             + (f" --truths {' '.join(args.truths)}" if args.truths != [t for t in TRUTHS if args.leaves ==
+                                                                      "Block_Group" or t != "urban"] else "")
+             + (f" --max-minutes {args.max_minutes:g}" if args.max_minutes else "")
+             + (f" --max-iterations {args.max_iterations}" if args.max_iterations else "")
              + "` (its docstring has the method and the states): "
              f"{DISTRICTS} random contiguous districts of {SPANS[args.leaves][0]}-{SPANS[args.leaves][1]} block "
              f"groups' worth of {unit} across tract lines per "
