@@ -16,6 +16,7 @@ from dpinfer.inference.convergence import (
     ConvergenceWarning,
     check,
     diagnostics,
+    draws_to_add,
     latent_rhat_bound,
     tail_ess,
 )
@@ -164,6 +165,15 @@ def test_many_latents_of_a_converged_fit_pass_where_the_maximum_r_hat_fails():
     assert result.latents.ok and result.latents.quantities == 2000 and result.rhat_ok, result.line()
     assert result.max_rhat == pytest.approx(float(diagnostics(theta[..., None])[0][0]))
     assert not check(idata, ["theta", "x"]).rhat_ok  # all judged against 1.01
+
+
+def test_sampling_on_aims_at_the_bound_the_verdict_judges():
+    """The same 2,000 converged latents: judged as latents no more draws are needed; judged one
+    by one against 1.01 the chains would double (dp.sample's max_minutes rounds)."""
+    rng = np.random.default_rng(7)
+    x = ar1(rng, 0.5, 2, 1000, 2000)
+    assert draws_to_add([], 1000, 1e-3, 1e6, latents=[x], n_latents=2000) == 0
+    assert draws_to_add([x], 1000, 1e-3, 1e6) == 1000
 
 
 def test_a_latent_with_a_chain_in_another_place_is_over_its_bound():

@@ -26,6 +26,7 @@ and because tables of tens of thousands of counts need them vectorised over the 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import statistics
 import sys
@@ -239,27 +240,29 @@ def seconds_per_value() -> float:
     return (time.perf_counter() - start) / values.size
 
 
-def draws_to_add(blocks, draws: int, seconds_per_draw: float, seconds_left: float) -> int:
+def draws_to_add(blocks, draws: int, seconds_per_draw: float, seconds_left: float, *, latents=(),
+                 n_latents: int = 0) -> int:
     """How many more draws every chain should make to meet the targets (0: met, or no time):
-    ``blocks`` yields (chains, draws, k) arrays of the quantities judged (in pieces, so that
-    a state's counts need not be copied whole). The bulk and tail ESS grow about linearly with
-    the draws, so short of ESS_MIN by a factor f the chains add (1.25 f - 1) x their draws
-    (at least a doubling when R-hat misses its target, at most a fourfold growth), as many as
-    0.9 x ``seconds_left`` allows at ``seconds_per_draw``; fewer than 5% of the draws (and
-    fewer than 10) are not worth a round."""
-    worst_rhat, worst_ess = 0.0, math.inf
-    for values in blocks:
+    ``blocks`` yields (chains, draws, k) arrays of the parameters judged, ``latents`` those of
+    the ``n_latents`` latents whose R-hat is judged against :func:`latent_rhat_bound` (in
+    pieces, so that a state's counts need not be copied whole). The bulk and tail ESS grow
+    about linearly with the draws, so short of ESS_MIN by a factor f the chains add
+    (1.25 f - 1) x their draws (at least a doubling when an R-hat misses its target, at most a
+    fourfold growth), as many as 0.9 x ``seconds_left`` allows at ``seconds_per_draw``; fewer
+    than 5% of the draws (and fewer than 10) are not worth a round."""
+    rhat_missed, worst_ess = False, math.inf
+    for values, family in itertools.chain(((v, False) for v in blocks), ((v, True) for v in latents)):
         rhat, bulk = diagnostics(values)
         tail = tail_ess(values)
-        if np.any(np.isfinite(rhat)):
-            worst_rhat = max(worst_rhat, float(np.nanmax(rhat)))
+        target = latent_rhat_bound(bulk, n_latents, 2 * values.shape[0]) if family else RHAT_MAX
+        rhat_missed |= bool(np.any(rhat > target))  # NaN (one chain, constant) is not a miss
         for ess in (bulk, tail):
             if np.any(np.isfinite(ess)):
                 worst_ess = min(worst_ess, float(np.nanmin(ess)))
-    if worst_rhat <= RHAT_MAX and worst_ess >= ESS_MIN:
+    if not rhat_missed and worst_ess >= ESS_MIN:
         return 0
     growth = 1.25 * ESS_MIN / max(worst_ess, 1.0) if worst_ess < ESS_MIN else 1.0
-    if worst_rhat > RHAT_MAX:
+    if rhat_missed:
         growth = max(growth, 2.0)
     extra = math.ceil(draws * (min(growth, 4.0) - 1.0))
     extra = min(extra, int(0.9 * seconds_left / max(seconds_per_draw, 1e-9)))

@@ -174,7 +174,8 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
 def sample_on(compiled, held: bool, deadline: float, progressbar: bool, reserve_per_draw: float = 0.0):
     """The ``more`` of :func:`~dpinfer.inference.engines.compiled.chains.run_chains`: how many
     more draws the chains make to meet the convergence targets over the counts and (unless
-    ``held``) the parameters (:func:`dpinfer.inference.convergence.draws_to_add`), within the
+    ``held``) the parameters (:func:`dpinfer.inference.convergence.draws_to_add`; the counts'
+    R-hat against the latents' bound when the parameters are judged beside them), within the
     time left before ``deadline`` less ``reserve_per_draw`` seconds per draw (of every chain)
     for the work after sampling; says what it does."""
     from dpinfer.inference.convergence import draws_to_add
@@ -183,10 +184,14 @@ def sample_on(compiled, held: bool, deadline: float, progressbar: bool, reserve_
         draws = states[0].draws_q.shape[0]
         step = 2048
         parameters = [np.stack([s.draws_q for s in states])] if compiled.n and not held else []
+        n_counts = states[0].draws_counts.shape[1]
         counts = (np.stack([s.draws_counts[:, i:i + step] for s in states]).astype(float)  # a block at a time
-                  for i in range(0, states[0].draws_counts.shape[1], step))
-        extra = draws_to_add(itertools.chain(parameters, counts), draws, seconds_per_draw + reserve_per_draw,
-                             deadline - time.monotonic() - reserve_per_draw * draws)
+                  for i in range(0, n_counts, step))
+        # as the verdict judges them: the counts as latents beside the parameters, or alone (held)
+        family = not held and n_counts > 1
+        extra = draws_to_add(itertools.chain(parameters, () if family else counts), draws,
+                             seconds_per_draw + reserve_per_draw, deadline - time.monotonic() - reserve_per_draw * draws,
+                             latents=counts if family else (), n_latents=n_counts)
         if progressbar:
             left = (deadline - time.monotonic()) / 60
             print(f"dpinfer: {f'sampling on: {extra} more draws per chain' if extra else 'no more draws'} "
