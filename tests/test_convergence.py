@@ -200,3 +200,18 @@ def test_latents_are_the_vectors_a_release_privatises_directly():
         dp.Laplace(1.0, sensitivity=30.0).observe("s", stats, np.zeros(5))
     assert sorted(latent_names(regression)) == ["x", "y"]
     assert latent_names(_model()) == ["x"]
+
+
+def test_chains_in_different_modes_are_told_apart_from_short_chains():
+    """Two stable chains of beta at +2 and -2 (the mirror modes of issue 39's regression):
+    the verdict says the chains sit in different modes and that more draws will not join them;
+    two chains that drift (random walks) are short: sample longer."""
+    rng = np.random.default_rng(3)
+    mirror = ar1(rng, 0.5, 2, 1000, 1)[..., 0] * 0.05 + np.array([[2.0], [-2.0]])
+    result = check(_posterior(beta=mirror), ["beta"])
+    assert not result.converged and "different modes of beta (chain 0 at 2" in result.line()
+    assert "more draws will not join them" in result.line()
+    assert "chains_in_different_modes" in result.as_dict()
+    drifting = np.cumsum(rng.standard_normal((2, 1000)), axis=1)
+    short = check(_posterior(beta=drifting), ["beta"])
+    assert not short.converged and not short.modes and "sample longer" in short.line()

@@ -110,6 +110,7 @@ class Convergence:
     unsettled: str = ""  # why the parameters' empirical-Bayes estimate the draws are given has not settled
     # the latents' R-hat, judged as a family (max_rhat is then the parameters'); None: all judged alike
     latents: LatentRhat | None = None
+    modes: str = ""  # where chains over their R-hat target sit in different modes (separate_modes)
 
     @property
     def rhat_ok(self) -> bool:
@@ -157,8 +158,9 @@ class Convergence:
         return (f"dpinfer: NOT CONVERGED: {worst}; the targets are R-hat <= {self.rhat_target}{latents} and "
                 f"bulk and tail ESS >= {self.ess_target:.0f}"
                 + (" and no divergences" if self.divergences else "")
-                + ". Not a result yet: sample longer (more draws and tune), or reparameterise "
-                  "the model (centred where the data are informative)")
+                + (f". Not a result yet: {self.modes}" if self.modes else
+                   ". Not a result yet: sample longer (more draws and tune), or reparameterise "
+                   "the model (centred where the data are informative)"))
 
     def as_dict(self) -> dict:
         return {"converged": self.converged, "max_rhat": self.max_rhat, "worst_rhat": self.worst_rhat,
@@ -167,6 +169,7 @@ class Convergence:
                 "quantities": self.quantities, "subject": self.subject, "divergences": self.divergences,
                 "targets": {"rhat": self.rhat_target, "ess_bulk": self.ess_target, "ess_tail": self.ess_target},
                 **({"estimate_not_settled": self.unsettled} if self.unsettled else {}),
+                **({"chains_in_different_modes": self.modes} if self.modes else {}),
                 **({"latent_rhat": {"quantities": self.latents.quantities, "rhat": self.latents.rhat,
                                     "bound": self.latents.bound, "worst": self.latents.worst,
                                     "ok": self.latents.ok, "alpha": LATENT_ALPHA}} if self.latents else {})}
@@ -181,6 +184,7 @@ def check(idata, names: list, *, subject: str = "parameters and counts", latents
     latents = [n for n in names if n in set(latents)]
     n_latents = sum(int(np.prod(idata.posterior[n].shape[2:])) for n in latents)
     nearest = (-math.inf, math.nan, math.nan, "")  # (excess, R-hat, bound, label) of the latents
+    worst_draws = [None, None]  # (label, chains x draws) of the parameter and the latent over target
     count = 0
     for name in names:
         values = np.asarray(idata.posterior[name].values)
@@ -200,18 +204,50 @@ def check(idata, names: list, *, subject: str = "parameters and counts", latents
                 i = int(np.nanargmax(excess))
                 if excess[i] > nearest[0]:
                     nearest = (float(excess[i]), float(rhats[i]), float(bounds[i]), labels[i])
+                    if excess[i] > 1.0:
+                        worst_draws[1] = (labels[i], flat[:, :, i].astype(float))
         elif np.any(np.isfinite(rhats)):
             i = int(np.nanargmax(rhats))
             if not rhats[i] <= worst_rhat[0]:  # also when worst_rhat is still NaN
                 worst_rhat = (float(rhats[i]), labels[i])
+                if rhats[i] > RHAT_MAX:
+                    worst_draws[0] = (labels[i], flat[:, :, i].astype(float))
         worst_ess = _lower(worst_ess, esses, labels)
         worst_tail = _lower(worst_tail, tails, labels)
     stats = idata.get("sample_stats")
     divergences = (int(np.asarray(stats["diverging"].values).sum())
                    if stats is not None and "diverging" in stats else 0)
+    modes = "; ".join(m for m in (separate_modes(*w) for w in worst_draws if w is not None) if m)
     return Convergence(worst_rhat[0], worst_rhat[1], worst_ess[0], worst_ess[1], count, divergences,
                        worst_tail[0], worst_tail[1], subject=subject,
-                       latents=LatentRhat(n_latents, nearest[1], nearest[2], nearest[3]) if latents else None)
+                       latents=LatentRhat(n_latents, nearest[1], nearest[2], nearest[3]) if latents else None,
+                       modes=modes)
+
+
+MODE_GAP = 4.0  # chains this many within-chain sds apart, each stable, sit in different modes
+
+
+def separate_modes(label: str, draws: np.ndarray) -> str:
+    """Whether the chains of one quantity (chains x draws) sit in different modes rather than
+    being merely short: each chain stable (its two halves' R-hat at most 1.05: not drifting)
+    and two chains' means more than MODE_GAP within-chain sds apart. Then more draws will not
+    join them; the text says where each chain is and what helps. "" otherwise."""
+    chains, draws_per_chain = draws.shape
+    if chains < 2 or draws_per_chain < 8:
+        return ""
+    half = draws_per_chain // 2
+    for chain in draws:  # a drifting chain is short, not in another mode
+        if _split_rhat(np.stack([chain[:half], chain[half:2 * half]])[None])[0] > 1.05:
+            return ""
+    means, sds = draws.mean(axis=1), draws.std(axis=1)
+    spread = max(float(np.max(sds)), 1e-12)
+    if (means.max() - means.min()) / spread <= MODE_GAP:
+        return ""
+    where = ", ".join(f"chain {c} at {m:.4g}" for c, m in enumerate(means))
+    return (f"the chains sit in different modes of {label} ({where}; each chain stable, "
+            f"{(means.max() - means.min()) / spread:.0f} within-chain sds apart): more draws will not "
+            "join them; start every chain at one point (initvals=, e.g. the release read as the true "
+            "values), run more chains to see how many modes there are, or reparameterise")
 
 
 def _lower(worst: tuple, values: np.ndarray, labels: list) -> tuple:

@@ -222,8 +222,11 @@ def advice(convergence, rounds, max_minutes: float) -> list[str]:
     last = rounds[-1]
     draws, _, _ = next_round(convergence, last.draws, last.tune, last.target_accept)
     longer = max(2 * max_minutes, 2 * sum(r.seconds for r in rounds) / 60, 1)
-    out = [f"sample longer: --draws {draws} and a longer time limit, e.g. --max-minutes "
-           f"{math.ceil(longer):d};"]
+    if convergence.modes:  # more draws will not help
+        out = [f"{convergence.modes};"]
+    else:
+        out = [f"sample longer: --draws {draws} and a longer time limit, e.g. --max-minutes "
+               f"{math.ceil(longer):d};"]
     if convergence.divergences:
         out.append("divergent transitions mean the sampler cannot follow the posterior's "
                    "geometry: a model with another parameterisation may be needed;")
