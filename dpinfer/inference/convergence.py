@@ -56,8 +56,8 @@ def latent_rhat_bound(ess, n_latents: int, split_chains: int) -> np.ndarray:
     a quantity's normal scores vary by about 1 / (ESS / m) around the within-chain variance W ~ 1,
     so m (n / tau) Var(means) / W ~ chi2_{m-1} and R-hat^2 = 1 + (F tau - 1) / n with
     F = chi2_{m-1} / (m - 1): R-hat - 1 ~ F m / (2 ESS). Over K latents and the two R-hats
-    (bulk and folded) a Bonferroni quantile q = F^{-1}(1 - alpha / 2K) gives the bound
-    1 + q m / (2 ESS), with ESS at least ESS_MIN: a latent whose chains disagree has a small
+    (bulk and folded, each at its own ESS: :func:`latent_rhat_excess`) a Bonferroni quantile
+    q = F^{-1}(1 - alpha / 2K) gives the bound 1 + q m / (2 ESS), with ESS at least ESS_MIN: a latent whose chains disagree has a small
     ESS too, which must not widen its bound (it fails the ESS target anyway). The approximation is conservative: on AR(1) chains (phi 0, 0.5, 0.9;
     normal and Poisson-like counts) with K = 1, 0.1-0.2% of quantities exceed it at alpha = 1%
     (tests/test_convergence.py). The maximum of many R-hats is not judged against 1.01
@@ -197,9 +197,7 @@ def check(idata, names: list, *, subject: str = "parameters and counts", latents
         tails = tail_ess(flat)
         count += flat.shape[2]
         if name in latents:
-            bounds = latent_rhat_bound(esses, n_latents, 2 * chains)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                excess = (rhats - 1.0) / (bounds - 1.0)
+            excess, rhats, bounds = latent_rhat_excess(flat, n_latents)
             if np.any(np.isfinite(excess)):
                 i = int(np.nanargmax(excess))
                 if excess[i] > nearest[0]:
@@ -290,8 +288,10 @@ def draws_to_add(blocks, draws: int, seconds_per_draw: float, seconds_left: floa
     for values, family in itertools.chain(((v, False) for v in blocks), ((v, True) for v in latents)):
         rhat, bulk = diagnostics(values)
         tail = tail_ess(values)
-        target = latent_rhat_bound(bulk, n_latents, 2 * values.shape[0]) if family else RHAT_MAX
-        rhat_missed |= bool(np.any(rhat > target))  # NaN (one chain, constant) is not a miss
+        if family:
+            rhat_missed |= bool(np.any(latent_rhat_excess(values, n_latents)[0] > 1.0))  # NaN: not a miss
+        else:
+            rhat_missed |= bool(np.any(rhat > RHAT_MAX))
         for ess in (bulk, tail):
             if np.any(np.isfinite(ess)):
                 worst_ess = min(worst_ess, float(np.nanmin(ess)))
@@ -396,6 +396,41 @@ def diagnostics(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         folded = np.abs(split - np.median(flat, axis=1)[:, None, None])
         rhat[part] = np.maximum(_split_rhat(z), _split_rhat(_z_scale(folded)))
     return rhat, ess
+
+
+def latent_rhat_excess(values: np.ndarray, n_latents: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(excess, R-hat, bound) of each latent of ``values`` (chains, draws, k): the bulk and the
+    folded R-hat each against :func:`latent_rhat_bound` at its own ESS (the folded quantity
+    |x - median| of a NUTS chain often mixes far slower than the bulk, so the bulk ESS would
+    make the folded R-hat's bound too tight); excess = the larger (R-hat - 1) / (bound - 1),
+    over 1 a miss, and the R-hat and bound it comes from. NaN with one chain or a constant
+    quantity."""
+    chains, draws, k = values.shape
+    out = np.full((3, k), np.nan)
+    if chains < 2 or draws < 4:
+        return out[0], out[1], out[2]
+    for start in range(0, k, _BATCH):
+        split = _split(values[:, :, start:start + _BATCH])
+        part = slice(start, start + split.shape[0])
+        flat = split.reshape(split.shape[0], -1)
+        folded = _z_scale(np.abs(split - np.median(flat, axis=1)[:, None, None]))
+        z = _z_scale(split)
+        best = None
+        for scores in (z, folded):
+            rhat = _split_rhat(scores)
+            bound = latent_rhat_bound(_ess(scores), n_latents, split.shape[1])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                excess = (rhat - 1.0) / (bound - 1.0)
+            if best is None:
+                best = [excess, rhat, bound]
+            else:
+                larger = excess > best[0]
+                for j, new in enumerate((excess, rhat, bound)):
+                    best[j] = np.where(larger, new, best[j])
+        constant = np.ptp(flat, axis=1) < np.finfo(float).resolution
+        for j in range(3):
+            out[j, part] = np.where(constant, np.nan, best[j])
+    return out[0], out[1], out[2]
 
 
 def tail_ess(values: np.ndarray) -> np.ndarray:
