@@ -79,9 +79,10 @@ def nmf_main(argv) -> None:
     parser.add_argument("--uncertainty", default="normal", choices=("normal", "none"),
                         help="empirical Bayes: the hyperparameters drawn from the normal approximation of their "
                              "posterior (default) or held at its mode")
-    parser.add_argument("--leaf-sizes", default="published", choices=LEAF_SIZES,
-                        help="each leaf's expected share of its parent: its published total (default) or "
-                             "estimated (a parameter per leaf)")
+    parser.add_argument("--leaf-sizes", default="auto", choices=("auto", *LEAF_SIZES),
+                        help="each leaf's expected share of its parent: its published total or estimated (a "
+                             "parameter per leaf); auto (default): estimated at Block leaves, where published "
+                             "totals make the blocks' intervals undercover, published above")
     parser.add_argument("--draws", type=int, default=1000, help="draws per chain before sampling on (default 1000)")
     parser.add_argument("--tune", type=int, default=1000, help="full Bayes's tuning iterations (default 1000)")
     parser.add_argument("--chains", type=int, default=2)

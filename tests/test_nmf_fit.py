@@ -339,8 +339,9 @@ def test_column_quantiles_are_numpys_nanquantile():
 
 def test_published_leaf_sizes_at_blocks_warn_with_the_measured_coverage(tmp_path, monkeypatch):
     """Issue 38: at Block leaves the published totals as leaf sizes undercover the blocks'
-    totals (measured 0.624 against 0.936): dpinfer nmf warns before it fits, not at other
-    leaves or with the sizes estimated (the fit itself is cut short here)."""
+    totals (measured 0.624 against 0.936): the default there is estimated sizes, and asking
+    for published ones warns before the fit; not at other leaves (the fit itself is cut
+    short here, the model's leaf sizes recorded)."""
     import warnings
 
     from dpinfer.io.nmf import fit as nmf_fit
@@ -348,7 +349,10 @@ def test_published_leaf_sizes_at_blocks_warn_with_the_measured_coverage(tmp_path
     class Stop(Exception):
         pass
 
-    def stop(*args, **kwargs):
+    asked = []
+
+    def stop(table, *, leaf_sizes):
+        asked.append(leaf_sizes)
         raise Stop
 
     monkeypatch.setattr(nmf_fit, "census_model", stop)
@@ -357,9 +361,11 @@ def test_published_leaf_sizes_at_blocks_warn_with_the_measured_coverage(tmp_path
                            blocks_per_block_group=(2, 3), aian_tracts=0)
     with pytest.warns(nmf_fit.LeafSizesWarning, match=r"covered 0\.624 .* against 0\.936 with --leaf-sizes estimated"):
         with pytest.raises(Stop):
-            nmf_fit.fit_nmf(root, 19, leaves="Block", out=tmp_path / "a", log=io.StringIO())
-    for leaves, sizes in (("Block", "estimated"), ("Block_Group", "published")):
+            nmf_fit.fit_nmf(root, 19, leaves="Block", leaf_sizes="published", out=tmp_path / "a", log=io.StringIO())
+    for leaves, sizes in (("Block", "auto"), ("Block", "estimated"), ("Block_Group", "auto"),
+                          ("Block_Group", "published")):
         with warnings.catch_warnings():
             warnings.simplefilter("error", nmf_fit.LeafSizesWarning)
             with pytest.raises(Stop):
                 nmf_fit.fit_nmf(root, 19, leaves=leaves, leaf_sizes=sizes, out=tmp_path / "b", log=io.StringIO())
+    assert asked == ["published", "estimated", "estimated", "published", "published"]
