@@ -167,7 +167,8 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=2020)
     parser.add_argument("--leaves", default="Block_Group", choices=("Block_Group", "Block"))
     parser.add_argument("--leaf-sizes", default="published", choices=LEAF_SIZES,
-                        help="census_model's leaf sizes (default: published, as dpinfer nmf)")
+                        help="census_model's leaf sizes (default: published; dpinfer nmf's default is estimated at "
+                             "Block leaves, published above)")
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="each fit's time (default 15 at block-group leaves, 24 at blocks)")
     parser.add_argument("--max-iterations", type=int, default=None,
