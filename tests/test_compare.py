@@ -112,6 +112,7 @@ def _poisson_analysis(n_cells=4):
     return Analysis(build, "x", "lam", generate, draws=300, tune=300)
 
 
+@pytest.mark.validation
 def test_analysis_level_is_calibrated_and_the_naive_analysis_is_not():
     reps = 60
     out = compare({"dg": dp.DoubleGeometric(0.4)}, levels=("analysis",),

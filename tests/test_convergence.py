@@ -135,12 +135,12 @@ def _posterior(**arrays):
         {k: (("chain", "draw", *[f"{k}_dim_{i}" for i in range(v.ndim - 2)]), v) for k, v in arrays.items()})})
 
 
-@pytest.mark.parametrize("phi, counts, draws, k", [(0.0, False, 500, 5000), (0.5, False, 1000, 5000),
-                                                  (0.9, False, 4000, 1000), (0.5, True, 1000, 5000)])
+@pytest.mark.parametrize("phi, counts, draws, k", [(0.0, False, 500, 3000), (0.5, False, 1000, 3000),
+                                                  (0.9, False, 4000, 500), (0.5, True, 1000, 3000)])
 def test_the_latent_bound_holds_for_each_quantity_of_a_converged_chain(phi, counts, draws, k):
     """On k quantities of converged AR(1) chains (2 chains, bulk ESS about 650-2,000, above
     the target 400 where the bound is judged), the share whose R-hat exceeds the bound for one
-    latent (K = 1) is at most LATENT_ALPHA plus 3 Monte Carlo se (measured: 0.1-0.2% at 20,000
+    latent (K = 1) is at most LATENT_ALPHA plus 3 Monte Carlo se (measured: 0.08-0.38% at 4,000-20,000
     quantities; the approximation is conservative)."""
     rng = np.random.default_rng(int(10 * phi) + counts)
     x = ar1(rng, phi, 2, draws, k) * np.sqrt(1 - phi**2)
@@ -154,7 +154,8 @@ def test_the_latent_bound_holds_for_each_quantity_of_a_converged_chain(phi, coun
 def test_many_latents_of_a_converged_fit_pass_where_the_maximum_r_hat_fails():
     """2,000 latents of converged chains (AR(1), phi 0.5, 2 x 1,000 draws): their largest R-hat
     is over 1.01 (the single-quantity target false-alarms on the maximum of many), their
-    family's bound holds; a parameter is still judged against 1.01."""
+    family's bound holds; a parameter is still judged against 1.01. Sampling on (max_minutes)
+    aims at the same bound: no more draws for them as latents, a doubling one by one."""
     rng = np.random.default_rng(7)
     x = ar1(rng, 0.5, 2, 1000, 2000)
     theta = ar1(rng, 0.5, 2, 1000, 1)[..., 0]
@@ -164,13 +165,6 @@ def test_many_latents_of_a_converged_fit_pass_where_the_maximum_r_hat_fails():
     assert result.latents.ok and result.latents.quantities == 2000 and result.rhat_ok, result.line()
     assert result.max_rhat == pytest.approx(float(diagnostics(theta[..., None])[0][0]))
     assert not check(idata, ["theta", "x"]).rhat_ok  # all judged against 1.01
-
-
-def test_sampling_on_aims_at_the_bound_the_verdict_judges():
-    """The same 2,000 converged latents: judged as latents no more draws are needed; judged one
-    by one against 1.01 the chains would double (dp.sample's max_minutes rounds)."""
-    rng = np.random.default_rng(7)
-    x = ar1(rng, 0.5, 2, 1000, 2000)
     assert draws_to_add([], 1000, 1e-3, 1e6, latents=[x], n_latents=2000) == 0
     assert draws_to_add([x], 1000, 1e-3, 1e6) == 1000
 

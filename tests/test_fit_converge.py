@@ -353,9 +353,11 @@ def test_county_populations_on_state_totals_converge_by_default(tmp_path, capsys
     assert np.all(totals == release.invariant_values[:, None])
 
 
+@pytest.mark.validation
 def test_a_table_with_fixed_margins_converges_by_default(tmp_path, capsys):
     """A 3 x 3 table of small counts, double geometric noise conditioned on its row and column
-    totals (fibre moves, the PyMC engine): delinquent_children_4x4 in miniature."""
+    totals (fibre moves, the PyMC engine): delinquent_children_4x4 in miniature. Validation
+    tier (16 s; the fast tier's gallery fits cover a conditioned table: test_fit_cli.py)."""
     rng = np.random.default_rng(5)
     truth = rng.poisson(12.0, (3, 3))
     mechanism = dp.Conditioned(dp.DoubleGeometric(0.25), dp.Invariants.margins((3, 3), [(0,), (1,)]))

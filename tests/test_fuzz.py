@@ -582,8 +582,9 @@ COMPARE_ARGUMENTS = {
         isinstance(x, (list, tuple, np.ndarray)) and len(x) > 0 and np.asarray(x).dtype.kind in "if"
         and np.all(np.isfinite(np.asarray(x, dtype=float))))),
     "levels": ("release", lambda x: isinstance(x, str) and x in ("release",)),
-    "tails": ((1.0,), lambda x: (real(x) and float(x) >= 0) or isinstance(x, (list, tuple, np.ndarray)) and len(x) > 0 and np.asarray(x).dtype.kind
-              in "if" and np.all(np.asarray(x, dtype=float) >= 0) and np.all(np.isfinite(np.asarray(x, dtype=float)))),
+    "tails": ((1.0,), lambda x: (real(x) and float(x) >= 0) or (
+        isinstance(x, (list, tuple, np.ndarray)) and len(x) > 0 and np.asarray(x).dtype.kind in "if"
+        and np.all(np.asarray(x, dtype=float) >= 0) and np.all(np.isfinite(np.asarray(x, dtype=float))))),
     "prob": (0.9, open_unit),
     "replications": (20, lambda x: whole(x) and int(x) >= 2),
     "consumer_range": (None, lambda x: x is None or (positive_whole(x) and int(x) <= 1000)),
@@ -766,7 +767,8 @@ def _summarise_areas_refuses_junk_by_name(stored_fit, argument, junk):
         return
     store, plan, _ = stored_fit
     kwargs = dict(draws=store, plan=plan) | {argument: junk}
-    names = {"draws": ("draws", "stored"), "plan": ("plan",), "probabilities": ("probabilit",)}.get(argument, (argument,))
+    names = {"draws": ("draws", "stored"), "plan": ("plan",),
+             "probabilities": ("probabilit",)}.get(argument, (argument,))
     try:
         dp.summarise_areas(kwargs.pop("draws"), kwargs.pop("plan"), **kwargs)
     except (ValueError, TypeError, FileNotFoundError) as err:

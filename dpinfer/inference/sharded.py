@@ -142,7 +142,8 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
     checkpoint, resume = check_path("checkpoint", checkpoint), check_path("resume", resume)
     checkpoint_every = check_count("checkpoint_every", checkpoint_every, 1)
     if not callable(build_shard):
-        raise TypeError(f"build_shard must be a function of a list of groups returning a pymc.Model, got {build_shard!r}")
+        raise TypeError(f"build_shard must be a function of a list of groups returning a pymc.Model, "
+                        f"got {build_shard!r}")
     if isinstance(groups, (str, bytes, dict)) or not hasattr(groups, "__iter__"):
         raise TypeError(f"groups must be a list of the groups to shard (labels or indices), got {groups!r}")
     groups = list(groups)
