@@ -61,7 +61,8 @@ def test_sbc_invariants_study():
         assert base.coverage90 > base.band90_hi, f"{name}\n{text}"
 
 
-# --- fast tier: dp.sample ---------------------------------------------------------------------------
+# --- dp.sample, a few replications (validation tier: 9 s; the study above is the check) ------------
+@pytest.mark.validation
 def test_sbc_invariants_few_replications():
     """4 replications of the table model (rebuilt per replication) and 1 of the counties model
     (2 x 100 draws): every dpinfer row passes at family-wise alpha = 1%. With so few

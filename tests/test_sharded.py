@@ -247,7 +247,7 @@ def killed_driver(tmp_path, options, address=""):
     return path
 
 
-@pytest.mark.parametrize("cluster", ["the same", "a new"])
+@pytest.mark.parametrize("cluster", [pytest.param("the same", marks=pytest.mark.validation), "a new"])
 def test_a_killed_driver_resumes_from_the_last_checkpoint(client, tmp_path, cluster):
     """Issue 40: the driver process SIGKILLed after a checkpoint (connected to this module's
     LocalCluster, or with its own cluster, which dies with it); the same call with resume= in
