@@ -531,12 +531,10 @@ def _shared():
     return model
 
 
-SHARDED_OPTIONS = {"draws": positive_whole, "tune": lambda x: whole(x) and int(x) >= 0, "chains": positive_whole,
-                   "shards": lambda x: x is None or (positive_whole(x) and int(x) <= 4), "weights": lambda x: x is None,
-                   "random_seed": SAMPLE_OPTIONS["random_seed"], "tol": open_unit, "checkpoint_every": positive_whole,
-                   "progressbar": lambda x: isinstance(x, bool), "groups": lambda x: False,
-                   "client": lambda x: x is None, "checkpoint": lambda x: x is None or isinstance(x, str),
-                   "resume": lambda x: x is None}
+SHARDED_OPTIONS = {k: SAMPLE_OPTIONS[k] for k in ("draws", "tune", "chains", "random_seed", "tol", "checkpoint_every",
+                                                  "progressbar", "checkpoint", "resume")} | {
+    "shards": lambda x: x is None or (positive_whole(x) and int(x) <= 4), "weights": lambda x: x is None,
+    "groups": lambda x: False, "client": lambda x: x is None}
 
 
 def _sample_sharded_refuses_bad_options_by_name(option, junk):
