@@ -92,6 +92,12 @@ def as_real_array(name: str, values) -> np.ndarray:
     return arr
 
 
+def refuse_bools(name: str, values, allowed: str) -> None:
+    """True and False are not numbers here: a TypeError saying what ``name`` allows."""
+    if isinstance(values, (bool, np.bool_)) or np.asarray(values).dtype == bool:
+        raise TypeError(f"{name} must be {allowed}, got {values!r}")
+
+
 def as_integer_array(name: str, values) -> np.ndarray:
     """Whole-number values as an int64 array; non-integers are an error, never rounded."""
     arr = np.asarray(values)

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from dpinfer._validation import as_real_array, check_count, check_probability, check_rng
+from dpinfer._validation import as_real_array, check_count, check_probability, check_rng, refuse_bools
 from dpinfer.mechanisms import ClampedGeometric, Conditioned, DoubleGeometric, Mechanism
 from dpinfer.mechanisms.base import AdditiveMechanism
 from dpinfer.utility.consumers import Consumer, bayes_risk, minimax_risk
@@ -134,8 +134,7 @@ MAX_CONSUMER_RANGE = 1000
 
 def _true_values(true_values) -> np.ndarray:
     """One or more real true values (True is not 1)."""
-    if isinstance(true_values, (bool, np.bool_)) or np.asarray(true_values).dtype == bool:
-        raise TypeError(f"true_values must be real numbers, got {true_values!r}")
+    refuse_bools("true_values", true_values, "real numbers")
     x = as_real_array("true_values", true_values).reshape(-1)
     if x.size == 0:
         raise ValueError("true_values must hold at least one value")
@@ -483,8 +482,7 @@ def compare(mechanisms: Mapping[str, Mechanism] | None = None, true_values=None,
         raise TypeError(f"priors must be a dict {{label: prior probabilities on 0..consumer_range}}, got {priors!r}")
     if "analysis" in levels and not isinstance(analysis, Analysis):
         raise ValueError("the analysis level needs analysis=dp.utility.Analysis(...)")
-    if isinstance(tails, (bool, np.bool_)) or np.asarray(tails).dtype == bool:
-        raise TypeError(f"tails must be one or more distances >= 0, got {tails!r}")
+    refuse_bools("tails", tails, "one or more distances >= 0")
     tails = tuple(as_real_array("tails", tails).reshape(-1).tolist())
     if not tails or any(t < 0 for t in tails):
         raise ValueError(f"tails must be one or more distances >= 0, got {tails}")

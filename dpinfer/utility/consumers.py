@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dpinfer._validation import as_integer_array, as_real_array, check_count, check_positive
+from dpinfer._validation import as_integer_array, as_real_array, check_count, check_positive, refuse_bools
 
 __all__ = [
     "BUILT_IN_LOSSES",
@@ -169,8 +169,7 @@ def _side_indices(name: str, values, n: int | None) -> np.ndarray:
     """Sorted distinct whole numbers in {0..n} (n = None: any count >= 0), at least one."""
     if isinstance(values, (set, frozenset)):
         values = list(values)
-    if isinstance(values, (bool, np.bool_)) or np.asarray(values).dtype == bool:
-        raise TypeError(f"{name} must be whole counts, got {values!r}")
+    refuse_bools(name, values, "whole counts")
     idx = np.unique(as_integer_array(name, values).ravel())
     allowed = "counts >= 0" if n is None else f"a subset of {{0..{n}}}"
     if idx.size == 0:
