@@ -55,7 +55,7 @@ _EXPORTS = {
         "PrivacyGuarantee", "Subbotin", "TruncatedLaplace"
     ),
     "dpinfer.statistics": (
-        "clamp", "regression_statistic", "regression_statistic_labels"
+        "clamp", "power_sums", "power_sums_labels", "regression_statistic", "regression_statistic_labels"
     ),
     "dpinfer.utility": (
         "imputations", "posterior_predictive_releases", "ppc_pvalues", "rubin", "Consumer",

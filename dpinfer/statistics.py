@@ -10,6 +10,11 @@ it. Each function takes numpy arrays or PyTensor tensors and returns the same ki
 Source of the regression statistic: Ju, Awan, Gong & Rao (NeurIPS 2022), "Data augmentation
 MCMC for Bayesian inference from privatized data", §5.2 (and their companion repository
 ``nianqiaoju/dataaugmentation-mcmc-differentialprivacy``).
+
+On PyTensor tensors each function also tags its output with what it computed
+(``tag.dpinfer_clamp``, ``tag.dpinfer_record_statistic``), so that ``dpinfer.sample`` can
+recognise a record-additive statistic of latent records and fit it by the law of the sum
+(:mod:`dpinfer.inference.planning.record_sums`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pytensor.graph.basic import Variable
 
 from dpinfer._validation import check_bounds
 
-__all__ = ["clamp", "regression_statistic", "regression_statistic_labels"]
+__all__ = ["clamp", "power_sums", "power_sums_labels", "regression_statistic", "regression_statistic_labels"]
 
 
 def _is_symbolic(*values) -> bool:
@@ -37,13 +42,42 @@ def clamp(values, lower, upper, *, scale: bool = False):
     the density stays continuous).
     """
     lower, upper = check_bounds(lower, upper)
-    if _is_symbolic(values):
-        clamped = pt.clip(values, lower, upper)
-    else:
-        clamped = np.clip(np.asarray(values, dtype=np.float64), lower, upper)
-    if not scale:
-        return clamped
-    return (2.0 * clamped - (lower + upper)) / (upper - lower)
+    symbolic = _is_symbolic(values)
+    clamped = (pt.clip(values, lower, upper) if symbolic
+               else np.clip(np.asarray(values, dtype=np.float64), lower, upper))
+    out = (2.0 * clamped - (lower + upper)) / (upper - lower) if scale else clamped
+    if symbolic:
+        out.tag.dpinfer_clamp = (values, lower, upper, bool(scale))
+    return out
+
+
+def power_sums(values, degree: int = 2):
+    """[sum_i v_i, sum_i v_i^2, ..., sum_i v_i^degree] of n records ``values`` (usually
+    clamped, :func:`clamp`): the record-additive statistic behind a released mean (degree 1)
+    or mean and variance (degree 2: mean = S1 / n, variance = (S2 - S1^2 / n) / (n - 1)).
+    ``values`` is a vector of n records (numpy array or PyTensor tensor)."""
+    degree = _check_degree(degree)
+    symbolic = _is_symbolic(values)
+    if not symbolic:
+        values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 1:
+        raise ValueError(f"values must be a vector of n records, got {values.ndim} dimensions")
+    lib = pt if symbolic else np
+    out = lib.stack([(values**k).sum() for k in range(1, degree + 1)])
+    if symbolic:
+        out.tag.dpinfer_record_statistic = ("power_sums", values, degree)
+    return out
+
+
+def power_sums_labels(degree: int = 2) -> list[str]:
+    """Names of :func:`power_sums`'s entries: S1, ..., S<degree>."""
+    return [f"S{k}" for k in range(1, _check_degree(degree) + 1)]
+
+
+def _check_degree(degree) -> int:
+    if isinstance(degree, bool) or not isinstance(degree, (int, np.integer)) or degree < 1:
+        raise ValueError(f"degree must be a whole number >= 1, got {degree!r}")
+    return int(degree)
 
 
 def regression_statistic(design, response):
@@ -80,7 +114,10 @@ def regression_statistic(design, response):
     diagonal = np.arange(1, k)
     parts = [full.T @ response, lib.stack([response @ response]), gram[rows, cols],
              gram[diagonal, diagonal]]
-    return lib.concatenate(parts)
+    out = lib.concatenate(parts)
+    if symbolic:
+        out.tag.dpinfer_record_statistic = ("regression", design, response)
+    return out
 
 
 def regression_statistic_labels(p: int) -> list[str]:

@@ -80,6 +80,7 @@ def sample(
     inference: str = "full-bayes",
     empirical_bayes: dict | None = None,
     max_minutes: float | None = None,
+    records: str = "auto",
     **sample_kwargs,
 ):
     """Sample the posterior of a model with privatised releases of latent counts, of
@@ -133,6 +134,17 @@ def sample(
         first, then full Bayes started from it if it is predicted to converge in the time left
         (:func:`~dpinfer.inference.engines.compiled.engine.full_bayes_seconds`), else empirical
         Bayes; ``posterior.attrs["dpinfer_inference"]`` says which ran and why.
+    records
+        How a release of a record-additive statistic of latent records
+        (``dpinfer.regression_statistic``, ``dpinfer.power_sums``) is fitted
+        (:mod:`dpinfer.inference.planning.record_sums`): ``"data-augmentation"`` (the records
+        sampled with the parameters: exact, cost growing faster than n),
+        ``"law-of-the-sum"`` (the records replaced by the normal law of their sum with exact
+        moments: an approximation whose cost does not depend on n, its measured error in the
+        report; refused, saying why, where the records' model is not one it takes), or
+        ``"auto"`` (the default: the law of the sum from
+        :data:`~dpinfer.inference.planning.record_sums.CROSSOVER_RECORDS` records where it
+        applies). The report (``posterior.attrs["dpinfer"]``) names the method used.
     max_minutes
         Compiled engine: the fit's time. While the draws miss the convergence targets (R-hat
         <= 1.01, bulk and tail ESS >= 400 over what the verdict judges), **sample on**: every
@@ -187,14 +199,14 @@ def sample(
     checkpoint, resume = check_path("checkpoint", checkpoint), check_path("resume", resume)
     checkpoint_every = check_count("checkpoint_every", checkpoint_every, 1)
     model = pm.modelcontext(model)
-    records = releases_of(model)
-    if not records:
+    releases = releases_of(model)
+    if not releases:
         raise ValueError("the model has no release registered with Mechanism.observe(...); use pm.sample")
     seed = _seed_sequence(random_seed, resume)
     rng = np.random.default_rng(seed)
     cores = min(chains, check_count("cores", cores, 1) if cores is not None else (os.cpu_count() or 1))
 
-    plan = planning.plan_model(model, records, method=method)  # 1. plan
+    plan = planning.plan_model(model, releases, method=method, record_method=records)  # 1. plan
     with compiled_cache.notices(progressbar):
         engine, fitted, compiled, reason = _engine(model, plan, method, sample_kwargs)  # 2. engine
     if inference == "auto" and deadline is None:
@@ -234,9 +246,13 @@ def sample(
     for item in summed:  # 4. report
         report[item.record.name] = {"release": item.record.name,
                                     "mechanism": repr(item.record.mechanism), "method": item.method}
+        if not item.draws_latent:
+            report[item.record.name]["approximation_error"] = item.measured_error(idata.posterior, rng)
     for record in plan.continuous:
         report.setdefault(record.name, {"release": record.name, "mechanism": repr(record.mechanism),
                                         "method": CONTINUOUS_METHOD})
+        if record.name in plan.augmented:
+            report[record.name]["records"] = plan.augmented[record.name]
     for entry in report.values():
         entry.update(engine=engine, widenings=widenings)
         if reason is not None:
@@ -245,7 +261,8 @@ def sample(
     used = json.loads(idata.posterior.attrs.get("dpinfer_inference", "{}")).get("inference", inference)
     held = ({rv.name for rv in model.free_RVs} - {p.latent_name for p in plan.latents}
             if used == "empirical-bayes" else set())
-    return _with_convergence(model, idata, progressbar, exclude=held)
+    statistics = [s.latent_name for s in summed if not s.draws_latent and s.keeps_statistic]
+    return _with_convergence(model, idata, progressbar, exclude=held, statistics=statistics)
 
 
 def _seed_sequence(random_seed, resume) -> np.random.SeedSequence:
@@ -531,15 +548,18 @@ def _add_latents(model, idata, latents: dict) -> None:
     idata["posterior"] = posterior
 
 
-def _with_convergence(model, idata, progressbar: bool, exclude=()):
+def _with_convergence(model, idata, progressbar: bool, exclude=(), statistics=()):
     """``idata`` with its convergence (R-hat, bulk and tail ESS over the parameters and the latent
     counts, :mod:`dpinfer.inference.convergence`) in ``posterior.attrs["dpinfer_convergence"]``
     (JSON); the one-line verdict printed when ``progressbar``, and a ``ConvergenceWarning``
-    when the fit falls short. ``exclude``: parameters held fixed (empirical Bayes)."""
+    when the fit falls short. ``exclude``: parameters held fixed (empirical Bayes);
+    ``statistics``: true statistics standing for latent records (the law of the sum), judged
+    with the latents."""
     names = [rv.name for rv in model.free_RVs if rv.name in idata.posterior and rv.name not in exclude]
-    result = convergence.check(idata, names, subject="counts given the parameters' empirical-Bayes estimate"
+    result = convergence.check(idata, names + list(statistics),
+                               subject="counts given the parameters' empirical-Bayes estimate"
                                if exclude else "parameters and counts",
-                               latents=() if exclude else latent_names(model))
+                               latents=() if exclude else latent_names(model) + list(statistics))
     if exclude:
         result = dataclasses.replace(result, unsettled=_unsettled(
             json.loads(idata.posterior.attrs.get("dpinfer_empirical_bayes", "{}"))))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
-from pymc.model.fgraph import fgraph_from_model, model_from_fgraph, model_observed_rv
+from pymc.model.fgraph import fgraph_from_model, model_from_fgraph
 from pytensor.graph.replace import clone_replace, vectorize_graph
 
 from dpinfer._graphs import evaluate
@@ -32,15 +32,7 @@ def summed_out_model(model, summed: list):
         return kept[1]
     fgraph, memo = fgraph_from_model(model)
     for item in summed:
-        latent_var = memo[item.record.latent]
-        release_var = memo[item.record.release_rv]
-        latent_rv = latent_var.owner.inputs[0]
-        _, release_data = release_var.owner.inputs
-        op = release_var.owner.op
-        marginal = item.marginal(latent_rv.owner.op.dist_params(latent_rv.owner), shape=tuple(latent_rv.shape))
-        new_release = model_observed_rv(marginal, release_data, op.name, *op.dims)
-        fgraph.replace(release_var, new_release, import_missing=True)
-        fgraph.remove_output(fgraph.outputs.index(latent_var))
+        item.rewrite(fgraph, memo)
     rewritten = model_from_fgraph(fgraph, mutate_fgraph=True)
     setattr(model, _KEPT, (key, rewritten))
     return rewritten
@@ -54,7 +46,7 @@ def draw_latents(model, summed: list, posterior, rng: np.random.Generator) -> di
     batch = [np.asarray(posterior[rv.name].values).reshape(chains * draws, *posterior[rv.name].shape[2:])
              for rv in free]
     out = {}
-    for item in summed:
+    for item in (s for s in summed if s.draws_latent):
         latent = item.record.latent
         release = model.rvs_to_values[item.record.release_rv]
         params = item.draw_params(latent.owner.op.dist_params(latent.owner), release)

@@ -10,6 +10,8 @@ any sampling.
   further children (:mod:`~dpinfer.inference.planning.cells`), cells on a fibre
   (:mod:`~dpinfer.inference.planning.fibre`), or counts on the leaves of a tree of areas
   measured at every level (:mod:`~dpinfer.inference.planning.nested`);
+* releases of record-additive statistics of latent records fitted by the law of the sum
+  (:mod:`~dpinfer.inference.planning.record_sums`), or by data augmentation (the report says why);
 * the releases of continuous latents, which need no plan (NUTS samples them with the release
   observed).
 
@@ -28,6 +30,7 @@ from dpinfer.inference.planning.cells import TotalsPlan, cells_plan
 from dpinfer.inference.planning.closed_form import check_tables, summable
 from dpinfer.inference.planning.entries import entries_from
 from dpinfer.inference.planning.queries import resolve_query
+from dpinfer.inference.planning.record_sums import NotASumError, plan_record_sums
 from dpinfer.mechanisms.records import ReleaseRecord, closest_free_variables
 
 
@@ -36,21 +39,33 @@ class ModelPlan:
     """What ``dpinfer.sample`` does with a model's latents (module docstring)."""
 
     records: list  # every release of the model
-    summed: list  # latents summed out in closed form (for the NUTS engines), tables first
+    summed: list  # latents summed out in closed form (for the NUTS engines), tables first, then
+    # the releases of latent records fitted by the law of the sum
     tables: list  # the randomised-response tables among them: they must be summed out
     latents: list  # one plan per latent count vector
     continuous: list  # releases of continuous latents by continuous mechanisms
+    augmented: dict  # record-additive releases fitted by data augmentation: name -> why
 
 
-def plan_model(model, records, *, method: str = "auto") -> ModelPlan:
+def plan_model(model, records, *, method: str = "auto", record_method: str = "auto") -> ModelPlan:
     """The plan of every latent of ``model`` behind ``records`` (module docstring);
-    ``method="fibre"`` takes fibre moves where convolution on group totals would apply."""
+    ``method="fibre"`` takes fibre moves where convolution on group totals would apply;
+    ``record_method`` chooses between data augmentation and the law of the sum
+    (:data:`~dpinfer.inference.planning.record_sums.RECORD_METHODS`)."""
     tables = check_tables(model, records)
     table_names = {t.record.name for t in tables}
     continuous = [r for r in records if is_continuous_release(model, r)]
     latents = plan_releases(model, [r for r in records if r.name not in table_names], method=method)
-    summed = tables + summable(model, continuous)
-    return ModelPlan(records, summed, tables, latents, continuous)
+    sums, augmented = plan_record_sums(model, continuous, record_method)
+    if sums and (latents or method not in ("auto", "nutpie")):
+        why = ("the model also has latent counts" if latents else f"method={method!r} runs PyMC's own sampler")
+        if record_method == "law-of-the-sum":
+            raise NotASumError(f"records='law-of-the-sum' needs the NUTS engines on a model without latent counts: {why}")
+        augmented |= {s.record.name: f"data augmentation: {why}" for s in sums}
+        sums = []
+    summed_names = {s.record.name for s in sums}
+    summed = tables + summable(model, [r for r in continuous if r.name not in summed_names]) + sums
+    return ModelPlan(records, summed, tables, latents, continuous, augmented)
 
 
 def is_continuous_release(model, record: ReleaseRecord) -> bool:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
+from pymc.model.fgraph import model_observed_rv
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.random.basic import MultinomialRV, NormalRV
 
@@ -53,10 +54,24 @@ class _SummedOut:
     given the latent's parameters (``marginal``) and the latent's exact draws (``draw``)."""
 
     record: ReleaseRecord
+    draws_latent = True  # drawn exactly given each posterior draw
 
     @property
     def latent_name(self) -> str:
         return self.record.latent.name
+
+    def rewrite(self, fgraph, memo) -> None:
+        """Remove the latent from ``fgraph`` (a model's, from ``fgraph_from_model``; ``memo``
+        maps the model's variables to it) and observe the release with its law given the
+        latent's parameters (:meth:`marginal`)."""
+        latent_var = memo[self.record.latent]
+        release_var = memo[self.record.release_rv]
+        latent_rv = latent_var.owner.inputs[0]
+        _, release_data = release_var.owner.inputs
+        op = release_var.owner.op
+        marginal = self.marginal(latent_rv.owner.op.dist_params(latent_rv.owner), shape=tuple(latent_rv.shape))
+        fgraph.replace(release_var, model_observed_rv(marginal, release_data, op.name, *op.dims), import_missing=True)
+        fgraph.remove_output(fgraph.outputs.index(latent_var))
 
 
 class SummedLatent(_SummedOut):

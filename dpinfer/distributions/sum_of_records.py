@@ -1,0 +1,243 @@
+"""The mean and covariance of a record-additive statistic of normal records, in closed form.
+
+A release of T = sum_i t(r_i) over n independent records r_i = (x_i, y_i) has, given the
+parameters, E[T] = n E[t(r)] and Cov[T] = n Cov[t(r)]; for large n, T is close to the normal
+law with these moments (the central limit theorem), which is the law of the sum Bernstein &
+Sheldon use for private exponential families (NeurIPS 2018) and linear regression (NeurIPS
+2019). This module computes the two moments exactly, as PyTensor graphs of the parameters
+(so NUTS has their gradients), for the records' model
+
+    x ~ Normal(mu_x, diag(sigma_x^2))  (p covariates; p = 0: no covariates),
+    y | x ~ Normal(a + x' b, sigma),
+
+and per-record terms that are monomials of degree <= 2 in u = (1, cx_1, ..., cx_p, c), where
+c = alpha clamp(y, L, U) + gamma (``dpinfer.clamp``, scaled or not, or y itself) and
+cx = alpha_x x + gamma_x (the covariates' clamps must not bind: the planner checks it). That
+covers the regression statistic (X'y, y'y, X'X) and the power sums of a clamped response.
+
+**Derivation.** (x, y) is jointly normal: y ~ N(mu_y, s_y^2) with mu_y = a + mu_x' b,
+s_y^2 = b' diag(sigma_x^2) b + sigma^2, and, with w = (y - mu_y) / s_y standard normal,
+x | y ~ N(mu_x + d w, S - d d') where d = diag(sigma_x^2) b / s_y and S = diag(sigma_x^2).
+So v = (1, cx) given w is normal with mean m(w) = mu_v + d_v w (linear in w) and covariance
+C_v, and c is a function of w alone. A product of at most four coordinates of v (padded with
+v_0 = 1 to exactly four) has, by Isserlis' theorem with a mean,
+
+    E[v_i v_j v_k v_l | w] = m_i m_j m_k m_l + sum over the 6 pairs {i,j}: m_k m_l C_ij
+                             + C_ij C_kl + C_ik C_jl + C_il C_jk,
+
+a polynomial in w of degree <= 4 with coefficients P_r; hence E[v_V c^k] = sum_r P_r A[r, k]
+with A[r, k] = E[w^r c^k]. On the three pieces of the clamp (w below a_L = (L - mu_y)/s_y,
+between, above a_U) c is c_L, e0 + e1 w (e0 = alpha mu_y + gamma, e1 = alpha s_y) and c_U, so
+
+    A[r, k] = c_L^k J_r(-inf, a_L) + c_U^k J_r(a_U, inf)
+              + sum_i binom(k, i) e0^(k-i) e1^i J_(r+i)(a_L, a_U),
+
+with the truncated normal moments J_j(a, b) = int_a^b w^j phi(w) dw from the recursion
+J_j = (j - 1) J_(j-2) + a^(j-1) phi(a) - b^(j-1) phi(b) (J_0 = Phi(b) - Phi(a),
+J_1 = phi(a) - phi(b)). Every moment is exact: no quadrature, no simulation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import comb
+
+import numpy as np
+import pytensor.tensor as pt
+
+DEGREE = 4  # of the polynomials in w: products of two terms of degree <= 2 in v
+
+
+@dataclass(frozen=True)
+class Clamp:
+    """c = alpha clamp(y, lower, upper) + gamma (lower/upper may be infinite: no clamp)."""
+
+    lower: float = -np.inf
+    upper: float = np.inf
+    scale: bool = False
+
+    @property
+    def alpha(self) -> float:
+        return 2.0 / (self.upper - self.lower) if self.scale else 1.0
+
+    @property
+    def gamma(self) -> float:
+        return -(self.lower + self.upper) / (self.upper - self.lower) if self.scale else 0.0
+
+    @property
+    def binds(self) -> bool:
+        return bool(np.isfinite(self.lower) or np.isfinite(self.upper))
+
+    def apply(self, values: np.ndarray) -> np.ndarray:
+        return self.alpha * np.clip(values, self.lower, self.upper) + self.gamma
+
+
+@dataclass(frozen=True)
+class Term:
+    """A per-record term v_V c^k: ``covariates`` the indices into v = (1, cx) (0 is the
+    constant), ``power`` the power k of the response c."""
+
+    covariates: tuple
+    power: int
+
+
+def regression_terms(p: int) -> list[Term]:
+    """The terms of ``dpinfer.regression_statistic`` for p covariates, in its order."""
+    k = p + 1
+    rows, cols = np.tril_indices(k, k=-1)
+    return ([Term((i,), 1) for i in range(k)] + [Term((), 2)]
+            + [Term((int(r), int(c)), 0) for r, c in zip(rows, cols)]
+            + [Term((i, i), 0) for i in range(1, k)])
+
+
+def power_sum_terms(degree: int) -> list[Term]:
+    """The terms of ``dpinfer.power_sums``: c, c^2, ..., c^degree."""
+    return [Term((), k) for k in range(1, degree + 1)]
+
+
+def _truncated_moments(a, b, top: int):
+    """J_0 .. J_top over (a, b) as a vector (a or b None: infinite), int w^j phi(w) dw, by the
+    recursion of the module docstring: with E_j = a^j phi(a) - b^j phi(b) (0 at an infinite
+    end), J_j = (j - 1) J_(j-2) + E_(j-1), so J_j is a fixed combination of J_0, J_1 and E,
+    applied as one matrix product (few graph nodes: fast to compile)."""
+    phi = lambda z: pt.exp(-0.5 * z**2) / np.sqrt(2.0 * np.pi)  # noqa: E731
+    big_phi = lambda z: 0.5 * pt.erfc(-z / np.sqrt(2.0))  # noqa: E731
+    edges = pt.zeros(top + 1)
+    mass = pt.as_tensor(1.0)
+    if a is not None:
+        edges = edges + _powers(a, top) * phi(a)
+        mass = mass - big_phi(a)
+    if b is not None:
+        edges = edges - _powers(b, top) * phi(b)
+        mass = mass - big_phi(-b)
+    return pt.dot(pt.as_tensor(_RECURSION[: top + 1, : top + 2]), pt.concatenate([[mass], edges]))
+
+
+def _powers(x, top: int):
+    """[1, x, ..., x^top] by products (x ** k has an undefined gradient at x = 0 for k = 0)."""
+    out = [pt.ones(())]
+    for _ in range(top):
+        out.append(out[-1] * x)
+    return pt.stack(out)
+
+
+def _recursion(top: int) -> np.ndarray:
+    """Rows j: J_j as coefficients of (J_0, E_0, E_1, ..., E_top) (see _truncated_moments)."""
+    rows = np.zeros((top + 1, top + 2))
+    rows[0, 0] = 1.0
+    if top >= 1:
+        rows[1, 1] = 1.0  # J_1 = E_0
+    for j in range(2, top + 1):
+        rows[j] = (j - 1) * rows[j - 2]
+        rows[j, j] += 1.0  # + E_(j-1)
+    return rows
+
+
+_RECURSION = _recursion(4 * DEGREE)
+
+
+def response_moments(mu_y, s_y, clamp: Clamp, powers: int):
+    """A[r, k] = E[w^r c^k] for r <= 4 and k <= ``powers`` (a (5, powers + 1) tensor),
+    w = (y - mu_y) / s_y standard normal and c = ``clamp`` of y (module docstring), as
+    A = H B + J_below c_L^k + J_above c_U^k with the Hankel matrix H[r, i] = J_(r+i)(a_L, a_U)
+    and B[i, k] = binom(k, i) e0^(k-i) e1^i."""
+    a_lower = (clamp.lower - mu_y) / s_y if np.isfinite(clamp.lower) else None
+    a_upper = (clamp.upper - mu_y) / s_y if np.isfinite(clamp.upper) else None
+    middle = _truncated_moments(a_lower, a_upper, DEGREE + powers)
+    e0 = clamp.alpha * mu_y + clamp.gamma
+    e1 = clamp.alpha * s_y
+    r, i = np.arange(DEGREE + 1), np.arange(powers + 1)
+    k = i
+    binomial = np.array([[comb(int(kk), int(ii)) for kk in k] for ii in i], dtype=np.float64)
+    exponent = np.maximum(k[None, :] - i[:, None], 0)
+    coefficients = binomial * _powers(e0, powers)[exponent] * _powers(e1, powers)[i][:, None]
+    table = pt.dot(middle[np.add.outer(r, i)], coefficients)
+    for bound, interval in ((clamp.lower, (None, a_lower)), (clamp.upper, (a_upper, None))):
+        if np.isfinite(bound):
+            c_bound = clamp.alpha * bound + clamp.gamma
+            table = table + pt.outer(_truncated_moments(*interval, DEGREE), pt.as_tensor(c_bound ** k.astype(np.float64)))
+    return table
+
+
+@dataclass(frozen=True)
+class NormalRecords:
+    """The records' model of the module docstring, its parameters PyTensor graphs (or numbers):
+    ``mu_x``, ``sigma_x``, ``b``, ``alpha_x``, ``gamma_x`` of length p (p = 0: empty), ``a`` and
+    ``sigma`` scalars, ``clamp`` the response's :class:`Clamp`."""
+
+    mu_x: object
+    sigma_x: object
+    a: object
+    b: object
+    sigma: object
+    clamp: Clamp
+    alpha_x: np.ndarray
+    gamma_x: np.ndarray
+
+    def moments(self, terms: list[Term]):
+        """(E[t], Cov[t]) of one record's terms t = (v_V c^k for each term): a vector and a
+        matrix, exact (module docstring)."""
+        p = len(self.alpha_x)
+        mu_x, sigma_x, b = (pt.cast(pt.as_tensor(v), "float64").reshape((p,))
+                            for v in (self.mu_x, self.sigma_x, self.b))
+        a, sigma = (pt.cast(pt.as_tensor(v), "float64") for v in (self.a, self.sigma))
+        variance_x = sigma_x**2
+        mu_y = a + pt.dot(mu_x, b)
+        s_y = pt.sqrt(pt.dot(b**2, variance_x) + sigma**2)
+        d = variance_x * b / s_y
+        alpha, gamma = pt.as_tensor(self.alpha_x), pt.as_tensor(self.gamma_x)
+        mu_v = pt.concatenate([pt.ones((1,)), alpha * mu_x + gamma])
+        d_v = pt.concatenate([pt.zeros((1,)), alpha * d])
+        cov_x = (pt.eye(p) * variance_x - pt.outer(d, d)) * pt.outer(alpha, alpha)
+        cov_v = pt.set_subtensor(pt.zeros((p + 1, p + 1))[1:, 1:], cov_x)
+        powers = 2 * max(t.power for t in terms)
+        table = response_moments(mu_y, s_y, self.clamp, powers)
+        means = _expectations(mu_v, d_v, cov_v, table, [(t.covariates, t.power) for t in terms])
+        pairs = [(s.covariates + t.covariates, s.power + t.power) for s in terms for t in terms]
+        second = _expectations(mu_v, d_v, cov_v, table, pairs).reshape((len(terms), len(terms)))
+        return means, second - pt.outer(means, means)
+
+
+def _expectations(mu_v, d_v, cov_v, table, products):
+    """E[v_V c^k] for each (V, k) in ``products`` (|V| <= 4), by Isserlis' theorem given w
+    and the table A[r, k] (module docstring)."""
+    index = np.zeros((len(products), 4), dtype=np.int64)
+    for row, (covariates, _) in enumerate(products):
+        index[row, : len(covariates)] = covariates
+    power = np.array([k for _, k in products], dtype=np.int64)
+    mu, d = mu_v[index], d_v[index]
+    zeros = pt.zeros((len(products), 1))
+
+    def times_linear(poly, j):  # poly * (mu_j + d_j w), coefficients of w^0..w^4
+        shifted = pt.concatenate([zeros, poly[:, :-1]], axis=1)
+        return poly * mu[:, j, None] + shifted * d[:, j, None]
+
+    poly = pt.concatenate([pt.ones((len(products), 1)), pt.zeros((len(products), DEGREE))], axis=1)
+    for j in range(4):
+        poly = times_linear(poly, j)
+    positions = range(4)
+    for i in positions:
+        for j in positions:
+            if j <= i:
+                continue
+            k, l = (m for m in positions if m not in (i, j))
+            pair = pt.stack([mu[:, k] * mu[:, l], mu[:, k] * d[:, l] + mu[:, l] * d[:, k], d[:, k] * d[:, l],
+                             pt.zeros(len(products)), pt.zeros(len(products))], axis=1)
+            poly = poly + cov_v[index[:, i], index[:, j]][:, None] * pair
+    constant = (cov_v[index[:, 0], index[:, 1]] * cov_v[index[:, 2], index[:, 3]]
+                + cov_v[index[:, 0], index[:, 2]] * cov_v[index[:, 1], index[:, 3]]
+                + cov_v[index[:, 0], index[:, 3]] * cov_v[index[:, 1], index[:, 2]])
+    poly = pt.set_subtensor(poly[:, 0], poly[:, 0] + constant)
+    return (poly * table[:, power].T).sum(axis=1)
+
+
+def simulate_terms(records: dict, terms: list[Term], size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` records' terms (size x len(terms)) drawn from the records' model at numeric
+    parameters ``records`` (NormalRecords' fields as numbers): for the measured error of the
+    normal law (the sum's skewness) and for tests."""
+    p = len(records["alpha_x"])
+    x = rng.normal(np.reshape(records["mu_x"], p), np.reshape(records["sigma_x"], p), size=(size, p))
+    y = rng.normal(records["a"] + x @ np.reshape(records["b"], p), records["sigma"])
+    v = np.concatenate([np.ones((size, 1)), records["alpha_x"] * x + records["gamma_x"]], axis=1)
+    c = records["clamp"].apply(y)
+    return np.stack([np.prod(v[:, list(t.covariates)], axis=1) * c**t.power for t in terms], axis=1)

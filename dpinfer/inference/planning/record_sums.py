@@ -1,0 +1,316 @@
+"""Releases of record-additive statistics of latent records: exact data augmentation, or the law
+of the sum.
+
+A release s = T + noise of T = sum_i t(r_i) over n latent records (``dpinfer.regression_statistic``
+or ``dpinfer.power_sums`` of records, clamped with ``dpinfer.clamp`` or not) can be fitted two ways:
+
+* **data augmentation** (exact at any n): NUTS samples the n latent records with the
+  parameters, the release's likelihood given them exact (Ju et al. 2022). Each gradient costs
+  O(n) and, measured (issue 39), the trajectories lengthen with n: about n^1.7 in all.
+* **the law of the sum** (an approximation whose cost does not grow with n): the records are
+  replaced by T itself, T ~ MvNormal(n E[t], n Cov[t]) given the parameters, with the two
+  moments exact (:mod:`dpinfer.distributions.sum_of_records`); Gaussian noise then leaves
+  s ~ MvNormal(n E[t], n Cov[t] + tau^2 I), any other noise keeps T as a latent of d values
+  (d the statistic's length) that NUTS samples with the parameters. The only error is the
+  normal law's: T's skewness, about skew(t) / sqrt(n), which the report measures at the
+  posterior mean (:func:`measured_error`). Bernstein & Sheldon (NeurIPS 2018, 2019) fit
+  private exponential families and linear regression this way.
+
+The law of the sum applies where the records are those of
+:class:`~dpinfer.distributions.sum_of_records.NormalRecords`, written as PyMC variables:
+free ``pm.Normal`` covariates x (n x p, mean and sd the same for every record) whose clamps
+do not bind (checked on prior draws of their parameters: sqrt(n) P(beyond a bound) < 1e-3, so
+that the bias of ignoring them, n P times the overshoot, is below a thousandth of T's sd of
+sqrt(n) per unit of overshoot; x ~ N(0, 1) clamped at +-5 passes up to n = 3 10^6), a free
+``pm.Normal`` response y (n) with mean affine in its record's covariates with coefficients
+shared by every record (checked by substitution) and sd the same for every record, and no
+other variable of the model depending on x or y. Anything else is fitted by data
+augmentation, and the report says why.
+
+``records="auto"`` takes the law of the sum from ``CROSSOVER_RECORDS`` records (where data
+augmentation's cost passes a few seconds and the normal law's error, measured against it in
+``validation/results/record_sums.md``, is within Monte Carlo error); ``"law-of-the-sum"`` or
+``"data-augmentation"`` force either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+from pymc.model.fgraph import model_free_rv, model_observed_rv
+from pytensor.graph.replace import clone_replace
+from pytensor.graph.traversal import ancestors, toposort
+from pytensor.tensor.random.basic import NormalRV
+from scipy import stats
+
+from dpinfer._graphs import evaluate, shape_of
+from dpinfer.distributions.sum_of_records import (
+    Clamp,
+    NormalRecords,
+    power_sum_terms,
+    regression_terms,
+    simulate_terms,
+)
+from dpinfer.mechanisms.gaussian import Gaussian
+
+RECORD_METHODS = ("auto", "law-of-the-sum", "data-augmentation")
+CROSSOVER_RECORDS = 2000
+BINDING = 1e-3  # a covariate's clamp binds if sqrt(n) P(beyond a bound) reaches this on a prior draw
+PRIOR_DRAWS = 200
+SIMULATED_RECORDS = 200_000
+
+
+class NotASumError(ValueError):
+    """The release is not one the law of the sum can take (the message says why)."""
+
+
+@dataclass(frozen=True)
+class SummedRecords:
+    """A release of a record-additive statistic fitted by the law of the sum (module
+    docstring). ``parameters``: the records' model (NormalRecords' symbolic fields, as graphs
+    of the model's variables); ``removed``: the latent records' variables."""
+
+    record: object
+    kind: str
+    n: int
+    terms: list
+    parameters: dict
+    removed: tuple
+    draws_latent = False  # n records are not drawn: T (a latent of the rewritten model) stands for them
+
+    @property
+    def latent_name(self) -> str:
+        """The true statistic T, a latent of the rewritten model (absent with Gaussian noise)."""
+        return f"{self.record.name}_true_statistic"
+
+    @property
+    def keeps_statistic(self) -> bool:
+        return not isinstance(self.record.mechanism, Gaussian)
+
+    @property
+    def method(self) -> str:
+        noise = ("Gaussian noise: the release ~ MvNormal(n E[t], n Cov[t] + tau^2 I)" if not self.keeps_statistic
+                 else f"the true statistic {self.latent_name!r} sampled by NUTS with the parameters")
+        return (f"law of the sum: the {self.n:,} latent records {list(self.removed)} replaced by their "
+                f"{self.kind} T ~ MvNormal(n E[t], n Cov[t]) given the parameters, exact moments in closed form "
+                f"(a normal approximation to T's law; {noise}); the records are not drawn")
+
+    def records_model(self, replace: dict | None = None) -> NormalRecords:
+        fields = dict(self.parameters)
+        if replace:
+            for key in ("mu_x", "sigma_x", "a", "b", "sigma"):
+                fields[key] = _substituted(fields[key], replace)
+        return NormalRecords(**fields)
+
+    def rewrite(self, fgraph, memo) -> None:
+        """Replace the records by the law of their sum in ``fgraph`` (a model's, from
+        ``fgraph_from_model``; ``memo`` maps the model's variables to it)."""
+        graphs = [self.parameters[k] for k in ("mu_x", "sigma_x", "a", "b", "sigma")]
+        upstream = set(ancestors(graphs))
+        replace = {var: new for var, new in memo.items() if var in upstream}
+        mean, cov = self.records_model(replace).moments(self.terms)
+        n = np.float64(self.n)  # a float, so that the compile cache holds one function for every n
+        mean, cov = n * mean, n * cov
+        cov = cov + pt.eye(len(self.terms)) * (1e-10 * pt.diagonal(cov))  # keeps the Cholesky factor defined
+        release_var = memo[self.record.release_rv]
+        _, release_data = release_var.owner.inputs
+        op = release_var.owner.op
+        mechanism = self.record.mechanism
+        if self.keeps_statistic:
+            statistic_rv = pm.MvNormal.dist(mean, cov)
+            value = statistic_rv.type(name=self.latent_name)
+            statistic = model_free_rv(statistic_rv, value, None, self.latent_name)
+            new_release = model_observed_rv(mechanism.dist(statistic), release_data, op.name, *op.dims)
+            fgraph.add_output(statistic, import_missing=True)
+        else:
+            noise = np.float64(mechanism.sigma) ** 2
+            new_release = model_observed_rv(pm.MvNormal.dist(mean, cov + noise * pt.eye(len(self.terms))),
+                                            release_data, op.name, *op.dims)
+        fgraph.replace(release_var, new_release, import_missing=True)
+        for var in self.removed:
+            fgraph.remove_output(fgraph.outputs.index(memo[var]))
+
+    def numeric_parameters(self, posterior) -> dict:
+        """The records' model at the posterior mean of the variables it depends on."""
+        graphs = [self.parameters[k] for k in ("mu_x", "sigma_x", "a", "b", "sigma")]
+        free = [v for v in ancestors(graphs) if getattr(v, "name", None) in posterior and v.owner is not None]
+        replace = {v: pt.constant(np.asarray(posterior[v.name].mean(("chain", "draw")), dtype=v.type.dtype))
+                   for v in free}
+        values = [evaluate(clone_replace(pt.as_tensor(g, dtype="float64"), replace)) for g in graphs]
+        out = dict(zip(("mu_x", "sigma_x", "a", "b", "sigma"), values))
+        p = len(self.parameters["alpha_x"])
+        for key in ("mu_x", "sigma_x", "b"):
+            out[key] = np.broadcast_to(out[key], (p,)).astype(float)
+        return out | {k: self.parameters[k] for k in ("clamp", "alpha_x", "gamma_x")}
+
+    def measured_error(self, posterior, rng: np.random.Generator) -> dict:
+        """The normal law's error at the posterior mean: each coordinate's skewness of T,
+        skew(t) / sqrt(n) with skew(t) from ``SIMULATED_RECORDS`` records drawn from the
+        records' model, and the error it makes in T's 5% and 95% quantiles by the first
+        Edgeworth correction, |skew| (z^2 - 1) / 6 = 0.284 |skew| sd of T."""
+        draws = simulate_terms(self.numeric_parameters(posterior), self.terms, SIMULATED_RECORDS, rng)
+        skew = stats.skew(draws, axis=0) / np.sqrt(self.n)
+        skew = np.where(np.isfinite(skew), skew, 0.0)
+        worst = float(np.max(np.abs(skew)))
+        z = stats.norm.ppf(0.95)
+        return {"max_abs_skewness_of_sum": worst,
+                "quantile_error_sd": worst * (z**2 - 1) / 6,
+                "simulated_records": SIMULATED_RECORDS,
+                "at": "posterior mean"}
+
+
+def plan_record_sums(model, records, choice: str) -> tuple[list, dict]:
+    """(the releases fitted by the law of the sum, {release name: why not} for the
+    record-additive releases left to data augmentation) under ``choice`` (RECORD_METHODS)."""
+    if not isinstance(choice, str) or choice not in RECORD_METHODS:
+        raise ValueError(f"records must be one of {RECORD_METHODS}, got {choice!r}")
+    summed, kept = [], {}
+    for record in records:
+        tag = getattr(getattr(record.latent, "tag", None), "dpinfer_record_statistic", None)
+        if tag is None or choice == "data-augmentation":
+            if tag is not None:
+                kept[record.name] = "data augmentation (records='data-augmentation')"
+            continue
+        try:
+            item = _summed_records(model, record, tag)
+        except NotASumError as error:
+            if choice == "law-of-the-sum":
+                raise NotASumError(f"release {record.name!r}: records='law-of-the-sum' cannot take it: {error}") from None
+            kept[record.name] = f"data augmentation: the law of the sum does not apply ({error})"
+            continue
+        if choice == "auto" and item.n < CROSSOVER_RECORDS:
+            kept[record.name] = (f"data augmentation: {item.n:,} records, below the {CROSSOVER_RECORDS:,} from which "
+                                 "records='auto' takes the law of the sum")
+            continue
+        summed.append(item)
+    return summed, kept
+
+
+def _unclamped(value):
+    """(the variable under a ``dpinfer.clamp``, its Clamp) or (value, no clamp)."""
+    tag = getattr(value.tag, "dpinfer_clamp", None)
+    if tag is None:
+        return value, Clamp()
+    inner, lower, upper, scale = tag
+    return inner, Clamp(float(lower), float(upper), scale)
+
+
+def _normal_records(model, var, what: str):
+    if var not in model.free_RVs or not isinstance(var.owner.op, NormalRV):
+        raise NotASumError(f"the {what} must be a free pm.Normal variable of the model (the statistic's "
+                           "argument, clamped or not), and is not")
+    mu, sigma = var.owner.op.dist_params(var.owner)
+    return mu, sigma
+
+
+def _per_record(param, var, name: str, columns: int | None):
+    """``param`` of ``var`` as one value per column (or a scalar), refused if it varies by record."""
+    ndim = param.type.ndim
+    if ndim == var.type.ndim and not param.type.broadcastable[0]:
+        if shape_of(param)[0] != 1:
+            raise NotASumError(f"{var.name}'s {name} varies by record (records must be identically distributed)")
+    if ndim == var.type.ndim:
+        param = param[0]
+    if columns is None:
+        if param.type.ndim:
+            raise NotASumError(f"{var.name}'s {name} must be one value for every record")
+        return param
+    return pt.broadcast_to(param, (columns,))
+
+
+def _substituted(output, replace: dict):
+    """``output`` with the variables ``replace`` maps replaced, each node on the way rebuilt
+    (``make_node``) so that static shapes follow (a few records in place of n) and the
+    replacements themselves are kept, not cloned (clone_replace does both otherwise)."""
+    memo = dict(replace)
+    for node in toposort([output], blockers=list(replace)):
+        if any(o in replace for o in node.outputs):
+            continue
+        inputs = [memo.get(i, i) for i in node.inputs]
+        if any(new is not old for new, old in zip(inputs, node.inputs)):
+            memo.update(zip(node.outputs, node.op.make_node(*inputs).outputs))
+    return memo.get(output, output)
+
+
+def _affine(model, mean, design, p: int):
+    """(a, b) with mean = a + design @ b for every record, checked by substitution at a prior
+    draw; refused otherwise."""
+    basis = np.vstack([np.zeros((1, p)), np.eye(p)])
+    probe = np.random.default_rng(0).normal(size=(p + 3, p))
+    try:
+        at_basis = _substituted(mean, {design: pt.constant(basis)})
+        at_probe = _substituted(mean, {design: pt.constant(probe)})
+        a, b = at_basis[0], at_basis[1:] - at_basis[0]
+        inputs = [v for v in model.free_RVs if v in set(ancestors([at_basis, at_probe]))]
+        values = pm.draw(inputs, random_seed=1) if inputs else []
+        replace = {v: pt.constant(val, dtype=v.type.dtype) for v, val in zip(inputs, values)}
+        a_v, b_v, probe_v = (evaluate(clone_replace(g, replace)) for g in (a, b, at_probe))
+        affine = probe_v.shape == (p + 3,) and np.allclose(probe_v, a_v + probe @ b_v, rtol=1e-9, atol=1e-9)
+    except Exception:  # the mean's graph does not take other records: not per record
+        affine = False
+    if not affine:
+        raise NotASumError("the response's mean must be an affine function of its own record's covariates, "
+                           "a + x_i @ b with a and b shared by every record")
+    return a, b
+
+
+def _check_clamps_do_not_bind(mu_x, sigma_x, clamp: Clamp, design, n: int) -> None:
+    if not clamp.binds:
+        return
+    mu, sigma = (np.atleast_2d(v) for v in pm.draw([mu_x, sigma_x], draws=PRIOR_DRAWS, random_seed=2))
+    beyond = stats.norm.cdf((clamp.lower - mu) / sigma) + stats.norm.sf((clamp.upper - mu) / sigma)
+    if np.sqrt(n) * np.max(beyond) >= BINDING:
+        raise NotASumError(f"the covariates' clamp [{clamp.lower:g}, {clamp.upper:g}] binds: P(beyond a bound) up "
+                           f"to {np.max(beyond):.2g} on prior draws of {design.name}'s mean and sd, and the law of the "
+                           f"sum needs sqrt(n) P below {BINDING:g} (n = {n:,}); clamped covariates are fitted by data "
+                           "augmentation")
+
+
+def _only_children(model, record, removed) -> None:
+    others = [v for v in model.basic_RVs + model.deterministics + model.potentials
+              if v is not record.release_rv and v not in removed]
+    for var in others:
+        upstream = set(ancestors([var]))
+        touched = [r.name for r in removed if r in upstream]
+        if touched:
+            raise NotASumError(f"{var.name} depends on the records {touched}; the law of the sum replaces them, so "
+                               "they may only feed the release")
+
+
+def _as_graphs(parameters: dict) -> dict:
+    return {k: pt.cast(pt.as_tensor(v), "float64") if k in ("mu_x", "sigma_x", "a", "b", "sigma") else v
+            for k, v in parameters.items()}
+
+
+def _summed_records(model, record, tag) -> SummedRecords:
+    kind = tag[0]
+    if kind == "power_sums":
+        _, values, degree = tag
+        response, clamp = _unclamped(values)
+        mu, sigma = _normal_records(model, response, "records")
+        removed = (response,)
+        _only_children(model, record, removed)
+        parameters = dict(mu_x=np.zeros(0), sigma_x=np.ones(0), b=np.zeros(0),
+                          a=_per_record(mu, response, "mean", None), sigma=_per_record(sigma, response, "sd", None),
+                          alpha_x=np.zeros(0), gamma_x=np.zeros(0), clamp=clamp)
+        return SummedRecords(record, "power sums", shape_of(response)[0], power_sum_terms(degree),
+                             _as_graphs(parameters), removed)
+    _, design_values, response_values = tag
+    design, design_clamp = _unclamped(design_values)
+    response, clamp = _unclamped(response_values)
+    mu_x, sigma_x = _normal_records(model, design, "covariates")
+    mu_y, sigma_y = _normal_records(model, response, "response")
+    removed = (design, response)
+    _only_children(model, record, removed)
+    n, p = shape_of(design)
+    mu_x, sigma_x = (_per_record(v, design, name, p) for v, name in ((mu_x, "mean"), (sigma_x, "sd")))
+    if set(ancestors([mu_x, sigma_x])) & {response}:
+        raise NotASumError("the covariates' law depends on the response")
+    a, b = _affine(model, mu_y, design, p)
+    _check_clamps_do_not_bind(mu_x, sigma_x, design_clamp, design, n)
+    parameters = dict(mu_x=mu_x, sigma_x=sigma_x, a=a, b=b, sigma=_per_record(sigma_y, response, "sd", None),
+                      alpha_x=np.full(p, design_clamp.alpha), gamma_x=np.full(p, design_clamp.gamma), clamp=clamp)
+    return SummedRecords(record, "regression statistic", n, regression_terms(p), _as_graphs(parameters), removed)

@@ -1,0 +1,188 @@
+"""The planner's choice between data augmentation and the law of the sum for releases of
+record-additive statistics (dpinfer.inference.planning.record_sums), its refusals, and the law
+of the sum's posterior where the normal law is exact: the sum of n normal records is normal,
+so its posterior must match the closed form (Gaussian noise) or a one-dimensional integral
+(Laplace noise). The two fits are in the validation tier: the law of the sum's functions
+compile for minutes on first use (its graph has a few hundred nodes), which the fast tier
+cannot pay; the fast tier checks the rewritten model's log density against scipy instead."""
+
+import json
+
+import numpy as np
+import pymc as pm
+import pytest
+from scipy import integrate, stats
+
+import dpinfer as dp
+from dpinfer.inference.planning.record_sums import CROSSOVER_RECORDS, NotASumError, plan_record_sums
+from dpinfer.mechanisms.records import releases_of
+
+
+def _regression(n, *, mean=None, x_clamp=(-5.0, 5.0), x_mu=0.0, extra_child=False):
+    with pm.Model() as model:
+        beta = pm.Normal("beta", 0.0, 2.0, shape=2)
+        x = pm.Normal("x", x_mu, 1.0, shape=(n, 1))
+        y = pm.Normal("y", mean(beta, x) if mean else beta[0] + x @ beta[1:], 1.0, shape=n)
+        if extra_child:
+            pm.Deterministic("x_mean", x.mean())
+        statistic = dp.regression_statistic(dp.clamp(x, *x_clamp), dp.clamp(y, -5.0, 5.0))
+        dp.Laplace(1.0, sensitivity=60.0).observe("s", statistic, observed=np.zeros(5))
+    return model
+
+
+def _plan(model, choice="auto"):
+    return plan_record_sums(model, releases_of(model), choice)
+
+
+def test_auto_takes_the_law_of_the_sum_from_the_crossover():
+    summed, kept = _plan(_regression(CROSSOVER_RECORDS))
+    assert [s.record.name for s in summed] == ["s"] and not kept
+    assert summed[0].n == CROSSOVER_RECORDS and [v.name for v in summed[0].removed] == ["x", "y"]
+    summed, kept = _plan(_regression(CROSSOVER_RECORDS - 1))
+    assert not summed and "below the" in kept["s"]
+
+
+def test_either_method_can_be_forced():
+    assert _plan(_regression(50), "law-of-the-sum")[0]
+    summed, kept = _plan(_regression(5000), "data-augmentation")
+    assert not summed and "records='data-augmentation'" in kept["s"]
+    with pytest.raises(ValueError, match="records must be one of"):
+        _plan(_regression(50), "normal")
+
+
+@pytest.mark.parametrize("model, why", [
+    (lambda: _regression(3000, mean=lambda b, x: b[0] + (x**2) @ b[1:]), "affine function of its own record"),
+    (lambda: _regression(3000, x_clamp=(-1.0, 1.0)), "clamp \\[-1, 1\\] binds"),
+    (lambda: _regression(3000, x_mu=np.linspace(0, 1, 3000)[:, None]), "varies by record"),
+    (lambda: _regression(3000, extra_child=True), "x_mean depends on the records"),
+])
+def test_the_law_of_the_sum_is_refused_saying_why(model, why):
+    m = model()
+    summed, kept = _plan(m)
+    assert not summed and "does not apply" in kept["s"]
+    with pytest.raises(NotASumError, match=why):
+        _plan(m, "law-of-the-sum")
+
+
+def _normal_sum_model(n, mechanism, release):
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 1.0)
+        y = pm.Normal("y", mu, 2.0, shape=n)
+        mechanism.observe("s", dp.power_sums(y, degree=1), observed=np.array([release]))
+    return model
+
+
+def _logp_at(fitted, point):
+    return float(fitted.compile_logp(mode="FAST_COMPILE")(point))
+
+
+def test_rewritten_model_has_the_law_of_the_sum():
+    """The model dp.sample fits: the records gone, s ~ N(n mu, 4 n + tau^2) for sum y of
+    N(mu, 2) records under Gaussian noise (exact: a sum of normals is normal)."""
+    from dpinfer.inference.engines.closed_form import summed_out_model
+
+    n, tau, release = 5000, 30.0, 1234.0
+    model = _normal_sum_model(n, dp.Gaussian.from_sigma(tau), release)
+    fitted = summed_out_model(model, _plan(model)[0])
+    assert [v.name for v in fitted.free_RVs] == ["mu"]
+    expected = stats.norm.logpdf(release, n * 0.3, np.sqrt(4 * n + tau**2)) + stats.norm.logpdf(0.3)
+    assert _logp_at(fitted, {"mu": 0.3}) == pytest.approx(expected, rel=1e-10)
+
+
+def test_rewritten_regression_keeps_the_true_statistic_under_laplace_noise():
+    """Laplace noise: T = s_true_statistic is a latent, T ~ MvNormal(n E[t], n Cov[t])
+    (+ 1e-10 of its variances, the Cholesky guard), and s | T is Laplace."""
+    import pytensor
+
+    from dpinfer.distributions.sum_of_records import Clamp, NormalRecords, regression_terms
+    from dpinfer.inference.engines.closed_form import summed_out_model
+
+    n = 4000
+    model = _regression(n)
+    fitted = summed_out_model(model, _plan(model)[0])
+    assert sorted(v.name for v in fitted.free_RVs) == ["beta", "s_true_statistic"]
+    beta = np.array([0.5, 1.5])
+    records = NormalRecords(mu_x=np.zeros(1), sigma_x=np.ones(1), a=beta[0], b=beta[1:], sigma=1.0,
+                            clamp=Clamp(-5.0, 5.0), alpha_x=np.ones(1), gamma_x=np.zeros(1))
+    mean, cov = pytensor.function([], list(records.moments(regression_terms(1))), mode="FAST_COMPILE")()
+    cov = n * cov + np.diag(1e-10 * n * np.diag(cov))
+    t = n * mean + np.linspace(-30, 30, 5)
+    expected = (stats.multivariate_normal.logpdf(t, n * mean, cov) + stats.norm.logpdf(beta, 0, 2).sum()
+                + stats.laplace.logpdf(np.zeros(5), t, 60.0).sum())
+    assert _logp_at(fitted, {"beta": beta, "s_true_statistic": t}) == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.validation
+def test_gaussian_noise_matches_the_closed_form():
+    """sum y ~ N(n mu, 4 n) exactly, so s | mu ~ N(n mu, 4 n + tau^2): a conjugate normal
+    posterior for mu ~ N(0, 1)."""
+    n, tau, release = 5000, 30.0, 1234.0
+    mechanism = dp.Gaussian.from_sigma(tau)
+    idata = dp.sample(1000, tune=500, random_seed=3, progressbar=False,
+                      model=_normal_sum_model(n, mechanism, release))
+    variance = 4 * n + tau**2
+    precision = 1.0 + n**2 / variance
+    exact_mean, exact_sd = (n * release / variance) / precision, precision**-0.5
+    draws = idata.posterior["mu"].values.ravel()
+    report = json.loads(idata.posterior.attrs["dpinfer"])["s"]
+    assert report["method"].startswith("law of the sum")
+    assert report["approximation_error"]["max_abs_skewness_of_sum"] < 0.01  # normal records: skewness 0 up to MC error
+    ess = float(json.loads(idata.posterior.attrs["dpinfer_convergence"])["min_ess_bulk"])
+    assert abs(draws.mean() - exact_mean) < 4 * exact_sd / np.sqrt(ess)
+    assert abs(draws.std() / exact_sd - 1) < 4 / np.sqrt(2 * ess)
+
+
+@pytest.mark.validation
+def test_laplace_noise_keeps_the_statistic_and_matches_integration():
+    """Laplace noise: the true sum T is a latent; p(mu | s) is proportional to
+    N(mu; 0, 1) int N(T; n mu, 4 n) Laplace(s; T, b) dT, integrated numerically."""
+    n, release = 3000, -900.0
+    mechanism = dp.Laplace(1.0, sensitivity=80.0)
+    idata = dp.sample(1000, tune=500, random_seed=4, progressbar=False,
+                      model=_normal_sum_model(n, mechanism, release))
+    grid = np.linspace(-0.6, 0.0, 301)
+    b = mechanism.scale
+
+    def likelihood(mu):
+        return integrate.quad(lambda t: stats.norm.pdf(t, n * mu, 2 * np.sqrt(n)) * stats.laplace.pdf(release, t, b),
+                              n * mu - 12 * 2 * np.sqrt(n), n * mu + 12 * 2 * np.sqrt(n), points=[release],
+                              limit=200)[0]
+
+    density = stats.norm.pdf(grid) * np.array([likelihood(m) for m in grid])
+    density /= np.trapezoid(density, grid)
+    exact_mean = np.trapezoid(grid * density, grid)
+    exact_sd = np.sqrt(np.trapezoid((grid - exact_mean) ** 2 * density, grid))
+    draws = idata.posterior["mu"].values.ravel()
+    ess = float(json.loads(idata.posterior.attrs["dpinfer_convergence"])["min_ess_bulk"])
+    assert "s_true_statistic" in idata.posterior
+    assert abs(draws.mean() - exact_mean) < 4 * exact_sd / np.sqrt(ess)
+    assert abs(draws.std() / exact_sd - 1) < 4 / np.sqrt(2 * ess)
+
+
+def test_small_release_is_planned_for_data_augmentation_saying_why():
+    """dp.sample's report takes the plan's reason (posterior.attrs["dpinfer"][name]["records"])."""
+    from dpinfer.inference.planning import plan_model
+
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 1.0)
+        y = pm.Normal("y", mu, 1.0, shape=20)
+        dp.Laplace(1.0, sensitivity=10.0).observe("s", dp.power_sums(dp.clamp(y, -5, 5), degree=2),
+                                                 observed=np.array([3.0, 25.0]))
+    plan = plan_model(model, releases_of(model))
+    assert "data augmentation: 20 records" in plan.augmented["s"]
+    assert not [s for s in plan.summed if s.record.name == "s"]
+    with pytest.raises(NotASumError, match="latent counts"):
+        with model:
+            k = pm.Poisson("k", 5.0)
+            dp.DoubleGeometric(1.0).observe("c", k, observed=4)
+        plan_model(model, releases_of(model), record_method="law-of-the-sum")
+
+
+def test_power_sums_on_numpy_and_pytensor_agree():
+    values = np.array([1.5, -2.0, 0.25])
+    np.testing.assert_allclose(dp.power_sums(values, degree=3), [-0.25, 6.3125, -4.609375])
+    assert dp.power_sums_labels(3) == ["S1", "S2", "S3"]
+    with pytest.raises(ValueError, match="degree must be a whole number"):
+        dp.power_sums(values, degree=0)
+    with pytest.raises(ValueError, match="vector of n records"):
+        dp.power_sums(np.ones((2, 2)))
