@@ -60,6 +60,7 @@ RECORD_METHODS = ("auto", "law-of-the-sum", "data-augmentation")
 CROSSOVER_RECORDS = 2000
 BINDING = 1e-3  # a covariate's clamp binds if sqrt(n) P(beyond a bound) reaches this on a prior draw
 PRIOR_DRAWS = 200
+GRAPH_FIELDS = ("mu_x", "sigma_x", "a", "b", "sigma")  # NormalRecords' fields that are graphs of the parameters
 SIMULATED_RECORDS = 200_000
 
 
@@ -98,17 +99,20 @@ class SummedRecords:
                 f"{self.kind} T ~ MvNormal(n E[t], n Cov[t]) given the parameters, exact moments in closed form "
                 f"(a normal approximation to T's law; {noise}); the records are not drawn")
 
+    def _graphs(self) -> list:
+        return [self.parameters[k] for k in GRAPH_FIELDS]
+
     def records_model(self, replace: dict | None = None) -> NormalRecords:
         fields = dict(self.parameters)
         if replace:
-            for key in ("mu_x", "sigma_x", "a", "b", "sigma"):
+            for key in GRAPH_FIELDS:
                 fields[key] = _substituted(fields[key], replace)
         return NormalRecords(**fields)
 
     def rewrite(self, fgraph, memo) -> None:
         """Replace the records by the law of their sum in ``fgraph`` (a model's, from
         ``fgraph_from_model``; ``memo`` maps the model's variables to it)."""
-        graphs = [self.parameters[k] for k in ("mu_x", "sigma_x", "a", "b", "sigma")]
+        graphs = self._graphs()
         upstream = set(ancestors(graphs))
         replace = {var: new for var, new in memo.items() if var in upstream}
         mean, cov = self.records_model(replace).moments(self.terms)
@@ -135,12 +139,12 @@ class SummedRecords:
 
     def numeric_parameters(self, posterior) -> dict:
         """The records' model at the posterior mean of the variables it depends on."""
-        graphs = [self.parameters[k] for k in ("mu_x", "sigma_x", "a", "b", "sigma")]
+        graphs = self._graphs()
         free = [v for v in ancestors(graphs) if getattr(v, "name", None) in posterior and v.owner is not None]
         replace = {v: pt.constant(np.asarray(posterior[v.name].mean(("chain", "draw")), dtype=v.type.dtype))
                    for v in free}
         values = [evaluate(clone_replace(pt.as_tensor(g, dtype="float64"), replace)) for g in graphs]
-        out = dict(zip(("mu_x", "sigma_x", "a", "b", "sigma"), values))
+        out = dict(zip(GRAPH_FIELDS, values))
         p = len(self.parameters["alpha_x"])
         for key in ("mu_x", "sigma_x", "b"):
             out[key] = np.broadcast_to(out[key], (p,)).astype(float)
@@ -281,7 +285,7 @@ def _only_children(model, record, removed) -> None:
 
 
 def _as_graphs(parameters: dict) -> dict:
-    return {k: pt.cast(pt.as_tensor(v), "float64") if k in ("mu_x", "sigma_x", "a", "b", "sigma") else v
+    return {k: pt.cast(pt.as_tensor(v), "float64") if k in GRAPH_FIELDS else v
             for k, v in parameters.items()}
 
 
