@@ -62,6 +62,7 @@ BINDING = 1e-3  # a covariate's clamp binds if sqrt(n) P(beyond a bound) reaches
 PRIOR_DRAWS = 200
 GRAPH_FIELDS = ("mu_x", "sigma_x", "a", "b", "sigma")  # NormalRecords' fields that are graphs of the parameters
 SIMULATED_RECORDS = 200_000
+CHECK_MODE = "FAST_COMPILE"  # the planner's one-off prior draws: no numba compilation
 
 
 class NotASumError(ValueError):
@@ -178,6 +179,11 @@ def plan_record_sums(model, records, choice: str) -> tuple[list, dict]:
             if tag is not None:
                 kept[record.name] = "data augmentation (records='data-augmentation')"
             continue
+        n = _record_count(tag)
+        if choice == "auto" and n < CROSSOVER_RECORDS:  # decided before any check that compiles a graph
+            kept[record.name] = (f"data augmentation: {n:,} records, below the {CROSSOVER_RECORDS:,} from which "
+                                 "records='auto' takes the law of the sum")
+            continue
         try:
             item = _summed_records(model, record, tag)
         except NotASumError as error:
@@ -185,12 +191,13 @@ def plan_record_sums(model, records, choice: str) -> tuple[list, dict]:
                 raise NotASumError(f"release {record.name!r}: records='law-of-the-sum' cannot take it: {error}") from None
             kept[record.name] = f"data augmentation: the law of the sum does not apply ({error})"
             continue
-        if choice == "auto" and item.n < CROSSOVER_RECORDS:
-            kept[record.name] = (f"data augmentation: {item.n:,} records, below the {CROSSOVER_RECORDS:,} from which "
-                                 "records='auto' takes the law of the sum")
-            continue
         summed.append(item)
     return summed, kept
+
+
+def _record_count(tag) -> int:
+    """The number of records behind a tagged statistic (the response's length)."""
+    return shape_of(_unclamped(tag[1] if tag[0] == "power_sums" else tag[2])[0])[0]
 
 
 def _unclamped(value):
@@ -249,7 +256,7 @@ def _affine(model, mean, design, p: int):
         at_probe = _substituted(mean, {design: pt.constant(probe)})
         a, b = at_basis[0], at_basis[1:] - at_basis[0]
         inputs = [v for v in model.free_RVs if v in set(ancestors([at_basis, at_probe]))]
-        values = pm.draw(inputs, random_seed=1) if inputs else []
+        values = pm.draw(inputs, random_seed=1, mode=CHECK_MODE) if inputs else []
         replace = {v: pt.constant(val, dtype=v.type.dtype) for v, val in zip(inputs, values)}
         a_v, b_v, probe_v = (evaluate(clone_replace(g, replace)) for g in (a, b, at_probe))
         affine = probe_v.shape == (p + 3,) and np.allclose(probe_v, a_v + probe @ b_v, rtol=1e-9, atol=1e-9)
@@ -264,7 +271,7 @@ def _affine(model, mean, design, p: int):
 def _check_clamps_do_not_bind(mu_x, sigma_x, clamp: Clamp, design, n: int) -> None:
     if not clamp.binds:
         return
-    mu, sigma = (np.atleast_2d(v) for v in pm.draw([mu_x, sigma_x], draws=PRIOR_DRAWS, random_seed=2))
+    mu, sigma = (np.atleast_2d(v) for v in pm.draw([mu_x, sigma_x], draws=PRIOR_DRAWS, random_seed=2, mode=CHECK_MODE))
     beyond = stats.norm.cdf((clamp.lower - mu) / sigma) + stats.norm.sf((clamp.upper - mu) / sigma)
     if np.sqrt(n) * np.max(beyond) >= BINDING:
         raise NotASumError(f"the covariates' clamp [{clamp.lower:g}, {clamp.upper:g}] binds: P(beyond a bound) up "
