@@ -4,7 +4,9 @@ x ~ N(0, 1) (p covariates), y = 1 + x'b + N(0, 1) with b = 2 / sqrt(p) each, cla
 of the clamped records' statistic: 25 per entry), beta ~ N(0, 5), 2 chains x 500 + 500 draws.
 Each fit runs in a fresh Python process (a new model object, timed from outside): the first
 figure with an empty compile cache (DPINFER_CACHE_DIR a new directory: what a first-time user
-pays), then warm. Prints one row per fit: n, p, method, wall time of the process, dp.sample's
+pays), then warm; at n = 10^6 warm, three fits in one process, each a new model object of new
+data (the first pays the process's imports inside dp.sample: arviz is imported lazily). Prints
+one row per fit: n, p, method, its place in its process, wall time of the process, dp.sample's
 time, min ESS, max R-hat of beta, beta's posterior mean and sd, the normal law's measured error.
 
     .venv/bin/python benchmarks/bench_record_sums.py [--quick]
@@ -23,65 +25,68 @@ CHILD = r'''
 import json, sys, time
 t0 = time.time()
 import numpy as np, pymc as pm, dpinfer as dp
-n, p, method = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-rng = np.random.default_rng(1)
-x = rng.normal(size=(n, p))
-b = np.r_[1.0, np.full(p, 2.0 / np.sqrt(p))]
-y = b[0] + x @ b[1:] + rng.normal(size=n)
-k = len(dp.regression_statistic_labels(p))
-mechanism = dp.Laplace(1.0, sensitivity=25.0 * k)
-release = mechanism.release(dp.regression_statistic(dp.clamp(x, -5, 5), dp.clamp(y, -5, 5)), rng)
-with pm.Model() as model:
-    beta = pm.Normal("beta", 0.0, 5.0, shape=p + 1)
-    xs = pm.Normal("x", 0.0, 1.0, shape=(n, p))
-    ys = pm.Normal("y", beta[0] + xs @ beta[1:], 1.0, shape=n)
-    mechanism.observe("s", dp.regression_statistic(dp.clamp(xs, -5, 5), dp.clamp(ys, -5, 5)), observed=release)
-t1 = time.time()
-idata = dp.sample(500, tune=500, random_seed=1, progressbar=False, records=method, model=model)
-t2 = time.time()
-report = json.loads(idata.posterior.attrs["dpinfer"])["s"]
-conv = json.loads(idata.posterior.attrs["dpinfer_convergence"])
 import arviz as az
-summary = az.summary(idata, var_names=["beta"], kind="diagnostics")
-post = idata.posterior["beta"]
-print(json.dumps({"sample_s": t2 - t1, "build_s": t1 - t0,
-                  "ess_beta": float(summary["ess_bulk"].min()), "rhat_beta": float(summary["r_hat"].max()),
-                  "converged": conv["converged"], "min_ess_all": conv.get("min_ess_bulk"),
-                  "mean": post.mean(("chain", "draw")).values.round(4).tolist(),
-                  "sd": post.std(("chain", "draw")).values.round(4).tolist(),
-                  "error": report.get("approximation_error", {}).get("max_abs_skewness_of_sum")}))
+n, p, method, fits = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+for fit in range(fits):  # each fit a new model object of new data
+    t1 = time.time()
+    rng = np.random.default_rng(1 + fit)
+    x = rng.normal(size=(n, p))
+    b = np.r_[1.0, np.full(p, 2.0 / np.sqrt(p))]
+    y = b[0] + x @ b[1:] + rng.normal(size=n)
+    k = len(dp.regression_statistic_labels(p))
+    mechanism = dp.Laplace(1.0, sensitivity=25.0 * k)
+    release = mechanism.release(dp.regression_statistic(dp.clamp(x, -5, 5), dp.clamp(y, -5, 5)), rng)
+    with pm.Model() as model:
+        beta = pm.Normal("beta", 0.0, 5.0, shape=p + 1)
+        xs = pm.Normal("x", 0.0, 1.0, shape=(n, p))
+        ys = pm.Normal("y", beta[0] + xs @ beta[1:], 1.0, shape=n)
+        mechanism.observe("s", dp.regression_statistic(dp.clamp(xs, -5, 5), dp.clamp(ys, -5, 5)), observed=release)
+    t2 = time.time()
+    idata = dp.sample(500, tune=500, random_seed=1, progressbar=False, records=method, model=model)
+    t3 = time.time()
+    report = json.loads(idata.posterior.attrs["dpinfer"])["s"]
+    conv = json.loads(idata.posterior.attrs["dpinfer_convergence"])
+    summary = az.summary(idata, var_names=["beta"], kind="diagnostics")
+    post = idata.posterior["beta"]
+    print(json.dumps({"sample_s": t3 - t2, "build_s": t2 - t1, "import_s": t1 - t0 if fit == 0 else 0.0,
+                      "ess_beta": float(summary["ess_bulk"].min()), "rhat_beta": float(summary["r_hat"].max()),
+                      "converged": conv["converged"], "min_ess_all": conv.get("min_ess_bulk"),
+                      "mean": post.mean(("chain", "draw")).values.round(4).tolist(),
+                      "sd": post.std(("chain", "draw")).values.round(4).tolist(),
+                      "error": report.get("approximation_error", {}).get("max_abs_skewness_of_sum")}), flush=True)
 '''
 
 
-def run(n: int, p: int, method: str, cache: str) -> dict:
+def run(n: int, p: int, method: str, cache: str, fits: int = 1) -> list[dict]:
+    """``fits`` fits (new model objects of new data) in one fresh process: one dict each."""
     start = time.time()
-    out = subprocess.run([sys.executable, "-c", CHILD, str(n), str(p), method], capture_output=True, text=True,
-                         env=os.environ | {"DPINFER_CACHE_DIR": cache}, timeout=3600)
+    out = subprocess.run([sys.executable, "-c", CHILD, str(n), str(p), method, str(fits)], capture_output=True,
+                         text=True, env=os.environ | {"DPINFER_CACHE_DIR": cache}, timeout=3600)
     wall = time.time() - start
     if out.returncode:
         raise RuntimeError(out.stderr[-2000:])
-    return json.loads(out.stdout.strip().splitlines()[-1]) | {"wall_s": wall}
+    return [json.loads(line) | {"wall_s": wall} for line in out.stdout.strip().splitlines() if line.startswith("{")]
 
 
 def main() -> None:
     quick = "--quick" in sys.argv
     cache = tempfile.mkdtemp(prefix="dpinfer-bench-cache-")
-    rows = [(10**6, 1, "law-of-the-sum", "cold")]
-    rows += [(n, 1, "law-of-the-sum", "warm") for n in ((10**4, 10**6) if quick else (10**4, 10**5, 10**6))]
-    rows += [(10**4, 1, "data-augmentation", "cold")]
+    rows = [(10**6, 1, "law-of-the-sum", "cold", 1)]
+    rows += [(n, 1, "law-of-the-sum", "warm", 1) for n in ((10**4,) if quick else (10**4, 10**5))]
+    rows += [(10**6, 1, "law-of-the-sum", "warm", 3)]
+    rows += [(10**4, 1, "data-augmentation", "cold", 1)]
     if not quick:
-        rows += [(10**4, 1, "data-augmentation", "warm")]
-    if not quick:
-        rows += [(10**5, 5, "law-of-the-sum", "cold"), (10**5, 5, "law-of-the-sum", "warm")]
-    print("| n | p | method | cache | process wall | dp.sample | min ESS beta | max R-hat beta | verdict "
-          "| beta mean | beta sd | sum's skewness |")
-    print("|---:|---:|---|---|---:|---:|---:|---:|---|---|---|---:|")
-    for n, p, method, state in rows:
-        r = run(n, p, method, cache)
-        skew = f"{r['error']:.4f}" if r["error"] is not None else ""
-        print(f"| {n:,} | {p} | {method} | {state} | {r['wall_s']:.1f} s | {r['sample_s']:.1f} s | {r['ess_beta']:.0f} "
-              f"| {r['rhat_beta']:.3f} | {'converged' if r['converged'] else 'NOT converged'} | {r['mean']} | {r['sd']} "
-              f"| {skew} |", flush=True)
+        rows += [(10**4, 1, "data-augmentation", "warm", 1)]
+        rows += [(10**5, 5, "law-of-the-sum", "cold", 1), (10**5, 5, "law-of-the-sum", "warm", 1)]
+    print("| n | p | method | cache | fit in its process | process wall | dp.sample | min ESS beta | max R-hat beta "
+          "| verdict | beta mean | beta sd | sum's skewness |")
+    print("|---:|---:|---|---|---|---:|---:|---:|---:|---|---|---|---:|")
+    for n, p, method, state, fits in rows:
+        for k, r in enumerate(run(n, p, method, cache, fits), 1):
+            skew = f"{r['error']:.4f}" if r["error"] is not None else ""
+            print(f"| {n:,} | {p} | {method} | {state} | {k} of {fits} | {r['wall_s']:.1f} s | {r['sample_s']:.1f} s "
+                  f"| {r['ess_beta']:.0f} | {r['rhat_beta']:.3f} | {'converged' if r['converged'] else 'NOT converged'} "
+                  f"| {r['mean']} | {r['sd']} | {skew} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from dpinfer.inference.planning.record_sums import CROSSOVER_RECORDS, NotASumErr
 from dpinfer.mechanisms.records import releases_of
 
 
-def _regression(n, *, mean=None, x_clamp=(-5.0, 5.0), x_mu=0.0, extra_child=False):
+def _regression(n, *, mean=None, x_clamp=(-5.0, 5.0), x_mu=0.0, extra_child=False, mechanism=None):
     with pm.Model() as model:
         beta = pm.Normal("beta", 0.0, 2.0, shape=2)
         x = pm.Normal("x", x_mu, 1.0, shape=(n, 1))
@@ -26,7 +26,7 @@ def _regression(n, *, mean=None, x_clamp=(-5.0, 5.0), x_mu=0.0, extra_child=Fals
         if extra_child:
             pm.Deterministic("x_mean", x.mean())
         statistic = dp.regression_statistic(dp.clamp(x, *x_clamp), dp.clamp(y, -5.0, 5.0))
-        dp.Laplace(1.0, sensitivity=60.0).observe("s", statistic, observed=np.zeros(5))
+        (mechanism or dp.Laplace(1.0, sensitivity=60.0)).observe("s", statistic, observed=np.zeros(5))
     return model
 
 
@@ -89,26 +89,54 @@ def test_rewritten_model_has_the_law_of_the_sum():
     assert _logp_at(fitted, {"mu": 0.3}) == pytest.approx(expected, rel=1e-10)
 
 
-def test_rewritten_regression_keeps_the_true_statistic_under_laplace_noise():
-    """Laplace noise: T = s_true_statistic is a latent, T ~ MvNormal(n E[t], n Cov[t])
-    (+ 1e-10 of its variances, the Cholesky guard), and s | T is Laplace."""
+def _records_moments(n, beta):
     import pytensor
 
     from dpinfer.distributions.sum_of_records import Clamp, NormalRecords, regression_terms
+
+    records = NormalRecords(mu_x=np.zeros(1), sigma_x=np.ones(1), a=beta[0], b=beta[1:], sigma=1.0,
+                            clamp=Clamp(-5.0, 5.0), alpha_x=np.ones(1), gamma_x=np.zeros(1))
+    mean, cov = pytensor.function([], list(records.moments(regression_terms(1))), mode="FAST_COMPILE")()
+    return n * mean, n * cov + np.diag(1e-10 * n * np.diag(cov))
+
+
+def test_rewritten_regression_under_laplace_noise_is_a_scale_mixture():
+    """Laplace noise (scale b = 60): e ~ N(0, v), v ~ Exponential(mean 2 b^2) written as
+    v = -2 b^2 log(1 - Phi(w)), w ~ N(0, 1), so given v the release s ~ MvNormal(n E[t],
+    n Cov[t] + diag v) (the records' law's covariance with its 1e-10 Cholesky guard), against
+    scipy, v through scipy's exponential quantile."""
     from dpinfer.inference.engines.closed_form import summed_out_model
 
     n = 4000
     model = _regression(n)
     fitted = summed_out_model(model, _plan(model)[0])
+    assert sorted(v.name for v in fitted.free_RVs) == ["beta", "s_noise_variance_z"]
+    beta, w = np.array([0.5, 1.5]), np.array([-2.5, -0.3, 0.4, 1.1, 6.0])
+    v = stats.expon.ppf(stats.norm.cdf(w), scale=2 * 60.0**2)
+    v[-1] = stats.expon.isf(stats.norm.sf(w[-1]), scale=2 * 60.0**2)  # the far tail, where cdf rounds to 1
+    m, c = _records_moments(n, beta)
+    release = np.zeros(5)
+    expected = (stats.multivariate_normal.logpdf(release, m, c + np.diag(v)) + stats.norm.logpdf(beta, 0, 2).sum()
+                + stats.norm.logpdf(w).sum())
+    point = {"beta": beta, "s_noise_variance_z": w}
+    assert _logp_at(fitted, point) == pytest.approx(expected, rel=1e-9)
+
+
+def test_rewritten_regression_keeps_the_true_statistic_under_other_noise():
+    """Logistic noise (no scale mixture of normals used): T = s_true_statistic is a latent,
+    T ~ MvNormal(n E[t], n Cov[t]) (+ 1e-10 of its variances, the Cholesky guard), and s | T
+    is Logistic."""
+    from dpinfer.inference.engines.closed_form import summed_out_model
+
+    n = 4000
+    model = _regression(n, mechanism=dp.Logistic(1.0, sensitivity=60.0))
+    fitted = summed_out_model(model, _plan(model)[0])
     assert sorted(v.name for v in fitted.free_RVs) == ["beta", "s_true_statistic"]
     beta = np.array([0.5, 1.5])
-    records = NormalRecords(mu_x=np.zeros(1), sigma_x=np.ones(1), a=beta[0], b=beta[1:], sigma=1.0,
-                            clamp=Clamp(-5.0, 5.0), alpha_x=np.ones(1), gamma_x=np.zeros(1))
-    mean, cov = pytensor.function([], list(records.moments(regression_terms(1))), mode="FAST_COMPILE")()
-    cov = n * cov + np.diag(1e-10 * n * np.diag(cov))
-    t = n * mean + np.linspace(-30, 30, 5)
-    expected = (stats.multivariate_normal.logpdf(t, n * mean, cov) + stats.norm.logpdf(beta, 0, 2).sum()
-                + stats.laplace.logpdf(np.zeros(5), t, 60.0).sum())
+    m, c = _records_moments(n, beta)
+    t = m + np.linspace(-30, 30, 5)
+    expected = (stats.multivariate_normal.logpdf(t, m, c) + stats.norm.logpdf(beta, 0, 2).sum()
+                + stats.logistic.logpdf(np.zeros(5), t, 60.0).sum())
     assert _logp_at(fitted, {"beta": beta, "s_true_statistic": t}) == pytest.approx(expected, rel=1e-9)
 
 
@@ -133,8 +161,8 @@ def test_gaussian_noise_matches_the_closed_form():
 
 
 @pytest.mark.validation
-def test_laplace_noise_keeps_the_statistic_and_matches_integration():
-    """Laplace noise: the true sum T is a latent; p(mu | s) is proportional to
+def test_laplace_noise_matches_integration():
+    """Laplace noise (fitted as a scale mixture of normals): p(mu | s) is proportional to
     N(mu; 0, 1) int N(T; n mu, 4 n) Laplace(s; T, b) dT, integrated numerically."""
     n, release = 3000, -900.0
     mechanism = dp.Laplace(1.0, sensitivity=80.0)
@@ -154,7 +182,7 @@ def test_laplace_noise_keeps_the_statistic_and_matches_integration():
     exact_sd = np.sqrt(np.trapezoid((grid - exact_mean) ** 2 * density, grid))
     draws = idata.posterior["mu"].values.ravel()
     ess = float(json.loads(idata.posterior.attrs["dpinfer_convergence"])["min_ess_bulk"])
-    assert "s_true_statistic" in idata.posterior
+    assert "s_noise_variance_z" in idata.posterior and "s_true_statistic" not in idata.posterior
     assert abs(draws.mean() - exact_mean) < 4 * exact_sd / np.sqrt(ess)
     assert abs(draws.std() / exact_sd - 1) < 4 / np.sqrt(2 * ess)
 

@@ -38,6 +38,7 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
+from dpinfer._graphs import evaluate
 from dpinfer._validation import check_count, check_flag, check_path, check_probability, check_seed
 from dpinfer.inference import checkpoint as checkpoints
 from dpinfer.inference import convergence, failures, planning, recovery
@@ -231,11 +232,12 @@ def sample(
         recovery.record(idata, [])
         report, widenings, fit = {}, 0, None
     else:
+        sample_kwargs, mode_start = _naive_start(model, fitted, plan, engine, sample_kwargs)
         with compiled_cache.notices(progressbar):
             idata, report, widenings, fit = _sample_counts(model, fitted, plan, engine, compiled,
                                                             sample_kwargs, inference=inference,
                                                             empirical_bayes=empirical_bayes,
-                                                            deadline=deadline, **options)
+                                                            deadline=deadline, mode_start=mode_start, **options)
     summed = plan.summed if fitted is not model else []
     if log_likelihood:  # per-cell marginal log-likelihoods, on windows proven to within tol
         ll_model = fitted if summed else marginal_model(model, tol) if engine == "compiled" else fit.model
@@ -248,6 +250,7 @@ def sample(
                                     "mechanism": repr(item.record.mechanism), "method": item.method}
         if not item.draws_latent:
             report[item.record.name]["approximation_error"] = item.measured_error(idata.posterior, rng)
+            report[item.record.name]["start"] = _start_entry(idata.posterior.attrs.get("dpinfer_start"))
     for record in plan.continuous:
         report.setdefault(record.name, {"release": record.name, "mechanism": repr(record.mechanism),
                                         "method": CONTINUOUS_METHOD})
@@ -261,7 +264,7 @@ def sample(
     used = json.loads(idata.posterior.attrs.get("dpinfer_inference", "{}")).get("inference", inference)
     held = ({rv.name for rv in model.free_RVs} - {p.latent_name for p in plan.latents}
             if used == "empirical-bayes" else set())
-    statistics = [s.latent_name for s in summed if not s.draws_latent and s.keeps_statistic]
+    statistics = [name for s in summed if not s.draws_latent for name in s.nuisance_names]
     return _with_convergence(model, idata, progressbar, exclude=held, statistics=statistics)
 
 
@@ -368,9 +371,38 @@ def check_sampler_options(options: dict) -> None:
                          f"{options['counts_per_sweep']!r}")
 
 
+def _naive_start(model, fitted, plan, engine: str, sample_kwargs: dict) -> tuple[dict, list | None]:
+    """(sample_kwargs, the variables held by the mode start or None): for releases fitted by
+    the law of the sum on the compiled engine without the user's ``initvals``, the chains start
+    around the mode (:mod:`~dpinfer.inference.engines.compiled.mode_start`), a true statistic T
+    that is a free latent held at its release (the naive estimate) while the parameters find
+    their mode given it."""
+    items = [item for item in plan.summed if not item.draws_latent] if fitted is not model else []
+    if engine != "compiled" or not items or sample_kwargs.get("initvals") is not None:
+        return sample_kwargs, None
+    kept = [item for item in items if item.keeps_statistic]
+    initvals = {item.latent_name: evaluate(model.rvs_to_values[item.record.release_rv]) for item in kept}
+    return sample_kwargs | {"initvals": initvals or None}, [item.latent_name for item in kept]
+
+
+def _start_entry(found: str | None) -> str:
+    """The report's account of where a law-of-the-sum fit's chains started."""
+    if found is None:
+        return "the user's initvals, or the engine's default start (no search for the mode: another engine)"
+    found = json.loads(found)
+    held = f"{', '.join(found['held'])} at the release (the naive estimate), " if found["held"] else ""
+    if not found["used"]:
+        return (f"PyMC's jittered initial point ({held}the search for the parameters' mode found no better "
+                f"point in {found['iterations']} L-BFGS iterations)")
+    return (f"{held}the parameters at overdispersed draws around their mode given it (L-BFGS, "
+            f"{found['iterations']} iterations{'' if found['converged'] else ', NOT converged'}; log density "
+            f"{found['log_density_at_start']:.6g} at PyMC's initial point, {found['log_density_at_mode']:.6g} "
+            "at the mode)")
+
+
 def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: dict, *, draws,
                    tune, chains, cores, rng, tol, progressbar, checkpoint, inference, empirical_bayes,
-                   deadline):
+                   deadline, mode_start=None):
     """The fit on the compiled or PyMC engine, widening windows that miss ``tol`` (step 3):
     (DataTree, report, widenings made, the PyMC engine's kept fit or None). Resuming, the
     widenings the checkpointed fit had made are replayed without refitting. Empirical Bayes:
@@ -405,7 +437,7 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
             idata, report, failed = compiled_engine.run(
                 fitted, compiled, plans, draws=draws, tune=tune, chains=chains, cores=cores,
                 rng=rng, tol=tol, progressbar=progressbar, checkpoint=checkpoint, held=held,
-                deadline=deadline, spread=spread, start=start, **sample_kwargs)
+                deadline=deadline, spread=spread, start=start, mode_start=mode_start, **sample_kwargs)
         else:
             idata, report, failed, fit = pymc_engine.run(
                 model, plans, draws=draws, tune=tune, chains=chains, cores=cores,

@@ -10,8 +10,14 @@ or ``dpinfer.power_sums`` of records, clamped with ``dpinfer.clamp`` or not) can
 * **the law of the sum** (an approximation whose cost does not grow with n): the records are
   replaced by T itself, T ~ MvNormal(n E[t], n Cov[t]) given the parameters, with the two
   moments exact (:mod:`dpinfer.distributions.sum_of_records`); Gaussian noise then leaves
-  s ~ MvNormal(n E[t], n Cov[t] + tau^2 I), any other noise keeps T as a latent of d values
-  (d the statistic's length) that NUTS samples with the parameters. The only error is the
+  s ~ MvNormal(n E[t], n Cov[t] + tau^2 I); Laplace noise, a scale mixture of normals
+  (e ~ N(0, v), v ~ Exponential with mean 2 b^2), leaves s ~ MvNormal(n E[t], n Cov[t] + diag v)
+  given d variances v that NUTS samples with the parameters (d the statistic's length; T is
+  summed out, not drawn: :attr:`SummedRecords.noise`); any other noise keeps T as a
+  latent of d values that NUTS samples with the parameters. NUTS starts around the mode
+  (:mod:`dpinfer.inference.engines.compiled.mode_start`), T held at the release where it is a
+  latent: at 10^6 records PyMC's default start is thousands of posterior sds away. The only
+  error is the
   normal law's: T's skewness, about skew(t) / sqrt(n), which the report measures at the
   posterior mean (:func:`measured_error`). Bernstein & Sheldon (NeurIPS 2018, 2019) fit
   private exponential families and linear regression this way.
@@ -55,6 +61,7 @@ from dpinfer.distributions.sum_of_records import (
     simulate_terms,
 )
 from dpinfer.mechanisms.gaussian import Gaussian
+from dpinfer.mechanisms.laplace import Laplace
 
 RECORD_METHODS = ("auto", "law-of-the-sum", "data-augmentation")
 CROSSOVER_RECORDS = 2000
@@ -85,17 +92,52 @@ class SummedRecords:
 
     @property
     def latent_name(self) -> str:
-        """The true statistic T, a latent of the rewritten model (absent with Gaussian noise)."""
+        """The true statistic T: a free latent of the rewritten model with ``noise ==
+        "latent"``, summed out otherwise."""
         return f"{self.record.name}_true_statistic"
 
     @property
+    def variance_name(self) -> str:
+        """The standard normal w behind the Laplace noise's variances v (``noise ==
+        "laplace-mixture"``)."""
+        return f"{self.record.name}_noise_variance_z"
+
+    @property
+    def noise(self) -> str:
+        """How the release's noise is fitted: ``"gaussian"`` (T summed out: the release ~
+        MvNormal(n E[t], n Cov[t] + tau^2 I)), ``"laplace-mixture"`` (Laplace noise as a scale
+        mixture of normals, e ~ N(0, v), v ~ Exponential(mean 2 b^2) each coordinate (Andrews &
+        Mallows 1974; Bernstein & Sheldon 2019 use it for the same sums): T summed out given v,
+        the release ~ MvNormal(n E[t], n Cov[t] + diag v), T not drawn; v = -2 b^2 log(1 - Phi(w))
+        with w ~ N(0, 1), the exponential's
+        quantile of a standard normal, so that where the release hardly informs v (many
+        records: n Cov[t] >> 2 b^2) NUTS samples standard normals) or ``"latent"`` (any other
+        noise: T a free latent sampled by NUTS)."""
+        mechanism = self.record.mechanism
+        if isinstance(mechanism, Gaussian):
+            return "gaussian"
+        return "laplace-mixture" if type(mechanism) is Laplace else "latent"
+
+    @property
     def keeps_statistic(self) -> bool:
-        return not isinstance(self.record.mechanism, Gaussian)
+        """Whether T is a free latent of the rewritten model."""
+        return self.noise == "latent"
+
+    @property
+    def nuisance_names(self) -> list:
+        """The rewritten model's latents standing for the records, judged with the latents by
+        the convergence verdict."""
+        return {"gaussian": [], "latent": [self.latent_name],
+                "laplace-mixture": [self.variance_name]}[self.noise]
 
     @property
     def method(self) -> str:
-        noise = ("Gaussian noise: the release ~ MvNormal(n E[t], n Cov[t] + tau^2 I)" if not self.keeps_statistic
-                 else f"the true statistic {self.latent_name!r} sampled by NUTS with the parameters")
+        noise = {"gaussian": "Gaussian noise: the release ~ MvNormal(n E[t], n Cov[t] + tau^2 I)",
+                 "latent": f"the true statistic {self.latent_name!r} sampled by NUTS with the parameters",
+                 "laplace-mixture": ("Laplace noise as a scale mixture of normals, variances v ~ Exponential(mean "
+                                     f"2 b^2) (v = -2 b^2 log(1 - Phi(w)), w = {self.variance_name!r} ~ N(0, I)): "
+                                     "the release ~ MvNormal(n E[t], n Cov[t] + diag v); the true statistic is "
+                                     "summed out, not drawn")}[self.noise]
         return (f"law of the sum: the {self.n:,} latent records {list(self.removed)} replaced by their "
                 f"{self.kind} T ~ MvNormal(n E[t], n Cov[t]) given the parameters, exact moments in closed form "
                 f"(a normal approximation to T's law; {noise}); the records are not drawn")
@@ -124,19 +166,30 @@ class SummedRecords:
         _, release_data = release_var.owner.inputs
         op = release_var.owner.op
         mechanism = self.record.mechanism
-        if self.keeps_statistic:
+        d = len(self.terms)
+        if self.noise == "latent":
             statistic_rv = pm.MvNormal.dist(mean, cov)
             value = statistic_rv.type(name=self.latent_name)
             statistic = model_free_rv(statistic_rv, value, None, self.latent_name)
             new_release = model_observed_rv(mechanism.dist(statistic), release_data, op.name, *op.dims)
             fgraph.add_output(statistic, import_missing=True)
-        else:
+        elif self.noise == "gaussian":
             noise = np.float64(mechanism.sigma) ** 2
-            new_release = model_observed_rv(pm.MvNormal.dist(mean, cov + noise * pt.eye(len(self.terms))),
+            new_release = model_observed_rv(pm.MvNormal.dist(mean, cov + noise * pt.eye(d)),
                                             release_data, op.name, *op.dims)
+        else:
+            w = self._free(pm.Normal.dist(0.0, 1.0, shape=(d,)), self.variance_name)
+            variance = -2.0 * np.float64(mechanism.scale) ** 2 * _log_normal_sf(w)
+            new_release = model_observed_rv(pm.MvNormal.dist(mean, cov + pt.diag(variance)), release_data,
+                                            op.name, *op.dims)
         fgraph.replace(release_var, new_release, import_missing=True)
         for var in self.removed:
             fgraph.remove_output(fgraph.outputs.index(memo[var]))
+
+    @staticmethod
+    def _free(rv, name: str):
+        """A free variable ``name`` of law ``rv`` (untransformed) for a model's graph."""
+        return model_free_rv(rv, rv.type(name=name), None, name)
 
     def numeric_parameters(self, posterior) -> dict:
         """The records' model at the posterior mean of the variables it depends on."""
@@ -165,6 +218,18 @@ class SummedRecords:
                 "quantile_error_sd": worst * (z**2 - 1) / 6,
                 "simulated_records": SIMULATED_RECORDS,
                 "at": "posterior mean"}
+
+
+def _log_normal_sf(w):
+    """log(1 - Phi(w)) = log(erfc(x) / 2), x = w / sqrt(2), in float64 throughout (PyMC's
+    ``normal_lccdf`` rounds sqrt(2) to float32: 1e-7 relative errors), through the scaled
+    erfcx(x) = e^{x^2} erfc(x) from w = 1 on; each branch evaluated only where it is finite,
+    so that the gradient of the branch not taken is not NaN."""
+    x = w / np.sqrt(np.float64(2.0))
+    split = np.float64(1.0) / np.sqrt(np.float64(2.0))
+    near = pt.minimum(x, split)
+    far = pt.maximum(x, split)
+    return pt.switch(x > split, pt.log(pt.erfcx(far) / 2.0) - far**2, pt.log(pt.erfc(near) / 2.0))
 
 
 def plan_record_sums(model, records, choice: str) -> tuple[list, dict]:

@@ -226,6 +226,8 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt,
     held = nuts_per_sweep == 0
     warm_start = 0 if held else min(50, tune // 10)
     stale = True  # the nested blocks' tables are not those of q and the counts
+    moved = nuts_per_sweep > 0  # NUTS moves q between count draws, so their tables are refilled
+    # (a runtime bool, not the literal True: numba would compile _draw_blocks again for the literal)
     for it in range(first, last):
         row[:] = 0.0
         hold_ratio = HOLD_RATIO if it >= tune else HOLD_RATIO_TUNING
@@ -249,7 +251,7 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt,
         c_sweep = counts_per_sweep if it >= tune else 1
         for t in range(n_sweep):
             if it >= warm_start and (t * c_sweep) // n_sweep > ((t - 1) * c_sweep) // n_sweep:
-                if not _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row, True):
+                if not _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row, moved):
                     return 1
             if n == 0:
                 continue

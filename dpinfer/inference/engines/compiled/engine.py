@@ -44,6 +44,7 @@ from dpinfer.inference.engines.compiled.count_blocks import (
     IndependentCells,
     NestedCounts,
 )
+from dpinfer.inference.engines.compiled.mode_start import mode_starts
 from dpinfer.inference.engines.compiled.model import NotCompilableError, compile_model
 from dpinfer.inference.report import window_entry
 
@@ -117,7 +118,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
         target_accept: float = 0.8, max_treedepth: int = MAX_TREE_DEPTH,
         nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int | None = None, checkpoint=None,
         held=None, deadline: float | None = None, spread: dict | None = None, start=None,
-        reserve_per_draw: float = 0.0):
+        reserve_per_draw: float = 0.0, mode_start: list | None = None):
     """One fit with the plans' current windows: (DataTree, report, failed), ``failed`` mapping
     each latent whose window (without exact tails) missed ``tol`` to its largest bound.
     ``counts_per_sweep`` defaults to min(COUNTS_PER_SWEEP, nuts_per_sweep). ``checkpoint``: a
@@ -129,7 +130,10 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
     parameters drawn afresh from the normal law of the estimate's mode and approximate posterior
     sds every K stored draws, B count draws after each (empirical Bayes with the parameters'
     uncertainty). ``start``: an estimate whose parameters and counts start the chains of a
-    full-Bayes fit. ``deadline`` (``time.monotonic()`` seconds): while
+    full-Bayes fit. ``mode_start``: names of variables held at their start values while the
+    others start around their mode (:mod:`~dpinfer.inference.engines.compiled.mode_start`;
+    its summary in ``posterior.attrs["dpinfer_start"]``). ``deadline`` (``time.monotonic()``
+    seconds): while
     the draws miss the convergence targets and time is left, the chains sample on
     (:func:`sample_on`), and they stop in time for the work on their draws that follows: the
     fit's own (AFTER_SAMPLING x :func:`~dpinfer.inference.convergence.seconds_per_value` per
@@ -152,7 +156,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
                      cores=cores, rng=rng, progressbar=progressbar, max_tree_depth=max_treedepth,
                      target_accept=target_accept, initvals=initvals, nuts_per_sweep=nuts_per_sweep,
                      counts_per_sweep=counts_per_sweep, checkpoint=checkpoint, held=held, start=start,
-                     deadline=deadline, reserve_per_draw=reserve_per_draw,
+                     deadline=deadline, reserve_per_draw=reserve_per_draw, mode_start=mode_start,
                      more=None if deadline is None else sample_on(compiled, held is not None, deadline, progressbar,
                                                                   reserve_per_draw),
                      spread=None if spread is None else (held.q, held.posterior_sd, spread["every"], spread["burn"]))
@@ -440,18 +444,22 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
          cores: int, rng: np.random.Generator, progressbar: bool, max_tree_depth: int,
          target_accept: float, initvals: dict | None, nuts_per_sweep: int,
          counts_per_sweep: int, checkpoint=None, held=None, more=None, spread=None, start=None, deadline=None,
-         reserve_per_draw: float = 0.0):
+         reserve_per_draw: float = 0.0, mode_start: list | None = None):
     """Run the chains and return the DataTree. ``initial_counts`` maps each latent to a start
     on its fibre; the parameters start at PyMC's jittered initial point, or at ``initvals``
     where given (constrained values by variable name, as for ``pm.sample``). ``checkpoint``
     ``held`` and ``start``: as :func:`run`'s (every chain at the estimate's parameters and its
-    own counts from the estimate)."""
+    own counts from the estimate), ``mode_start``: as :func:`run`'s."""
     counts0 = compiled.counts_vector(initial_counts)
     start_seeds, streams = chain_seeds(rng, chains)
     starts = [(compiled.initial_q(seed, model, initvals), counts0) for seed in start_seeds]
     begin = held if held is not None else start
+    found = None
     if begin is not None:
         starts = [(begin.q, begin.counts[c % len(begin.counts)]) for c in range(chains)]
+    elif mode_start is not None:
+        qs, found = mode_starts(compiled, starts[0][0], mode_start, start_seeds)
+        starts = [(q, counts0) for q in qs]
     if checkpoint is not None:
         checkpoint = checkpoint(model_hash(compiled.key, compiled.data.values, counts0))
     start = time.perf_counter()
@@ -464,9 +472,12 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
     seconds = time.perf_counter() - start
     if checkpoint is not None:
         seconds = max(seconds, max(r.seconds for r in results))  # a resumed fit: its chains' whole time
-    return datatree(model, compiled, results, tune=tune, seconds=seconds,
+    idata = datatree(model, compiled, results, tune=tune, seconds=seconds,
                      max_tree_depth=max_tree_depth, nuts_per_sweep=nuts_per_sweep,
                      counts_per_sweep=counts_per_sweep)
+    if found is not None:
+        idata.posterior.attrs["dpinfer_start"] = json.dumps(found | {"held": list(mode_start)})
+    return idata
 
 
 def count_dtype(blocks):
