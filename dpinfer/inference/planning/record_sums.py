@@ -108,11 +108,10 @@ class SummedRecords:
         MvNormal(n E[t], n Cov[t] + tau^2 I)), ``"laplace-mixture"`` (Laplace noise as a scale
         mixture of normals, e ~ N(0, v), v ~ Exponential(mean 2 b^2) each coordinate (Andrews &
         Mallows 1974; Bernstein & Sheldon 2019 use it for the same sums): T summed out given v,
-        the release ~ MvNormal(n E[t], n Cov[t] + diag v), T not drawn; v = -2 b^2 log(1 - Phi(w))
-        with w ~ N(0, 1), the exponential's
-        quantile of a standard normal, so that where the release hardly informs v (many
-        records: n Cov[t] >> 2 b^2) NUTS samples standard normals) or ``"latent"`` (any other
-        noise: T a free latent sampled by NUTS)."""
+        the release ~ MvNormal(n E[t], n Cov[t] + diag v), T not drawn; v = -2 b^2 log(1 -
+        Phi(w)) with w ~ N(0, 1), the exponential's quantile of a standard normal, so that where
+        the release hardly informs v (many records: n Cov[t] >> 2 b^2) NUTS samples standard
+        normals) or ``"latent"`` (any other noise: T a free latent sampled by NUTS)."""
         mechanism = self.record.mechanism
         if isinstance(mechanism, Gaussian):
             return "gaussian"
