@@ -221,3 +221,19 @@ def test_sbc_counts_with_a_binomial_child_gibbs_path():
                  alternatives={"naive": naive}, progress_every=10)
     print("\n" + format_table(df))
     assert df[df.method == "dpinfer"]["passed"].all(), format_table(df)
+
+
+def test_study_section_reports_the_run_and_the_method():
+    """One model's section of a validation study: R, L, the time in all and per replication,
+    the ESS per fit, the seed, dp.sample's engine and method, then the summary table."""
+    from dpinfer.inference.sbc import format_table, sbc_summary, study_section
+
+    df = sbc_summary({"beta": np.linspace(0.005, 0.995, 100)}, alpha=0.01, method="dpinfer")
+    df.attrs.update(ess=np.array([400.0, 600.0, 800.0]), n_ranks=99, seconds=250.0)
+    lines = study_section("n = 100 records", df, seed=3, engine={"engine": "compiled", "method": "exact"})
+    assert lines[0] == "## n = 100 records"
+    assert lines[2] == ("R = 100 replications, L = 99 thinned draws, 250 s (2.5 s a replication); bulk ESS per fit "
+                        "(min over the ranked quantities): median 600, min 400; seed 3.")
+    assert lines[4] == "dp.sample: engine `compiled`, exact."
+    assert lines[6] == format_table(df)
+    assert "dp.sample" not in "\n".join(study_section("x", df))

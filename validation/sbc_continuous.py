@@ -46,7 +46,7 @@ import numpy as np
 import pymc as pm
 
 import dpinfer as dp
-from dpinfer.inference.sbc import format_table, run_sbc
+from dpinfer.inference.sbc import run_sbc, study_section
 
 RESULTS = Path(__file__).parent / "results" / "sbc_continuous.md"
 SEED = 20261125
@@ -175,22 +175,7 @@ def write_report(results: dict, path: Path | None = RESULTS, seed: int | None = 
         "",
     ]
     for name, df in results.items():
-        ess = df.attrs["ess"]
-        engine = df.attrs.get("engine", {}).get("s", {})
-        lines += [
-            f"## {name}",
-            "",
-            f"R = {int(df['n_reps'].iloc[0])} replications, L = {df.attrs['n_ranks']} thinned draws, "
-            f"{df.attrs['seconds']:.0f} s; bulk ESS per fit (min over the ranked quantities): median "
-            f"{np.median(ess):.0f}, min {np.min(ess):.0f}"
-            + (f"; seed {seed}" if seed is not None else "")
-            + ".",
-            "",
-            f"dp.sample: engine `{engine.get('engine')}`, {engine.get('method')}.",
-            "",
-            format_table(df),
-            "",
-        ]
+        lines += study_section(name, df, seed=seed, engine=df.attrs.get("engine", {}).get("s", {}))
     text = "\n".join(lines)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

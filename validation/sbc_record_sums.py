@@ -36,7 +36,7 @@ import numpy as np
 import pymc as pm
 
 import dpinfer as dp
-from dpinfer.inference.sbc import format_table, run_sbc
+from dpinfer.inference.sbc import run_sbc, study_section
 
 RESULTS = Path(__file__).parent / "results" / "sbc_record_sums.md"
 SEED = 20261201
@@ -106,21 +106,7 @@ def write_report(results: dict, path: Path | None = RESULTS, seed: int | None = 
         "",
     ]
     for n, df in results.items():
-        ess = df.attrs["ess"]
-        engine = df.attrs["engine"]
-        lines += [
-            f"## n = {n:,} records",
-            "",
-            f"R = {int(df['n_reps'].iloc[0])} replications, L = {df.attrs['n_ranks']} thinned draws, "
-            f"{df.attrs['seconds']:.0f} s ({df.attrs['seconds'] / int(df['n_reps'].iloc[0]):.1f} s a fit); "
-            f"bulk ESS of beta per fit: median {np.median(ess):.0f}, min {np.min(ess):.0f}"
-            + (f"; seed {seed}" if seed is not None else "") + ".",
-            "",
-            f"dp.sample: engine `{engine.get('engine')}`, {engine.get('method')}",
-            "",
-            format_table(df),
-            "",
-        ]
+        lines += study_section(f"n = {n:,} records", df, seed=seed, engine=df.attrs["engine"])
     text = "\n".join(lines)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -375,6 +375,24 @@ def format_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def study_section(heading: str, df: pd.DataFrame, *, seed: int | None = None, engine: Mapping | None = None) -> list[str]:
+    """The markdown lines of one model's results in a validation study: R, L, the time (in
+    all and per replication), the bulk ESS per fit, the seed, the engine and method dp.sample
+    reported (``engine``: a release's entry of ``posterior.attrs["dpinfer"]``), the table."""
+    reps, ess = int(df["n_reps"].iloc[0]), df.attrs["ess"]
+    lines = [
+        f"## {heading}",
+        "",
+        f"R = {reps} replications, L = {df.attrs['n_ranks']} thinned draws, {df.attrs['seconds']:.0f} s "
+        f"({df.attrs['seconds'] / reps:.1f} s a replication); bulk ESS per fit (min over the ranked quantities): "
+        f"median {np.median(ess):.0f}, min {np.min(ess):.0f}" + (f"; seed {seed}" if seed is not None else "") + ".",
+        "",
+    ]
+    if engine is not None:
+        lines += [f"dp.sample: engine `{engine.get('engine')}`, {engine.get('method')}.", ""]
+    return lines + [format_table(df), ""]
+
+
 def study_report(title: str, header: str, df: pd.DataFrame) -> str:
     """A validation study's markdown report: title, a header paragraph, the summary table."""
     return "\n".join([f"# {title}", "", header, "", format_table(df), ""])
