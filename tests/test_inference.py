@@ -514,6 +514,37 @@ def test_compiled_engine_takes_initvals_in_the_constrained_space():
     assert 0 < abs(q["mu"][0]) <= 1.0  # jittered around 0
 
 
+def test_compiled_engine_takes_one_initvals_dict_per_chain(monkeypatch):
+    """A list of initvals dicts gives each chain its own start, as pm.sample takes them (the
+    starts handed to the chains are captured); a list of another length, or of something
+    else than dicts, is refused naming initvals."""
+    from dpinfer.inference.engines.compiled import engine
+
+    with pm.Model() as model:
+        sigma = pm.HalfNormal("sigma", 1.0)
+        mu = pm.Normal("mu", 0.0, 1.0)
+        x = pm.Poisson("x", 50.0 * sigma * pm.math.exp(mu), shape=3)
+        DoubleGeometric(epsilon=1.0).observe("release", x, observed=[48, 52, 50])
+    captured = []
+
+    class Captured(Exception):
+        pass
+
+    def run_chains(compiled, blocks, *, starts, **_):
+        captured.append({name: [q[s] for q, _ in starts] for name, s in zip(compiled.names, compiled.slices)})
+        raise Captured
+
+    monkeypatch.setattr(engine, "run_chains", run_chains)
+    with pytest.raises(Captured):
+        sample(10, tune=10, chains=2, random_seed=1, progressbar=False, model=model,
+               initvals=[{"sigma": 2.0, "mu": -0.5}, {"sigma": 0.5, "mu": 0.25}])
+    np.testing.assert_allclose(np.concatenate(captured[0]["sigma_log__"]), np.log([2.0, 0.5]), atol=1e-12)
+    np.testing.assert_allclose(np.concatenate(captured[0]["mu"]), [-0.5, 0.25], atol=1e-12)
+    for bad, what in (([{"mu": 0.0}], "a list of 1"), ([{"mu": 0.0}, 3.0], "a list of 2"), ("mu", "got str")):
+        with pytest.raises(ValueError, match=f"initvals must be one dict for every chain or a list of 2 dicts.*{what}"):
+            sample(10, tune=10, chains=2, random_seed=1, progressbar=False, model=model, initvals=bad)
+
+
 def test_compiled_log_density_is_minus_inf_where_a_parameter_check_fails(capfd):
     """At a point where a parameter leaves its domain (sigma = exp(-800) underflows to 0), the
     compiled log density is -inf (NUTS treats it as a divergence), not an exception printed

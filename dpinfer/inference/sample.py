@@ -164,7 +164,8 @@ def sample(
         draws: the parameters' uncertainty propagated to the counts, approximately).
     sample_kwargs
         Passed to ``pm.sample`` (PyMC engine); nutpie takes ``target_accept`` and
-        ``max_treedepth``; the compiled engine takes ``initvals``, ``target_accept`` (0.8) and
+        ``max_treedepth``; the compiled engine takes ``initvals`` (one dict for every chain or a
+        list of one per chain, constrained values by name), ``target_accept`` (0.8) and
         ``max_treedepth`` (10), as PyMC's NUTS, and ``nuts_per_sweep`` (3) and
         ``counts_per_sweep`` (2, at most ``nuts_per_sweep``): NUTS transitions of the
         parameters and exact draws of the counts per stored draw, which alternate

@@ -283,7 +283,7 @@ def estimate_parameters(model, compiled, plans, *, chains: int, cores: int, rng:
     counts0 = compiled.counts_vector({plan.latent_name: plan.start for plan in plans})
     start_seeds, streams = chain_seeds(rng, chains)
     n_stats = len(stat_columns(blocks)[0])
-    q0 = compiled.initial_q(start_seeds[0], model, initvals)
+    q0 = compiled.initial_q(start_seeds[0], model, per_chain(initvals, chains)[0])
     steppers = [Stepper(compiled, blocks, fresh_state(compiled, n_stats, draws=1, rng=streams[c], q0=q0,
                                                       counts0=counts0, target_accept=0.8), tune=0, draws=1)
                 for c in range(chains)]
@@ -447,12 +447,14 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
          reserve_per_draw: float = 0.0, mode_start: list | None = None):
     """Run the chains and return the DataTree. ``initial_counts`` maps each latent to a start
     on its fibre; the parameters start at PyMC's jittered initial point, or at ``initvals``
-    where given (constrained values by variable name, as for ``pm.sample``). ``checkpoint``
+    where given (constrained values by variable name, one dict for every chain or a list of
+    one per chain, as for ``pm.sample``). ``checkpoint``
     ``held`` and ``start``: as :func:`run`'s (every chain at the estimate's parameters and its
     own counts from the estimate), ``mode_start``: as :func:`run`'s."""
     counts0 = compiled.counts_vector(initial_counts)
     start_seeds, streams = chain_seeds(rng, chains)
-    starts = [(compiled.initial_q(seed, model, initvals), counts0) for seed in start_seeds]
+    starts = [(compiled.initial_q(seed, model, values), counts0)
+              for seed, values in zip(start_seeds, per_chain(initvals, chains))]
     begin = held if held is not None else start
     found = None
     if begin is not None:
@@ -478,6 +480,20 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
     if found is not None:
         idata.posterior.attrs["dpinfer_start"] = json.dumps(found | {"held": list(mode_start)})
     return idata
+
+
+def per_chain(initvals, chains: int) -> list:
+    """``initvals`` as one entry per chain: a dict (or None) for every chain, or a list of
+    ``chains`` dicts (as ``pm.sample`` takes them); anything else is refused."""
+    if isinstance(initvals, (list, tuple)):
+        if len(initvals) != chains or not all(isinstance(v, dict) for v in initvals):
+            raise ValueError(f"initvals must be one dict for every chain or a list of {chains} dicts (one per "
+                             f"chain), got a {type(initvals).__name__} of {len(initvals)}")
+        return list(initvals)
+    if initvals is not None and not isinstance(initvals, dict):
+        raise ValueError(f"initvals must be one dict for every chain or a list of {chains} dicts (one per chain), "
+                         f"got {type(initvals).__name__}")
+    return [initvals] * chains
 
 
 def count_dtype(blocks):
