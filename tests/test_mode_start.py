@@ -42,7 +42,7 @@ def test_the_mode_given_the_held_value_and_starts_spread_by_the_curvature(gaussi
     1e-4, the Hessian by central differences); the held coordinate stays at its value."""
     compiled, precision, mode = gaussian
     seeds = list(range(8))
-    starts, summary = mode_starts(compiled, _q(compiled, {"a": 5.0, "b": -7.0, "t": HELD}), ["t"], seeds)
+    starts, summary, metric = mode_starts(compiled, _q(compiled, {"a": 5.0, "b": -7.0, "t": HELD}), ["t"], seeds)
     assert summary["used"] and summary["converged"]
     assert summary["log_density_at_mode"] > summary["log_density_at_start"]
     index = {name: compiled.slices[compiled.names.index(name)].start for name in ("a", "b", "t")}
@@ -53,12 +53,15 @@ def test_the_mode_given_the_held_value_and_starts_spread_by_the_curvature(gaussi
     np.testing.assert_allclose(coefficients[0], mode, atol=1e-6)
     spread = coefficients[1:].T
     np.testing.assert_allclose(spread @ spread.T, OVERDISPERSION**2 * np.linalg.inv(precision), rtol=1e-4)
+    # the chains' first metric: the normal law's variances diag(P^{-1}); none for the held coordinate
+    np.testing.assert_allclose([metric[index["a"]], metric[index["b"]]], np.diag(np.linalg.inv(precision)), rtol=1e-4)
+    assert metric[index["t"]] == 0.0
 
 
 def test_no_better_point_leaves_the_start(gaussian):
     """Started at the mode, the optimiser finds nothing better; the chains start around it."""
     compiled, precision, mode = gaussian
     q0 = _q(compiled, {"a": mode[0], "b": mode[1], "t": HELD})
-    starts, summary = mode_starts(compiled, q0, ["t"], [1, 2])
+    starts, summary, _ = mode_starts(compiled, q0, ["t"], [1, 2])
     assert summary["used"]
     assert summary["log_density_at_mode"] == pytest.approx(summary["log_density_at_start"], abs=1e-9)

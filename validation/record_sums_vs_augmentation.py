@@ -110,7 +110,10 @@ def compare(law, augmented, names) -> list[dict]:
     return rows
 
 
-def run_study(sizes=(100, 1000), draws: int = 2000, cases=tuple(CASES), seed: int = 7) -> list[dict]:
+def run_study(sizes=(100, 1000), draws: int = 2000, cases=tuple(CASES), seed: int = 7,
+              out: Path | None = None) -> list[dict]:
+    """Every case at every size; the report (``out``) rewritten after each, so that a failed or
+    stopped run keeps what it measured."""
     results = []
     for case in cases:
         for n in sizes:
@@ -123,6 +126,8 @@ def run_study(sizes=(100, 1000), draws: int = 2000, cases=tuple(CASES), seed: in
             results.append({"case": case, "n": n, "rows": rows, "seconds": (t_law, t_aug),
                             "converged": (c_law["converged"], c_aug["converged"]),
                             "ess": (c_law.get("min_ess_bulk"), c_aug.get("min_ess_bulk"))})
+            if out is not None:
+                write_report(results, draws, seed, out)
     return results
 
 
@@ -167,7 +172,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=7, help="dp.sample's random_seed (the releases keep theirs)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    results = run_study(args.sizes, args.draws, args.cases, args.seed)
+    results = run_study(args.sizes, args.draws, args.cases, args.seed, args.out)
     print(write_report(results, args.draws, args.seed, args.out))
     return 0
 

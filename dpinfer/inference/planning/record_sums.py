@@ -13,7 +13,9 @@ or ``dpinfer.power_sums`` of records, clamped with ``dpinfer.clamp`` or not) can
   s ~ MvNormal(n E[t], n Cov[t] + tau^2 I); Laplace noise, a scale mixture of normals
   (e ~ N(0, v), v ~ Exponential with mean 2 b^2), leaves s ~ MvNormal(n E[t], n Cov[t] + diag v)
   given d variances v that NUTS samples with the parameters (d the statistic's length; T is
-  summed out, not drawn: :attr:`SummedRecords.noise`); any other noise keeps T as a
+  summed out, not drawn: :attr:`SummedRecords.noise`), or, where the noise dominates the sum's
+  spread, T non-centred with the release Laplace given it (:attr:`SummedRecords.non_centred`);
+  any other noise keeps T as a
   latent of d values that NUTS samples with the parameters. NUTS starts around the mode
   (:mod:`dpinfer.inference.engines.compiled.mode_start`), T held at the release where it is a
   latent: at 10^6 records PyMC's default start is thousands of posterior sds away. The only
@@ -41,6 +43,7 @@ augmentation's cost passes a few seconds and the normal law's error, measured ag
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,6 +72,10 @@ BINDING = 1e-3  # a covariate's clamp binds if sqrt(n) P(beyond a bound) reaches
 PRIOR_DRAWS = 200
 GRAPH_FIELDS = ("mu_x", "sigma_x", "a", "b", "sigma")  # NormalRecords' fields that are graphs of the parameters
 SIMULATED_RECORDS = 200_000
+SPREAD_DRAWS, SPREAD_RECORDS = 100, 2000  # prior draws, and records each, searched for the planning point
+POINT_RECORDS = 50_000  # records simulated at the planning point for its moments
+EDGEWORTH = (stats.norm.ppf(0.95) ** 2 - 1) / 6  # a 5% or 95% quantile's shift per unit of skewness, in sds
+ERROR_TOLERANCE = 0.02  # predicted error of the normal law, in sds of the release, that records='auto' accepts
 CHECK_MODE = "FAST_COMPILE"  # the planner's one-off prior draws: no numba compilation
 
 
@@ -88,6 +95,8 @@ class SummedRecords:
     terms: list
     parameters: dict
     removed: tuple
+    non_centred: bool = False
+    predicted_error: float = 0.0
     draws_latent = False  # n records are not drawn: T (a latent of the rewritten model) stands for them
 
     @property
@@ -101,6 +110,11 @@ class SummedRecords:
         """The standard normal w behind the Laplace noise's variances v (``noise ==
         "laplace-mixture"``)."""
         return f"{self.record.name}_noise_variance_z"
+
+    @property
+    def standardised_name(self) -> str:
+        """The standard normals z of T = n E[t] + L z (:attr:`non_centred`)."""
+        return f"{self.record.name}_true_statistic_z"
 
     @property
     def noise(self) -> str:
@@ -126,8 +140,9 @@ class SummedRecords:
     def nuisance_names(self) -> list:
         """The rewritten model's latents standing for the records, judged with the latents by
         the convergence verdict."""
-        return {"gaussian": [], "latent": [self.latent_name],
-                "laplace-mixture": [self.variance_name]}[self.noise]
+        if self.noise == "laplace-mixture":
+            return [self.standardised_name if self.non_centred else self.variance_name]
+        return {"gaussian": [], "latent": [self.latent_name]}[self.noise]
 
     @property
     def method(self) -> str:
@@ -137,6 +152,10 @@ class SummedRecords:
                                      f"2 b^2) (v = -2 b^2 log(1 - Phi(w)), w = {self.variance_name!r} ~ N(0, I)): "
                                      "the release ~ MvNormal(n E[t], n Cov[t] + diag v); the true statistic is "
                                      "summed out, not drawn")}[self.noise]
+        if self.noise == "laplace-mixture" and self.non_centred:
+            noise = (f"Laplace noise whose variance 2 b^2 exceeds the sum's on some coordinate (at the planning "
+                     f"point): T non-centred, T = n E[t] + L z with z = {self.standardised_name!r} ~ N(0, I) (L the "
+                     "Cholesky factor of n Cov[t]), the release Laplace given T")
         return (f"law of the sum: the {self.n:,} latent records {list(self.removed)} replaced by their "
                 f"{self.kind} T ~ MvNormal(n E[t], n Cov[t]) given the parameters, exact moments in closed form "
                 f"(a normal approximation to T's law; {noise}); the records are not drawn")
@@ -160,7 +179,9 @@ class SummedRecords:
         mean, cov = self.records_model(replace).moments(self.terms)
         n = np.float64(self.n)  # a float, so that the compile cache holds one function for every n
         mean, cov = n * mean, n * cov
-        cov = cov + pt.eye(len(self.terms)) * (1e-10 * pt.diagonal(cov))  # keeps the Cholesky factor defined
+        # keeps the Cholesky factor defined: 1e-10 of each n E[t_j^2], the scale of the rounding
+        # in n (E[t t'] - E[t] E[t]') (a response clamped at one bound has Var[c^2] ~ 0 from ~1e-16 E[c^4])
+        cov = cov + pt.eye(len(self.terms)) * (1e-10 * (pt.diagonal(cov) + mean**2 / n))
         release_var = memo[self.record.release_rv]
         _, release_data = release_var.owner.inputs
         op = release_var.owner.op
@@ -176,6 +197,10 @@ class SummedRecords:
             noise = np.float64(mechanism.sigma) ** 2
             new_release = model_observed_rv(pm.MvNormal.dist(mean, cov + noise * pt.eye(d)),
                                             release_data, op.name, *op.dims)
+        elif self.non_centred:  # T = n E[t] + L z, the release Laplace given T
+            z = self._free(pm.Normal.dist(0.0, 1.0, shape=(d,)), self.standardised_name)
+            statistic = mean + pt.dot(pt.linalg.cholesky(cov), z)
+            new_release = model_observed_rv(mechanism.dist(statistic), release_data, op.name, *op.dims)
         else:
             w = self._free(pm.Normal.dist(0.0, 1.0, shape=(d,)), self.variance_name)
             variance = -2.0 * np.float64(mechanism.scale) ** 2 * _log_normal_sf(w)
@@ -207,14 +232,21 @@ class SummedRecords:
         """The normal law's error at the posterior mean: each coordinate's skewness of T,
         skew(t) / sqrt(n) with skew(t) from ``SIMULATED_RECORDS`` records drawn from the
         records' model, and the error it makes in T's 5% and 95% quantiles by the first
-        Edgeworth correction, |skew| (z^2 - 1) / 6 = 0.284 |skew| sd of T."""
+        Edgeworth correction, |skew| (z^2 - 1) / 6 = 0.284 |skew| sd of T; and the same for the
+        release T + noise (the noise's variance diluting the skewness: what the parameters
+        see, :func:`_at_planning_point`), beside its prediction before the fit."""
         draws = simulate_terms(self.numeric_parameters(posterior), self.terms, SIMULATED_RECORDS, rng)
         skew = stats.skew(draws, axis=0) / np.sqrt(self.n)
         skew = np.where(np.isfinite(skew), skew, 0.0)
+        variance = self.n * draws.var(axis=0)
+        third = self.n * np.mean((draws - draws.mean(axis=0)) ** 3, axis=0)
+        noise = float(np.max(self.record.mechanism.noise_variance))
+        release = np.abs(third) / (variance + noise) ** 1.5
         worst = float(np.max(np.abs(skew)))
-        z = stats.norm.ppf(0.95)
         return {"max_abs_skewness_of_sum": worst,
-                "quantile_error_sd": worst * (z**2 - 1) / 6,
+                "quantile_error_sd": worst * EDGEWORTH,
+                "release_quantile_error_sd": float(np.max(EDGEWORTH * np.where(np.isfinite(release), release, 0.0))),
+                "predicted_release_quantile_error_sd": self.predicted_error,
                 "simulated_records": SIMULATED_RECORDS,
                 "at": "posterior mean"}
 
@@ -233,7 +265,11 @@ def _log_normal_sf(w):
 
 def plan_record_sums(model, records, choice: str) -> tuple[list, dict]:
     """(the releases fitted by the law of the sum, {release name: why not} for the
-    record-additive releases left to data augmentation) under ``choice`` (RECORD_METHODS)."""
+    record-additive releases left to data augmentation) under ``choice`` (RECORD_METHODS).
+
+    ``"auto"`` takes the law from ``CROSSOVER_RECORDS`` records (cost: data augmentation's grows
+    about as n^1.7, the law's compiled density costs a minute or two once), and only where its
+    predicted error (:attr:`SummedRecords.predicted_error`) is at most ``ERROR_TOLERANCE``."""
     if not isinstance(choice, str) or choice not in RECORD_METHODS:
         raise ValueError(f"records must be one of {RECORD_METHODS}, got {choice!r}")
     summed, kept = [], {}
@@ -254,6 +290,12 @@ def plan_record_sums(model, records, choice: str) -> tuple[list, dict]:
             if choice == "law-of-the-sum":
                 raise NotASumError(f"release {record.name!r}: records='law-of-the-sum' cannot take it: {error}") from None
             kept[record.name] = f"data augmentation: the law of the sum does not apply ({error})"
+            continue
+        if choice == "auto" and item.predicted_error > ERROR_TOLERANCE:
+            kept[record.name] = (f"data augmentation: the normal law of the sum's predicted error "
+                                 f"{item.predicted_error:.3f} sd of the release exceeds the {ERROR_TOLERANCE} that "
+                                 "records='auto' accepts (few records for their skewness, and noise too small to "
+                                 "hide it)")
             continue
         summed.append(item)
     return summed, kept
@@ -371,8 +413,8 @@ def _summed_records(model, record, tag) -> SummedRecords:
         parameters = dict(mu_x=np.zeros(0), sigma_x=np.ones(0), b=np.zeros(0),
                           a=_per_record(mu, response, "mean", None), sigma=_per_record(sigma, response, "sd", None),
                           alpha_x=np.zeros(0), gamma_x=np.zeros(0), clamp=clamp)
-        return SummedRecords(record, "power sums", shape_of(response)[0], power_sum_terms(degree),
-                             _as_graphs(parameters), removed)
+        return _at_planning_point(SummedRecords(record, "power sums", shape_of(response)[0], power_sum_terms(degree),
+                                          _as_graphs(parameters), removed), _release(model, record))
     _, design_values, response_values = tag
     design, design_clamp = _unclamped(design_values)
     response, clamp = _unclamped(response_values)
@@ -388,4 +430,59 @@ def _summed_records(model, record, tag) -> SummedRecords:
     _check_clamps_do_not_bind(mu_x, sigma_x, design_clamp, design, n)
     parameters = dict(mu_x=mu_x, sigma_x=sigma_x, a=a, b=b, sigma=_per_record(sigma_y, response, "sd", None),
                       alpha_x=np.full(p, design_clamp.alpha), gamma_x=np.full(p, design_clamp.gamma), clamp=clamp)
-    return SummedRecords(record, "regression statistic", n, regression_terms(p), _as_graphs(parameters), removed)
+    return _at_planning_point(SummedRecords(record, "regression statistic", n, regression_terms(p), _as_graphs(parameters),
+                                      removed), _release(model, record))
+
+
+def _release(model, record) -> np.ndarray:
+    """The release's values (the observed data), as a flat float array."""
+    return np.asarray(evaluate(model.rvs_to_values[record.release_rv]), dtype=np.float64).reshape(-1)
+
+
+def _at_planning_point(item: SummedRecords, release: np.ndarray) -> SummedRecords:
+    """``item`` with what the planner reads at the *planning point*, the one of ``SPREAD_DRAWS``
+    prior draws of the records' parameters that best explains the ``release`` (the largest sum
+    over j of log N(s_j; n E[t_j], n Var[t_j] + noise variance), the moments from
+    ``SPREAD_RECORDS`` records simulated at each draw; the prior alone can mislead: a wide prior
+    on the coefficients clamps most responses, and c^2 then hardly varies), its moments from
+    ``POINT_RECORDS`` records simulated there:
+
+    * **the predicted error** of the normal law, in sds of the release: the release s_j = T_j +
+      e_j has third cumulant n k3(t_j) (symmetric noise adds none), so its skewness is
+      n k3(t_j) / (n Var[t_j] + noise variance)^(3/2), and the first Edgeworth term moves its 5%
+      and 95% quantiles by 0.284 times that, in sds; the largest over j. As the release's law
+      carries all the parameters learn, this bounds their posterior quantiles' shift in
+      posterior sds to first order. Noise dilutes the sum's skewness: with 100 records of
+      issue 39's regression at epsilon = 1 it is about 0.004; without noise, 0.28 skew(t_j) /
+      sqrt(n).
+    * **the parameterisation** (Laplace noise): T non-centred (:attr:`SummedRecords.non_centred`)
+      where on some coordinate j the noise's variance 2 b^2 exceeds n Var[t_j], the scale mixture
+      of normals otherwise. The choice between centred and non-centred forms (Papaspiliopoulos,
+      Roberts & Skold 2007, Statistical Science 22, 59-73): non-centred where the likelihood,
+      here the noise, is weaker than the prior, here T's law given the parameters. Both give the
+      same posterior. All coordinates one way, as measured (issue 39's regression): at 100
+      records (every ratio n Var[t_j] / 2 b^2 under 0.3) the mixture's fits diverged or did not
+      converge and the non-centred form's converged; at 1,000 (ratios 0.03-2.2) the non-centred
+      form had no divergence in two fits, while a split with c^2 (ratio 2.2) left to the mixture
+      given the others had 37 in 4,000 transitions; at 10^6 with p = 5 (ratios 1.1-77) the
+      mixture converged in 3 fits of 3, the non-centred form with c^2 apart in 1 of 3."""
+    draws = pm.draw(item._graphs(), draws=SPREAD_DRAWS, random_seed=3, mode=CHECK_MODE)
+    p = len(item.parameters["alpha_x"])
+    rng = np.random.default_rng(3)
+    noise = float(np.max(item.record.mechanism.noise_variance))
+    best, point = -np.inf, None
+    for k in range(SPREAD_DRAWS):
+        records = {name: np.broadcast_to(values[k], (p,)) if name in ("mu_x", "sigma_x", "b") else values[k]
+                   for name, values in zip(GRAPH_FIELDS, draws)}
+        records |= {name: item.parameters[name] for name in ("clamp", "alpha_x", "gamma_x")}
+        terms = simulate_terms(records, item.terms, SPREAD_RECORDS, rng)
+        variance = item.n * terms.var(axis=0)
+        fit = float(np.sum(stats.norm.logpdf(release, item.n * terms.mean(axis=0), np.sqrt(variance + noise))))
+        if fit > best or point is None:
+            best, point = fit, records
+    terms = simulate_terms(point, item.terms, POINT_RECORDS, rng)
+    variance = item.n * terms.var(axis=0)
+    third = item.n * np.mean((terms - terms.mean(axis=0)) ** 3, axis=0)
+    error = float(np.max(EDGEWORTH * np.abs(third) / (variance + noise) ** 1.5))
+    non_centred = item.noise == "laplace-mixture" and bool(np.any(variance < noise))
+    return dataclasses.replace(item, non_centred=non_centred, predicted_error=error)

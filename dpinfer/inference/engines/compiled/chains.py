@@ -258,9 +258,10 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt,
             f_lp = log_density_at(logp_grad, q, grad, env)
             if f_lp == -math.inf:
                 return 2
-            if adapt[_EPS] <= 0.0:  # first iteration: Hoffman & Gelman's initial step size
-                for i in range(n):  # and nutpie's first metric, 1 / |gradient| (bounded)
-                    inv_mass[i] = min(max(1.0 / abs(grad[i]), 1e-4), 1e4) if grad[i] != 0.0 else 1.0
+            if adapt[_EPS] <= 0.0:  # first iteration: Hoffman & Gelman's initial step size and,
+                for i in range(n):  # where none was given (0), nutpie's first metric, 1 / |gradient| (bounded)
+                    if inv_mass[i] <= 0.0:
+                        inv_mass[i] = min(max(1.0 / abs(grad[i]), 1e-4), 1e4) if grad[i] != 0.0 else 1.0
                 _restart_step_size(adapt, reasonable_step_size(logp_grad, env, q, grad, f_lp,
                                                                1.0, inv_mass, rng))
             eps = adapt[_EPS]
@@ -332,15 +333,18 @@ def stat_columns(blocks) -> tuple[list, list]:
 
 def fresh_state(model, n_stats: int, *, draws: int, rng: np.random.Generator,
                 q0: np.ndarray, counts0: np.ndarray, target_accept: float,
-                count_dtype=np.int64) -> ChainState:
+                count_dtype=np.int64, inv_mass0: np.ndarray | None = None) -> ChainState:
     """A chain before its first iteration: at (q0, counts0), its stream drawn from ``rng``;
     its stored counts of ``count_dtype`` (int32 halves a state's draws where every count is
-    known to stay below 2^31: :func:`~dpinfer.inference.engines.compiled.engine.count_dtype`)."""
+    known to stay below 2^31: :func:`~dpinfer.inference.engines.compiled.engine.count_dtype`);
+    its first diagonal metric (inverse mass) ``inv_mass0`` where positive, 1 / |gradient| at
+    the start elsewhere (:func:`_sweeps`)."""
     n = model.n
     adapt = np.zeros(7)
     adapt[_TARGET] = target_accept
     counts = np.array(counts0, dtype=np.int64)
-    return ChainState(q=np.array(q0, dtype=float), counts=counts, inv_mass=np.ones(n), adapt=adapt,
+    inv_mass = np.zeros(n) if inv_mass0 is None else np.array(inv_mass0, dtype=float)
+    return ChainState(q=np.array(q0, dtype=float), counts=counts, inv_mass=inv_mass, adapt=adapt,
                       metric_count=np.zeros(1), metric_mean=np.zeros((2, n)), metric_m2=np.zeros((2, n)),
                       stream=new_stream(rng), draws_q=np.empty((draws, n)),
                       draws_counts=np.empty((draws, counts.size), dtype=count_dtype),
@@ -535,7 +539,8 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
                max_tree_depth: int = MAX_TREE_DEPTH, target_accept: float = 0.8,
                nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int = COUNTS_PER_SWEEP,
                checkpoint=None, more=None, spread=None, count_dtype=np.int64,
-               deadline: float | None = None, reserve_per_draw: float = 0.0) -> list[ChainResult]:
+               deadline: float | None = None, reserve_per_draw: float = 0.0,
+               inv_mass0: np.ndarray | None = None) -> list[ChainResult]:
     """``chains`` chains, ``cores`` at a time in threads; ``starts`` gives (q0, counts0) per
     chain, ``seeds`` a ``numpy.random.Generator`` per chain for its random stream. Returns the
     chains' results in order. With ``checkpoint``
@@ -555,7 +560,8 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
     seconds per draw stored by every chain are kept back from it for the work on the draws
     after sampling (their verdict, summaries): the chains stop at
     ``deadline - reserve_per_draw x draws kept`` (the draws counted as they will be when the
-    stop takes effect, at the rate of the last look)."""
+    stop takes effect, at the rate of the last look). ``inv_mass0``: every fresh chain's first
+    metric (:func:`fresh_state`)."""
     n_stats = len(stat_columns(blocks)[0])
     states = []
     for c in range(chains):
@@ -563,7 +569,7 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
         q0, counts0 = starts[c]
         states.append(saved if saved is not None else fresh_state(
             model, n_stats, draws=draws, rng=seeds[c], q0=q0, counts0=counts0,
-            target_accept=target_accept, count_dtype=count_dtype))
+            target_accept=target_accept, count_dtype=count_dtype, inv_mass0=inv_mass0))
     draws = max([draws] + [s.draws_q.shape[0] for s in states])  # a resumed fit may have sampled on
     for s in states:
         _extend(s, draws - s.draws_q.shape[0])

@@ -456,11 +456,11 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
     starts = [(compiled.initial_q(seed, model, values), counts0)
               for seed, values in zip(start_seeds, per_chain(initvals, chains))]
     begin = held if held is not None else start
-    found = None
+    found = metric = None
     if begin is not None:
         starts = [(begin.q, begin.counts[c % len(begin.counts)]) for c in range(chains)]
     elif mode_start is not None:
-        qs, found = mode_starts(compiled, starts[0][0], mode_start, start_seeds)
+        qs, found, metric = mode_starts(compiled, starts[0][0], mode_start, start_seeds)
         starts = [(q, counts0) for q in qs]
     if checkpoint is not None:
         checkpoint = checkpoint(model_hash(compiled.key, compiled.data.values, counts0))
@@ -470,7 +470,7 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
                          max_tree_depth=max_tree_depth, target_accept=target_accept,
                          nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep,
                          checkpoint=checkpoint, more=more, spread=spread, count_dtype=count_dtype(blocks),
-                         deadline=deadline, reserve_per_draw=reserve_per_draw)
+                         deadline=deadline, reserve_per_draw=reserve_per_draw, inv_mass0=metric)
     seconds = time.perf_counter() - start
     if checkpoint is not None:
         seconds = max(seconds, max(r.seconds for r in results))  # a resumed fit: its chains' whole time
