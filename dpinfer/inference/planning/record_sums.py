@@ -35,10 +35,18 @@ shared by every record (checked by substitution) and sd the same for every recor
 other variable of the model depending on x or y. Anything else is fitted by data
 augmentation, and the report says why.
 
-``records="auto"`` takes the law of the sum from ``CROSSOVER_RECORDS`` records (where data
-augmentation's cost passes a few seconds and the normal law's error, measured against it in
-``validation/results/record_sums.md``, is within Monte Carlo error); ``"law-of-the-sum"`` or
-``"data-augmentation"`` force either.
+``records="auto"`` takes the law of the sum from ``CROSSOVER_RECORDS`` records, where its
+predicted error allows (:attr:`SummedRecords.predicted_error`): measured side by side
+(``benchmarks/bench_record_crossover.py``, dp.sample's defaults, a compiled structure), the
+law's effective draws per second of the parameters were 5-7 times data augmentation's on a
+regression from 10 records on, but half of it on a clamped mean and variance up to 100 records
+(the law's fixed cost of a second or two a fit against data augmentation's fraction of a
+second) and 3.3 times at 300; its quantiles agree with data augmentation's within Monte Carlo
+error at 100 and 1,000 records (``validation/results/record_sums_vs_augmentation.md``). Above
+the crossover no latent records are sampled, so data augmentation's mirror trap cannot arise
+(a chain with the slope's sign reversed, which its records can leave only all together:
+issue 39).
+``"law-of-the-sum"`` or ``"data-augmentation"`` force either.
 """
 
 from __future__ import annotations
@@ -67,7 +75,7 @@ from dpinfer.mechanisms.gaussian import Gaussian
 from dpinfer.mechanisms.laplace import Laplace
 
 RECORD_METHODS = ("auto", "law-of-the-sum", "data-augmentation")
-CROSSOVER_RECORDS = 2000
+CROSSOVER_RECORDS = 300  # records='auto' takes the law of the sum from here (module docstring)
 BINDING = 1e-3  # a covariate's clamp binds if sqrt(n) P(beyond a bound) reaches this on a prior draw
 PRIOR_DRAWS = 200
 GRAPH_FIELDS = ("mu_x", "sigma_x", "a", "b", "sigma")  # NormalRecords' fields that are graphs of the parameters
@@ -264,9 +272,9 @@ def plan_record_sums(model, records, choice: str) -> tuple[list, dict]:
     """(the releases fitted by the law of the sum, {release name: why not} for the
     record-additive releases left to data augmentation) under ``choice`` (RECORD_METHODS).
 
-    ``"auto"`` takes the law from ``CROSSOVER_RECORDS`` records (cost: data augmentation's grows
-    about as n^1.7, the law's compiled density costs a minute or two once), and only where its
-    predicted error (:attr:`SummedRecords.predicted_error`) is at most ``ERROR_TOLERANCE``."""
+    ``"auto"`` takes the law from ``CROSSOVER_RECORDS`` records (measured cost: module
+    docstring), and only where its predicted error (:attr:`SummedRecords.predicted_error`) is
+    at most ``ERROR_TOLERANCE``."""
     if not isinstance(choice, str) or choice not in RECORD_METHODS:
         raise ValueError(f"records must be one of {RECORD_METHODS}, got {choice!r}")
     summed, kept = [], {}
