@@ -143,8 +143,9 @@ NUMBER_SOURCES = {
     # dpinfer fit's rules and dpinfer compare's presets are stated in their modules
     "cli.md": ["README.md", "benchmarks/README.md", "dpinfer/io/*.py", "dpinfer/utility/*.py"],
     # the exact posterior of B1 (examples/privatised_mean.py) and the curator's question's
-    # zCDP target (examples/curator_question.py) are stated in the examples' docstrings
-    "continuous.md": DEFAULT_SOURCES + ["examples/*.py"],
+    # zCDP target (examples/curator_question.py) are stated in the examples' docstrings; the
+    # law of the sum against data augmentation is validation/results/record_sums_vs_augmentation*.md
+    "continuous.md": DEFAULT_SOURCES + ["examples/*.py", "validation/results/record_sums_vs_augmentation*.md"],
     "compare.md": DEFAULT_SOURCES + ["examples/*.py"],
     # the side by side of the census files is validation/results/census_nmf.md
     "census-nmf.md": DEFAULT_SOURCES + ["validation/results/*.md"],

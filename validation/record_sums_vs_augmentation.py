@@ -23,6 +23,9 @@ Run:  .venv/bin/python validation/record_sums_vs_augmentation.py [--sizes 100 10
       and data augmentation at p = 5); writes validation/results/record_sums_vs_augmentation.md.
       The long recheck of p = 1 at 1,000 records: ``--sizes 1000 --cases "regression, p = 1"
       --draws 6000 --seed 11 --out validation/results/record_sums_vs_augmentation-p1-long.md``.
+      At the crossover (records='auto' takes the law from 300 records): ``--sizes 300 --draws 20000
+      --cases "regression, p = 1" "regression, p = 1, response clamped to [-1.5, 2.5]" "clamped
+      mean and variance (power sums)" --out validation/results/record_sums_vs_augmentation-300.md``.
 """
 
 from __future__ import annotations
