@@ -57,6 +57,9 @@ def main(argv=None) -> None:
     parser.add_argument("--records", default="auto", choices=("auto", "law-of-the-sum", "data-augmentation"))
     parser.add_argument("--draws", type=int, default=500, help="draws and tuning steps per chain")
     args = parser.parse_args(argv)
+    for name, least in (("n", 2), ("fits", 1), ("draws", 10)):
+        if getattr(args, name) < least:
+            parser.error(f"--{name} must be at least {least}, got {getattr(args, name)}")
     mechanism, statistics = release(args.n)
     fits = []
     for seed in range(args.fits):

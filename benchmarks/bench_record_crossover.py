@@ -56,8 +56,14 @@ def run(case: str, n: int, method: str, cache: str) -> list[dict]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 30, 100, 300, 1000])
-    parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES))
+    sys.path.insert(0, str(VALIDATION))
+    from record_sums_vs_augmentation import CASES
+
+    parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), choices=list(CASES), metavar="CASE",
+                        help=f"one or more of {list(CASES)}")
     args = parser.parse_args(argv)
+    if min(args.sizes) < 2:
+        parser.error(f"--sizes must be at least 2 records each, got {args.sizes}")
     cache = tempfile.mkdtemp(prefix="dpinfer-bench-cache-")
     print("| case | n | data augmentation: first, again, ESS/s, verdict | law of the sum: first, again, ESS/s, verdict "
           "| law / augmentation ESS/s |")

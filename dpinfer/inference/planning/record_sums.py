@@ -42,7 +42,8 @@ law's effective draws per second of the parameters were 5-7 times data augmentat
 regression from 10 records on, but half of it on a clamped mean and variance up to 100 records
 (the law's fixed cost of a second or two a fit against data augmentation's fraction of a
 second) and 3.3 times at 300; its quantiles agree with data augmentation's within Monte Carlo
-error at 100 and 1,000 records (``validation/results/record_sums_vs_augmentation.md``). Above
+error at 100, 300 and 1,000 records wherever data augmentation gave a usable reference
+(``validation/results/record_sums_vs_augmentation*.md``). Above
 the crossover no latent records are sampled, so data augmentation's mirror trap cannot arise
 (a chain with the slope's sign reversed, which its records can leave only all together:
 issue 39).
