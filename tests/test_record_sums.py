@@ -169,16 +169,17 @@ def test_rewritten_regression_under_laplace_noise_is_a_scale_mixture():
 
 
 def test_noise_dominated_statistic_is_non_centred():
-    """Laplace noise of scale b = 60 over n = 4000 records whose release says beta is near (0.5,
-    1.5): x's sum has variance n = 4000 < 2 b^2 = 7200, so T is non-centred, T = n E[t] + L z
-    with z ~ N(0, I) (L the Cholesky factor of n Cov[t] with its guard) and the release Laplace
-    given T, against scipy; no noise variances are sampled."""
+    """Laplace noise of scale b = 600 over n = 4000 records whose release says beta is near (0.5,
+    1.5): every coordinate's sum has variance under 2 b^2 = 720,000 (the clamped c^2 varies
+    most, Var[c^2] <= 25^2 / 4, so n Var <= 625,000 at any parameters), so T is non-centred,
+    T = n E[t] + L z with z ~ N(0, I) (L the Cholesky factor of n Cov[t] with its guard) and the
+    release Laplace given T, against scipy; no noise variances are sampled."""
     from dpinfer.inference.engines.closed_form import summed_out_model
 
-    n, b = 4000, 60.0
+    n, b = 4000, 600.0
     beta = np.array([0.5, 1.5])
     release = np.round(_records_moments(n, beta)[0])  # a release such records make, without noise
-    model = _regression(n, release=release)
+    model = _regression(n, release=release, mechanism=dp.Laplace(1.0, sensitivity=b))
     [item] = _plan(model)[0]
     assert item.non_centred and "T non-centred" in item.method
     fitted = summed_out_model(model, [item])

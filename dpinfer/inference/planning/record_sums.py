@@ -14,7 +14,7 @@ or ``dpinfer.power_sums`` of records, clamped with ``dpinfer.clamp`` or not) can
   (e ~ N(0, v), v ~ Exponential with mean 2 b^2), leaves s ~ MvNormal(n E[t], n Cov[t] + diag v)
   given d variances v that NUTS samples with the parameters (d the statistic's length; T is
   summed out, not drawn: :attr:`SummedRecords.noise`), or, where the noise dominates the sum's
-  spread, T non-centred with the release Laplace given it (:attr:`SummedRecords.non_centred`);
+  spread on every coordinate, T non-centred with the release Laplace given it (:attr:`SummedRecords.non_centred`);
   any other noise keeps T as a
   latent of d values that NUTS samples with the parameters. NUTS starts around the mode
   (:mod:`dpinfer.inference.engines.compiled.mode_start`), T held at the release where it is a
@@ -162,7 +162,7 @@ class SummedRecords:
                                      "the release ~ MvNormal(n E[t], n Cov[t] + diag v); the true statistic is "
                                      "summed out, not drawn")}[self.noise]
         if self.noise == "laplace-mixture" and self.non_centred:
-            noise = (f"Laplace noise whose variance 2 b^2 exceeds the sum's on some coordinate (at the planning "
+            noise = (f"Laplace noise whose variance 2 b^2 exceeds the sum's on every coordinate (at the planning "
                      f"point): T non-centred, T = n E[t] + L z with z = {self.standardised_name!r} ~ N(0, I) (L the "
                      "Cholesky factor of n Cov[t]), the release Laplace given T")
         return (f"law of the sum: the {self.n:,} latent records {list(self.removed)} replaced by their "
@@ -472,16 +472,20 @@ def _at_planning_point(item: SummedRecords, release: np.ndarray) -> SummedRecord
       issue 39's regression at epsilon = 1 it is about 0.004; without noise, 0.28 skew(t_j) /
       sqrt(n).
     * **the parameterisation** (Laplace noise): T non-centred (:attr:`SummedRecords.non_centred`)
-      where on some coordinate j the noise's variance 2 b^2 exceeds n Var[t_j], the scale mixture
-      of normals otherwise. The choice between centred and non-centred forms (Papaspiliopoulos,
-      Roberts & Skold 2007, Statistical Science 22, 59-73): non-centred where the likelihood,
-      here the noise, is weaker than the prior, here T's law given the parameters. Both give the
-      same posterior. All coordinates one way, as measured (issue 39's regression): at 100
-      records (every ratio n Var[t_j] / 2 b^2 under 0.3) the mixture's fits diverged or did not
-      converge and the non-centred form's converged; at 1,000 (ratios 0.03-2.2) the non-centred
-      form had no divergence in two fits, while a split with c^2 (ratio 2.2) left to the mixture
-      given the others had 37 in 4,000 transitions; at 10^6 with p = 5 (ratios 1.1-77) the
-      mixture converged in 3 fits of 3, the non-centred form with c^2 apart in 1 of 3."""
+      where the noise's variance 2 b^2 exceeds n Var[t_j] on every coordinate j, the scale
+      mixture of normals otherwise. The choice between centred and non-centred forms
+      (Papaspiliopoulos, Roberts & Skold 2007, Statistical Science 22, 59-73): non-centred where
+      the likelihood, here the noise, is weaker than the prior, here T's law given the
+      parameters. Both give the same posterior. All coordinates one way, and the mixture as soon
+      as the sum outweighs the noise on one coordinate, as measured on issue 39's regression
+      (ratios n Var[t_j] / 2 b^2): at 100 records (every ratio under 0.3) the mixture's fits
+      diverged or did not converge and the non-centred form's converged; at 1,000 (ratios
+      0.03-2.2) both converged without a divergence, the mixture in 7 leapfrog steps a draw
+      against 19; at 10^6 with p = 10 (ratios 0.13-9) the non-centred form needed 255 steps a
+      draw (step size 0.014) against the mixture's 15 (0.24), at the same ESS per draw; at 10^6
+      with p = 5 (ratios 1.1-77) the mixture converged in 3 fits of 3, the non-centred form
+      with c^2 apart in 1 of 3 (a split with c^2 left to the mixture given the others had 37
+      divergences in 4,000 transitions at 1,000 records)."""
     draws = pm.draw(item._graphs(), draws=SPREAD_DRAWS, random_seed=3, mode=CHECK_MODE)
     p = len(item.parameters["alpha_x"])
     rng = np.random.default_rng(3)
@@ -497,5 +501,5 @@ def _at_planning_point(item: SummedRecords, release: np.ndarray) -> SummedRecord
         if fit > best or point is None:
             best, point = fit, records
     variance, error = _release_error(simulate_terms(point, item.terms, POINT_RECORDS, rng), item.n, noise)
-    non_centred = item.noise == "laplace-mixture" and bool(np.any(variance < noise))
+    non_centred = item.noise == "laplace-mixture" and bool(np.all(variance < noise))
     return dataclasses.replace(item, non_centred=non_centred, predicted_error=error)
