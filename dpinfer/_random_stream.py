@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
+
+from dpinfer._kernel import kernel
 
 
 def new_stream(rng: np.random.Generator) -> np.ndarray:
@@ -23,12 +24,12 @@ def new_stream(rng: np.random.Generator) -> np.ndarray:
             return state
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@kernel(nogil=True, inline="always")
 def _rotl(x, k):
     return (x << np.uint64(k)) | (x >> np.uint64(64 - k))
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def next_u64(s):
     result = _rotl(s[1] * np.uint64(5), 7) * np.uint64(9)
     t = s[1] << np.uint64(17)
@@ -41,25 +42,25 @@ def next_u64(s):
     return result
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def uniform(s):
     """Uniform on [0, 1) with 53 random bits."""
     return float(next_u64(s) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def uniform_open(s):
     """Uniform on (0, 1]."""
     return 1.0 - uniform(s)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def standard_normal(s):
     """Box-Muller: sqrt(-2 log u1) cos(2 pi u2), u1 in (0, 1]."""
     return math.sqrt(-2.0 * math.log(uniform_open(s))) * math.cos(2.0 * math.pi * uniform(s))
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def below(s, n):
     """Uniform integer in 0 .. n-1 (n >= 1), by rejection (no modulo bias)."""
     un = np.uint64(n)

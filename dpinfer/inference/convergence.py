@@ -34,8 +34,9 @@ import time
 import warnings
 from dataclasses import dataclass
 
-import numba
 import numpy as np
+
+from dpinfer._kernel import kernel
 
 RHAT_MAX = 1.01  # the targets of a converged fit (Vehtari et al. 2021, section 4)
 ESS_MIN = 400
@@ -331,7 +332,7 @@ def _split(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(split.transpose(2, 0, 1), dtype=float)
 
 
-@numba.njit(cache=True)
+@kernel()
 def _doubled_ranks(values):
     """Twice the 1-based rank of each entry of each row of ``values`` (k, S), ties given their
     average rank (so the result is a whole number)."""
@@ -474,7 +475,7 @@ def _ess(z: np.ndarray) -> np.ndarray:
     return _geyer(mean_acov, mean_var, var_plus, chains * n)
 
 
-@numba.njit(cache=True, error_model="numpy")  # 0/0 is NaN (constant quantities)
+@kernel(error_model="numpy")  # 0/0 is NaN (constant quantities)
 def _geyer(mean_acov, mean_var, var_plus, total):
     """Stan's (and ArviZ's) truncated autocorrelation sum, per quantity: the ESS."""
     k, n = mean_acov.shape

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
+from dpinfer._kernel import kernel
 from dpinfer.lattice.convolution import log_convolution_at, sample_given_sums
 from dpinfer.lattice.invariants import Invariants, column_classes, kernel_points_in_box
 
@@ -56,7 +56,7 @@ def log_sum_pmf(log_rows: np.ndarray, lows: np.ndarray) -> tuple[int, np.ndarray
         return lo, np.log(acc) + (float(np.sum(shift)) + log_scale)
 
 
-@numba.njit(cache=True)
+@kernel()
 def _convolve_rescaled(rows):
     """(acc, log c): the convolution of the non-negative rows is c * acc, max(acc) = 1 after
     every step but the first (the first row as given)."""

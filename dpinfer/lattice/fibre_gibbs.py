@@ -39,8 +39,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
+
+from dpinfer._kernel import kernel
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ class MovePlan:
         return self.cells.shape[0]
 
 
-@numba.njit(cache=True)
+@kernel()
 def _sweep(x, qx, lo, table, log_eta, log_sup, cells, steps, row_ptr, rows, coefs,
            qmin, starts, lengths, tables, order, uniforms, norm_eps, norm_s):
     """Update ``x`` (and ``qx`` = Q x) in place along moves ``order``; returns

@@ -28,9 +28,9 @@ import itertools
 from dataclasses import dataclass
 from fractions import Fraction
 
-import numba
 import numpy as np
 
+from dpinfer._kernel import kernel
 from dpinfer._validation import check_rng
 from dpinfer.lattice.coupling import MeetingTimes
 
@@ -117,7 +117,7 @@ def _rank(M: np.ndarray) -> int:
     return int(np.linalg.matrix_rank(M.astype(float)))
 
 
-@numba.njit(cache=True)
+@kernel()
 def _accept_path(log_w, log_u, start_log_w):
     """Indices of the state after each iteration of an independence sampler: proposal t is
     accepted when log_u[t] <= log_w[t] - log w(current). -1 = still the starting state."""

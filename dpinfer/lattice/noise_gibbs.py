@@ -46,9 +46,9 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
+from dpinfer._kernel import kernel
 from dpinfer._validation import check_count, check_rng
 from dpinfer.lattice.coupling import MeetingTimes
 from dpinfer.lattice.invariants import MoveSet
@@ -58,7 +58,7 @@ CUT = 50.0  # log-weight drop at which a line's enumeration stops
 MOVES_PER_CELL = 20  # updates per sweep: all moves, at most this many per cell
 
 
-@numba.njit(cache=True)
+@kernel()
 def _line_weight(z, cells, steps, m, t, kind, scale, zz_state, zm, mm):
     """log q(z + t m) up to terms that do not change along the line."""
     if kind == 1:
@@ -72,7 +72,7 @@ def _line_weight(z, cells, steps, m, t, kind, scale, zz_state, zm, mm):
     return -scale * total
 
 
-@numba.njit(cache=True)
+@kernel()
 def _walk_out(z, cells, steps, m, kind, scale, zz_state, zm, mm, w0, direction, buf):
     """Weights at t = direction, 2 direction, ... into ``buf`` (grown as needed) until they are
     CUT below the largest seen on this side (including t = 0) and decreasing. Returns (buf, n,
@@ -97,7 +97,7 @@ def _walk_out(z, cells, steps, m, kind, scale, zz_state, zm, mm, w0, direction, 
         prev = w
 
 
-@numba.njit(cache=True)
+@kernel()
 def _l1_line_draw(z, cells, steps, m, scale, u, buf):
     """t ~ exp(-scale sum_c |z_c + t m_c|) over all integers, by inversion of u in increasing
     t: left tail t <= a - 1, enumerated a..b, right tail t >= b + 1, where a = floor(min kink)
@@ -145,7 +145,7 @@ def _l1_line_draw(z, cells, steps, m, scale, u, buf):
     return b + 1 + i, buf
 
 
-@numba.njit(cache=True)
+@kernel()
 def _enumerated_line_draw(z, cells, steps, m, kind, scale, zz_state, zm, mm, u, right, left):
     """t by inversion of u over the weights enumerated outward from t = 0 (l2 and Gaussian;
     module docstring). Returns (t, relative neglected mass, right, left)."""
@@ -179,7 +179,7 @@ def _enumerated_line_draw(z, cells, steps, m, kind, scale, zz_state, zm, mm, u, 
     return n_r, neglected, right, left  # u * total at the top end (round-off)
 
 
-@numba.njit(cache=True)
+@kernel()
 def _update(z, cells, steps, m, kind, scale, zz_state, u, right, left):
     """One exact line update of z along move m with uniform u (inversion in increasing t).
     Returns (new ||z||^2, relative neglected mass, right, left)."""
@@ -205,7 +205,7 @@ def _update(z, cells, steps, m, kind, scale, zz_state, u, right, left):
     return zz_state, neglected, right, left
 
 
-@numba.njit(cache=True)
+@kernel()
 def _squared_norm(z):
     total = 0
     for i in range(z.shape[0]):
@@ -213,14 +213,14 @@ def _squared_norm(z):
     return total
 
 
-@numba.njit(cache=True)
+@kernel()
 def _sweep_order(n_moves, per_sweep):
     if n_moves <= per_sweep:
         return np.random.permutation(n_moves)
     return np.random.randint(0, n_moves, per_sweep)
 
 
-@numba.njit(cache=True)
+@kernel()
 def _sweep(z, zz_state, cells, steps, kind, scale, per_sweep, right, left):
     """One sweep of one chain (z in place). Returns (||z||^2, sum of relative neglected
     masses, right, left)."""
@@ -233,7 +233,7 @@ def _sweep(z, zz_state, cells, steps, kind, scale, per_sweep, right, left):
     return zz_state, lost, right, left
 
 
-@numba.njit(cache=True)
+@kernel()
 def _run_kernel(z, cells, steps, kind, scale, n_sweeps, per_sweep, seed):
     """``n_sweeps`` sweeps of every chain (rows of z, in place), each with its own move order
     and uniforms. Returns the largest per-chain sum of relative neglected masses."""
@@ -252,7 +252,7 @@ def _run_kernel(z, cells, steps, kind, scale, n_sweeps, per_sweep, seed):
     return worst
 
 
-@numba.njit(cache=True)
+@kernel()
 def _meeting_kernel(n_runs, d, cells, steps, kind, scale, lag, max_sweeps, per_sweep, seed):
     """Meeting times (in sweeps of the leading chain; -1: not met by ``max_sweeps``) of
     ``n_runs`` L-lag coupled pairs from z = 0 (module docstring)."""

@@ -31,10 +31,10 @@ import math
 from dataclasses import dataclass
 from collections.abc import Callable
 
-import numba
 import numpy as np
 import scipy.sparse
 
+from dpinfer._kernel import kernel
 from dpinfer._validation import check_count, check_rng
 from dpinfer.lattice.coupling import MeetingTimes
 from dpinfer.lattice.targets import LatticeTarget
@@ -42,7 +42,7 @@ from dpinfer.lattice.targets import LatticeTarget
 LogTarget = Callable[[np.ndarray], np.ndarray]  # e.g. a LatticeTarget
 
 
-@numba.njit(cache=True)
+@kernel()
 def _log_target_of(z, kind, scale):
     """A :class:`LatticeTarget` of ``kind`` and ``scale`` at one lattice point z (compiled)."""
     total = 0.0
@@ -65,7 +65,7 @@ def _proposal_cdf(a: float) -> np.ndarray:
     return cdf / cdf[-1]
 
 
-@numba.njit(cache=True)
+@kernel()
 def _walk_kernel(w, z, indptr, indices, data, kind, scale, cdf, n_steps, seed):
     """Algorithm 1 for every chain (rows of w, z = C w, updated in place): double geometric
     proposals per coordinate by inversion of the tabulated cdf (:func:`_proposal_cdf`), one

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
+from dpinfer._kernel import kernel
 
-@numba.njit(cache=True, nogil=True)
+
+@kernel(nogil=True)
 def _descend_level(A, off, is_log, tree_idx, u_par, unif):
     """One level of backward sampling.
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
+from dpinfer._kernel import kernel
 from dpinfer.lattice.convolution.tree import finite_range, root_messages
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _corr_down_lin(O, A):
     """Downward messages. O (B, n, 2L-1) parent messages, A (B, 2n, L) children ->
     (B, 2n, L) with out[2j](v) = sum_w O[j](v+w) A[2j+1](w) and symmetrically."""
@@ -38,7 +38,7 @@ def _corr_down_lin(O, A):
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _corr_down_log(O, A):
     """Log-space version of _corr_down_lin."""
     B, n2, L = A.shape
@@ -66,7 +66,7 @@ def _corr_down_log(O, A):
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _rebase(X, shift, length):
     """Y[b, j, q] = max(X[b, j, q + shift[b, j]], 0) for q = 0..length-1 (0 outside X)."""
     B, n, L = X.shape
@@ -80,7 +80,7 @@ def _rebase(X, shift, length):
     return Y
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _scatter_circular(X, shift, N):
     """Y[b, j, (shift[b, j] + q) mod N] = max(X[b, j, q], 0) (q < X.shape[2] <= N, 0 <= shift < N),
     0 elsewhere. (Negative entries of X are FFT round-off.)"""
@@ -98,7 +98,7 @@ def _scatter_circular(X, shift, N):
     return Y
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _times_conj_sibling(FO, F):
     """Spectra of the downward correlations, in place of the children's spectra F (B, 2n, K):
     F[b, 2j + s] <- FO[b, j] * conj(F[b, 2j + 1 - s]). Returns F."""
@@ -148,7 +148,7 @@ def downward_lin(tree, t):
     return O  # FFT levels leave round-off negatives: the callers clip at 0
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
+@kernel(nogil=True, error_model="numpy")
 def leaf_marginals(P, O, off, root):
     """marg[b, i, k] = P[b, i, k] max(O[b, i, k - off[b, i]], 0) / root[b] (0 where k - off is
     outside O)."""

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
+from dpinfer._kernel import kernel
 
-@numba.njit(cache=True, nogil=True)
+
+@kernel(nogil=True)
 def _tilt_exponents(lw, lam, c, out):
     """out[b, i, k] = lw[b, i, k] + lam[b] (k - c[b, i])."""
     B, m, W = lw.shape
@@ -36,7 +37,7 @@ def _tilt_exponents(lw, lam, c, out):
 # reassociation lets the row sums vectorise (no infinities or NaNs here). No reciprocal:
 # a rounded 1/Z would scale a whole row by the same (1 + delta), an error that adds up
 # coherently over identical cells (d delta in log V).
-@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "nsz", "contract"})
+@kernel(nogil=True, error_model="numpy", fastmath={"reassoc", "nsz", "contract"})
 def _normalise_rows(p):
     """Divide each row of p (B, m, W) by its sum Z, in place, then set entries below the
     smallest normal float to 0; returns (Z, mean, var) of k = 0..W-1 under the rows."""
@@ -80,7 +81,7 @@ def _tilted(lw, lam, c):
     return p, amax[..., 0] + np.log(Z), mean, var
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _newton_step(f, V, lam, lo, hi):
     """One safeguarded Newton/bisection step for each group, in place on lam and its bracket
     [lo, hi]: f = sum_i E_lam[k_i] - t at lam, V = d f / d lam (the tilted variance).

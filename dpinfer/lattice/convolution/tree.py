@@ -32,9 +32,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
+from dpinfer._kernel import kernel
 from dpinfer.lattice.convolution.windows import WINDOW_LOG, plan_windows
 
 _EPS = float(np.finfo(np.float64).eps)
@@ -51,7 +51,7 @@ _FFT_CALL_COST = 4e4
 _FFT_C = 2.0
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def finite_range(a):
     """(lo, hi): the first and last finite entries of the log array a (lo > hi if none)."""
     lo = 0
@@ -64,7 +64,7 @@ def finite_range(a):
     return lo, hi
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _conv_pairs_lin(A):
     """(B, 2n, L) -> (B, n, 2L-1): out[b, j] = A[b, 2j] * A[b, 2j+1] (direct convolution)."""
     B, n2, L = A.shape
@@ -83,7 +83,7 @@ def _conv_pairs_lin(A):
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _conv_pairs_log(A):
     """Log-space version of _conv_pairs_lin (logsumexp over each anti-diagonal)."""
     B, n2, L = A.shape
@@ -142,7 +142,7 @@ def _level_sizes(m):
         n //= 2
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def root_messages(top, off, t, fill):
     """Messages of the two top nodes: O[b, 0, v] = top[b, 1, u - v] and O[b, 1, w] = top[b, 0, u - w]
     with u = t[b] - off[b, 0] - off[b, 1] (fill where u - v is outside the array)."""
@@ -156,7 +156,7 @@ def root_messages(top, off, t, fill):
     return O
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _window_nodes(C, shift, valid, out):
     """Cut node windows out of convolution results.
 
@@ -189,7 +189,7 @@ def _window_nodes(C, shift, valid, out):
     return S, Q
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _error_bounds(S, Q, sizes, lens, steps, m, drop, fft_c):
     """The error recursion of :func:`build_lin` up the tree; returns (e2, rho) of the two top
     nodes, (B, 2) each. S, Q (B, sum(sizes)): 1-norms and squared 2-norms of all nodes,

@@ -14,8 +14,9 @@ from __future__ import annotations
 import functools
 import math
 
-import numba
 import numpy as np
+
+from dpinfer._kernel import kernel
 
 
 # A node's window leaves out tilted mass <= exp(-WINDOW_LOG) = 1e-25 on either side.
@@ -60,7 +61,7 @@ def _cgf_grid(P):
     return mu, Kp, Kn, s
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _plan_kernel(mu, Kp, Kn, s, kmin, kmax, sizes, log_tail):
     """Windows of all nodes, level after level, in flat (B, sum(sizes)) arrays (see plan_windows)."""
     B, m, S = Kp.shape

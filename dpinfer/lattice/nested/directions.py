@@ -34,21 +34,21 @@ they connect the counts under equalities of disjoint or nested cell sets.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from dpinfer._kernel import kernel
 from dpinfer._random_stream import below
 from dpinfer.lattice.nested.kernel import move, settle_term_sums, workspace
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _shuffle(a, rng):
     for i in range(a.size - 1, 0, -1):
         j = below(rng, i + 1)
         a[i], a[j] = a[j], a[i]
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _interaction(subset, cell_shape, rng, cells, signs):
     """A random interaction direction of the axes in the bit mask ``subset`` into cells/signs;
     returns its number of cells (2^|S|)."""
@@ -85,7 +85,7 @@ def _interaction(subset, cell_shape, rng, cells, signs):
     return n
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_start, order, child_ptr,
                    child_area, area_leaf, term_ptr, term_cells, term_value, term_table, meta,
                    inv2v, values, trim, cell_shape, rng, stats, pairs=2, larger=2):

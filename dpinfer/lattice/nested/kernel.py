@@ -75,6 +75,7 @@ import math
 import numba
 import numpy as np
 
+from dpinfer._kernel import kernel
 from dpinfer._random_stream import uniform
 from dpinfer.lattice.nested.terms import MIXING, quadratic_tables
 
@@ -90,7 +91,7 @@ DENSE_CELLS = 64
 _OK, _NO_MASS, _FULL = 0, 1, 2
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def area_cell_terms(term_ptr, term_cells, select):
     """(ptr, terms): the terms r of area v that sum cell c and have ``select[r]`` are
     terms[ptr[v n_cells + c] : ptr[v n_cells + c + 1]] (the moves find the terms they move
@@ -116,7 +117,7 @@ def area_cell_terms(term_ptr, term_cells, select):
     return ptr, terms
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _same_quadratic_terms(u, v, term_ptr, term_cells, term_table, quadratic):
     """Whether areas u and v have the same quadratic terms, in order: the same tables on the
     same cells."""
@@ -137,7 +138,7 @@ def _same_quadratic_terms(u, v, term_ptr, term_cells, term_table, quadratic):
         rv += 1
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def quadratic_forms(term_ptr, term_cells, term_table, term_value, inv2v, quadratic):
     """(H, pattern, Y): the quadratic terms of every area v as one quadratic form of its sums S_v,
 
@@ -199,7 +200,7 @@ def quadratic_forms(term_ptr, term_cells, term_table, term_value, inv2v, quadrat
     return hq, pattern, yq
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def settle_term_sums(tsum, S, term_ptr, term_cells, quadratic):
     """tsum[r] = the sum of term r's cells of its area's sums S, for the terms with
     ``quadratic[r]``: the moves (:func:`move`) keep the sums of the terms read from tables
@@ -215,7 +216,7 @@ def settle_term_sums(tsum, S, term_ptr, term_cells, quadratic):
                 tsum[r] = acc
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@kernel(nogil=True, inline="always")
 def _coefficient(r, j, dcells, dsigns, term_cells):
     """a_r = sum of the direction's signs over the cells term r sums, if the direction's cell
     j is the first of them that r sums (so that a term found under several cells counts
@@ -232,7 +233,7 @@ def _coefficient(r, j, dcells, dsigns, term_cells):
     return a
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _add_terms(v, buf, start, n, lo, dcells, dsigns, tsum, ac_ptr, ac_terms, S, hq, pattern, yq, term_cells,
                term_value, term_table, meta, inv2v, values):
     """buf[start + i] += the log weights at s = lo + i of the terms r of area v that the
@@ -284,7 +285,7 @@ def _add_terms(v, buf, start, n, lo, dcells, dsigns, tsum, ac_ptr, ac_terms, S, 
     return moved
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _add_table(k, e0, step, buf, start, n, meta, inv2v, values):
     """buf[start + i] += log w_k(e0 + step i), i < n (step != 0):
     :func:`~dpinfer.lattice.nested.terms.term_log` with the table's description read once:
@@ -312,7 +313,7 @@ def _add_table(k, e0, step, buf, start, n, meta, inv2v, values):
         _add_beyond(k, e0 + step * i, buf, start + i, meta, inv2v, values)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _add_mixing(values, at, s0, ds, buf, start, n):
     """buf[start + i] += log w(s0 + ds i), i < n, for the MIXING term whose parameters start at
     values[at] (:func:`~dpinfer.lattice.nested.terms.mixing_log`). Along unit steps the
@@ -342,7 +343,7 @@ def _add_mixing(values, at, s0, ds, buf, start, n):
         buf[start + i] += g + kappa * s + c0
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@kernel(nogil=True, inline="always")
 def _add_beyond(k, e, buf, at, meta, inv2v, values):
     """buf[at] += log w_k(e) for an e beyond table k (its HARD, FLAT or GAUSS end)."""
     lo, size, offset = meta[k, 0], meta[k, 1], meta[k, 2]
@@ -359,7 +360,7 @@ def _add_beyond(k, e, buf, at, meta, inv2v, values):
         buf[at] += w - (float(e) * float(e) - float(edge) * float(edge)) * inv2v[k]
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _cut(buf, start, n, floor, none, out):
     """out = (a, b - a, whether an entry before a is not ``none``, whether one from b on is),
     a .. b - 1 the entries of buf[start : start + n] from the first to the last >= ``floor``."""
@@ -381,7 +382,7 @@ def _cut(buf, start, n, floor, none, out):
             out[3] = True
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _finish_log(buf, start, n, trim, out):
     """buf[start : start + n] holds log weights: keep the entries from the first to the last
     within ``trim`` of the maximum, as exp(log weight - maximum); the ends cut are left as
@@ -400,7 +401,7 @@ def _finish_log(buf, start, n, trim, out):
     return m
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _finish_linear(buf, start, n, trim, out):
     """buf[start : start + n] holds weights >= 0: divide them by their maximum and keep the
     entries from the first to the last >= exp(-trim). out: as :func:`_finish_log`'s. Returns
@@ -418,7 +419,7 @@ def _finish_linear(buf, start, n, trim, out):
     return m
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+@kernel(nogil=True, fastmath={"contract"})
 def _convolve(buf, a, na, b, nb, out):
     """buf[out : out + na + nb - 1] = the convolution of buf[a : a + na] and buf[b : b + nb]
     (direct: sums of non-negative products). The products are added through slices, which
@@ -437,7 +438,7 @@ def _convolve(buf, a, na, b, nb, out):
             row[j] += ai * y[j]
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, ac_ptr, ac_terms, S, hq, pattern, yq,
                   term_cells, term_value, term_table, meta, inv2v, values, trim, buf, used, kept):
     """Leaf ``leaf`` (area v): its log factor on the z its boxes allow, written at buf[used:]
@@ -473,7 +474,7 @@ def _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior
     return zlo, n, _finish_log(buf, used, n, trim, kept)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _area_terms(v, dcells, dsigns, tsum, ac_ptr, ac_terms, S, hq, pattern, yq, term_cells, term_value, term_table, meta,
                 inv2v, values, trim, buf, cs, cn, lo, used, kept):
     """An inner area's message if the direction moves its terms: the convolution of its
@@ -501,7 +502,7 @@ def _area_terms(v, dcells, dsigns, tsum, ac_ptr, ac_terms, S, hq, pattern, yq, t
     return True, m, _finish_linear(buf, used, cn, trim, kept)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _compact(buf, to, kept):
     """Move the kept entries buf[kept[0] : kept[0] + kept[1]] down to buf[to:] (to <=
     kept[0]), so that the buffer holds only what later steps read (it stays in cache);
@@ -513,7 +514,7 @@ def _compact(buf, to, kept):
     return shift
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area, area_leaf,
         ac_ptr, ac_terms, S, hq, pattern, yq, term_cells, term_value, term_table, meta, inv2v, values, trim, buf, mstart,
         mlen, mlo, cut, pstart, plen, plo, want_scale):
@@ -582,7 +583,7 @@ def _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, chil
     return _OK, log_scale
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _sample(buf, start, n, rng):
     """An index i in 0 .. n-1 drawn with probability ∝ buf[start + i] (weights >= 0, not all 0)."""
     total = 0.0
@@ -601,7 +602,7 @@ def _sample(buf, start, n, rng):
     return last
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _down(buf, order, child_ptr, child_area, area_leaf, mstart, mlen, mlo, pstart, plen, plo,
           s_area, rng):
     """The downward pass: s_area[v] for every area, the root's from its message, each area's
@@ -647,7 +648,7 @@ def _down(buf, order, child_ptr, child_area, area_leaf, mstart, mlen, mlo, pstar
     return True
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _update(dcells, dsigns, x, S, tsum, lo_open, hi_open, box_lo, box_hi, area_leaf, ac_ptr, ac_terms,
             term_cells, mlo, mlen, cut, s_area, stats):
     """Apply the drawn sums s_area to x, S and tsum; the statistics (:func:`draw_direction`)."""
@@ -677,7 +678,7 @@ def _update(dcells, dsigns, x, S, tsum, lo_open, hi_open, box_lo, box_hi, area_l
                 stats[2] += 1
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def workspace(order, child_area, term_ptr, term_cells, term_value, term_table, meta, inv2v, values, box_lo, box_hi):
     """What the moves of a sweep share (:func:`move`): the terms by area and cell
     (:func:`area_cell_terms`), those read from their tables and the quadratic ones
@@ -702,7 +703,7 @@ def workspace(order, child_area, term_ptr, term_cells, term_value, term_table, m
             np.zeros(n_children, np.int64), np.zeros(n_children, np.int64), np.zeros(n_areas, np.int64))
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _up_growing(dcells, dsigns, x, S, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area,
                 area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, work, want_scale):
     """The upward pass (:func:`_up`) in ``work``'s buffer, doubled until it fits. Returns -inf
@@ -727,7 +728,7 @@ def _up_growing(dcells, dsigns, x, S, tsum, box_lo, box_hi, prior, prior_start, 
     return log_scale + math.log(total)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _log_weight_now(dcells, dsigns, x, S, tsum, box_lo, prior, prior_start, order, area_leaf, term_cells,
                     term_value, term_table, meta, inv2v, values, work):
     """log p(0): the direction's law (module docstring) at z = 0, the current counts."""
@@ -745,7 +746,7 @@ def _log_weight_now(dcells, dsigns, x, S, tsum, box_lo, prior, prior_start, orde
     return one[0]
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def log_mass_ratio(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area,
                    area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, work):
     """log (sum_z p(z) / p(0)), p the direction's unnormalised law (module docstring) and
@@ -764,7 +765,7 @@ def log_mass_ratio(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, 
                                        term_cells, term_value, term_table, meta, inv2v, values, work)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def move(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_start, order, child_ptr,
          child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, rng,
          stats, work):
@@ -786,7 +787,7 @@ def move(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, pr
     return True
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def draw_direction(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior,
                    prior_start, order, child_ptr, child_area, area_leaf, term_ptr, term_cells, term_value,
                    term_table, meta, inv2v, values, trim, rng, stats):
@@ -802,7 +803,7 @@ def draw_direction(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open,
     return moved
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def current_sums(x, S, tsum, order, child_ptr, child_area, area_leaf, term_cells, term_area):
     """Fill S (every area's sums of x) and tsum (every term's sum) from the counts x."""
     area_sums(x, S, order, child_ptr, child_area, area_leaf)
@@ -816,7 +817,7 @@ def current_sums(x, S, tsum, order, child_ptr, child_area, area_leaf, term_cells
         tsum[r] = acc
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def area_sums(x, S, order, child_ptr, child_area, area_leaf):
     """Fill S with every area's sums of the counts x."""
     n_cells = x.shape[1]

@@ -39,8 +39,9 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
+
+from dpinfer._kernel import kernel
 
 HARD, FLAT, GAUSS, MIXING = 0, 1, 2, 3
 
@@ -184,7 +185,7 @@ def _truncated_convolve(a: np.ndarray, b: np.ndarray, half: int) -> np.ndarray:
     return full[half: half + 2 * half + 1]
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def mixing_parameters(alpha, leaf_alpha, mean, values, at):
     """values[at : at + 4] = (alpha, A, kappa, c0) of :meth:`TermTables.add_group_mixing`'s
     formula, from alpha, A (``leaf_alpha``) and the mean M; a non-positive or non-finite one
@@ -200,7 +201,7 @@ def mixing_parameters(alpha, leaf_alpha, mean, values, at):
                       - leaf_alpha * math.log(leaf_alpha / (leaf_alpha + mean)))
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def mixing_log(values, at, s):
     """log w at the group sum s of the MIXING table whose parameters start at values[at]."""
     if s < 0 or values[at + 2] == -np.inf:
@@ -209,7 +210,7 @@ def mixing_log(values, at, s):
             + values[at + 3])
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def quadratic_tables(meta, inv2v, values):
     """(T,) bool: whether table k is log w(e) = c - e^2 inv2v[k] for every integer e, to within
     QUADRATIC_TOLERANCE nats: GAUSS at both ends (which continue the quadratic exactly), e = 0
@@ -230,7 +231,7 @@ def quadratic_tables(meta, inv2v, values):
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def term_log(k, e, meta, inv2v, values):
     """log w_k(e) for the tables of :meth:`TermTables.arrays`."""
     if meta[k, 3] == MIXING:

@@ -51,10 +51,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numba
 import numpy as np
 from numba import literal_unroll
 
+from dpinfer._kernel import kernel
 from dpinfer._random_stream import new_stream, standard_normal
 from dpinfer.inference.checkpoint import ChainState, Interrupted, interrupted_message
 from dpinfer.inference.engines.compiled.count_blocks import GroupTotals, IndependentCells
@@ -89,7 +89,7 @@ _MU, _LOG_EPS, _LOG_EPS_BAR, _H_BAR, _T, _EPS, _TARGET = range(7)
 _GAMMA, _T0, _KAPPA = 0.05, 10.0, 0.75
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _restart_step_size(adapt, eps):
     adapt[_MU] = math.log(10.0 * eps)
     adapt[_LOG_EPS] = math.log(eps)
@@ -99,7 +99,7 @@ def _restart_step_size(adapt, eps):
     adapt[_EPS] = eps
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _update_step_size(adapt, accept):
     adapt[_T] += 1.0
     t = adapt[_T]
@@ -111,7 +111,7 @@ def _update_step_size(adapt, accept):
     adapt[_EPS] = math.exp(adapt[_LOG_EPS])
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _metric_variance(m2_q, m2_grad, c):
     """The diagonal metric's entry (inverse mass) from ``c`` points' sums of squared
     deviations of a parameter and of its gradient: sqrt(Var q / Var grad), nutpie's choice
@@ -124,7 +124,7 @@ def _metric_variance(m2_q, m2_grad, c):
     return var_q
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def nested_tables(block, q, counts, env):
     """Bring a nested count block (:meth:`~dpinfer.inference.engines.compiled.count_blocks.NestedCounts.native`)
     to the parameters q and the counts: its counts and their area and term sums from
@@ -143,7 +143,7 @@ def nested_tables(block, q, counts, env):
                             leaf_group, group_parent, S, box_lo, box_hi, prior_start, table)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row, refill):
     """Every count block's draw; their statistics into ``row`` at each block's columns.
     ``refill``: bring nested blocks to q and the counts first (:func:`nested_tables`); False
@@ -196,7 +196,7 @@ def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row, re
     return True
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt, metric_count,
             metric_mean, metric_m2, window_ends, max_depth, cells, totals, nested, rng, out_q, out_counts,
             out_stats, row, nuts_per_sweep, counts_per_sweep, spread, spread_every, spread_burn):
@@ -227,7 +227,6 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt,
     warm_start = 0 if held else min(50, tune // 10)
     stale = True  # the nested blocks' tables are not those of q and the counts
     moved = nuts_per_sweep > 0  # NUTS moves q between count draws, so their tables are refilled
-    # (a runtime bool, not the literal True: numba would compile _draw_blocks again for the literal)
     for it in range(first, last):
         row[:] = 0.0
         hold_ratio = HOLD_RATIO if it >= tune else HOLD_RATIO_TUNING

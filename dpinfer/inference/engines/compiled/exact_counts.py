@@ -73,9 +73,9 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
+from dpinfer._kernel import kernel
 from dpinfer._random_stream import below, uniform, uniform_open
 from dpinfer.inference.engines.compiled.native import (
     group_mixing_at,
@@ -96,14 +96,14 @@ _NEWTON_STEPS = 30
 _FAILED = -(2**62)  # returned by a cell draw that gave up
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def noise_log(e, c0, c1, power):
     """log f(e) = c0 - c1 |e|^power."""
     a = abs(e)
     return c0 - c1 * (a if power == 1 else a * a)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def log_weight_tables(prior_address, hoisted, q, env, grid, release_table, out):
     """out[i, j] = log p(x_i = grid[i, j] | theta) + release_table[i, j], all (d, W): the
     prior's table from the full table function at ``prior_address`` (``hoisted``: the
@@ -116,7 +116,7 @@ def log_weight_tables(prior_address, hoisted, q, env, grid, release_table, out):
     out += release_table
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def flat_prior_table(prior_address, hoisted, q, env, grid, rows, out):
     """out[k] = log p(x_rows[k] = grid[k] | theta), all (K,): the prior's flat table from the
     function at ``prior_address`` (:class:`~dpinfer.inference.engines.compiled.model.PriorTable`),
@@ -126,7 +126,7 @@ def flat_prior_table(prior_address, hoisted, q, env, grid, rows, out):
       pointer(rows.ctypes.data), pointer(out.ctypes.data), grid.shape[0], pointer(hoisted.ctypes.data))
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def group_mixing_tables(address, q, env, out, at, values, group_area, leaf_group, group_parent, S, box_lo,
                         box_hi, prior_start, table):
     """A GroupedNegativeBinomial's group factors from the parameters, tilted towards the
@@ -171,7 +171,7 @@ def group_mixing_tables(address, q, env, out, at, values, group_area, leaf_group
                     table[prior_start[i] + j] -= t * (lo + j)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _prior_at(point_address, q, env, i, v):
     """log p(x_i = v | theta) for one cell at one value, off the table."""
     f = prior_point_at(point_address)
@@ -188,7 +188,7 @@ _INV_LN2 = 1.44269504088896338700e+00
 _EXP_MIN = -708.0
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"nnan"})
+@kernel(nogil=True, fastmath={"nnan"})
 def _row_max(x):
     """max_j x[j] (-inf for an all -inf row; a log-weight table holds no NaN)."""
     m = -math.inf
@@ -197,7 +197,7 @@ def _row_max(x):
     return m
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+@kernel(nogil=True, fastmath={"reassoc", "contract"})
 def weights_moments(lw, w, bits):
     """One cell's row: w = exp(lw - m), m = max(lw), and the offsets' (mass, mean, variance)
     under w, summed in the pass that finishes w. Returns (m, mass, mean, variance); m = -inf
@@ -244,7 +244,7 @@ def weights_moments(lw, w, bits):
     return m, total, mean, max(s2 / total - mean * mean, 0.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _tilt(lam, tilt):
     """tilt[j] = exp(lam j): the tilt's factors over a window's offsets (shared by the cells
     of a block, whose windows have one width), by products of exp(lam): relative error at
@@ -256,7 +256,7 @@ def _tilt(lam, tilt):
         t *= r
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+@kernel(nogil=True, fastmath={"reassoc"})
 def _moments(w, tilt):
     """(mass, mean, variance) of the offsets j under the weights w_j tilt_j. The sums may be
     reassociated (vectorised): they steer the tilt and the hold rule, whose exactness does
@@ -275,7 +275,7 @@ def _moments(w, tilt):
     return total, mean, max(s2 / total - mean * mean, 0.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _cumulative(w, tilt, cdf):
     """cdf[j] = sum_{k <= j} w_k tilt_k (the table a cell's draw inverts)."""
     total = 0.0
@@ -284,7 +284,7 @@ def _cumulative(w, tilt, cdf):
         cdf[j] = total
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _envelope(i, lam, m, W, tails, out):
     """out = (E_L, E_R, r_L, r_R): masses of the tilted geometric envelopes relative to exp(m)
     and their ratios. ``tails`` rows: left_ok, left_env, left_decay, right_ok, right_env,
@@ -301,13 +301,13 @@ def _envelope(i, lam, m, W, tails, out):
         out[1] = math.exp(tails[4, i] + lam * W - m) / (1.0 - out[3])
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _held(envelope, z_in, hold_ratio):
     """The tails' envelope outweighs the window ``hold_ratio``-fold (or the window is empty)."""
     return not envelope[0] + envelope[1] <= hold_ratio * z_in
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _search(cdf, row, u):
     """Smallest j with cdf[row, j] > u (the row non-decreasing, u < its last entry): the
     answer stays in [base, base + n), each halving a conditional move rather than a branch."""
@@ -320,13 +320,13 @@ def _search(cdf, row, u):
     return base
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _geometric(r, rng):
     """t >= 0 with P(t) = (1 - r) r^t."""
     return int(math.floor(math.log(uniform_open(rng)) / math.log(r)))
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@kernel(nogil=True, inline="always")
 def _draw_cell(i, row, cdf, envelope, lo, tails, release, shape, point_address, q, env, rng):
     """One exact draw of cell i from its tilted conditional (module docstring), given its
     cumulative table cdf[row] and its envelopes envelope[:, row] = (E_L, E_R, r_L, r_R) with
@@ -343,7 +343,7 @@ def _draw_cell(i, row, cdf, envelope, lo, tails, release, shape, point_address, 
                        env, rng)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _draw_tails(i, row, u, cdf, envelope, lo, tails, release, shape, point_address, q, env,
                 rng):
     """The rejection loop of :func:`_draw_cell` from a first uniform ``u`` (scaled to the
@@ -371,7 +371,7 @@ def _draw_tails(i, row, u, cdf, envelope, lo, tails, release, shape, point_addre
     return _FAILED
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def draw_independent(prior_address, hoisted, point_address, q, counts, env, offset, grid,
                      release_table, lw, w, cdf, envelope, release, tails, shape, log_eta,
                      hold_ratio, rng):
@@ -413,7 +413,7 @@ def draw_independent(prior_address, hoisted, point_address, q, counts, env, offs
     return bound, kept
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _draw_subset(cells, target, lw, w, cdf, envelope, scale, mean, var, tilt, grid, tails,
                  release, shape, point_address, q, counts, env, offset, hold_ratio, rng, stats,
                  proposal):
@@ -520,7 +520,7 @@ def _draw_subset(cells, target, lw, w, cdf, envelope, scale, mean, var, tilt, gr
     stats[3] += 1.0
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def draw_given_totals(prior_address, hoisted, point_address, q, counts, env, offset, grid,
                       release_table, lw, w, cdf, envelope, release, tails, shape, group_ptr,
                       group_cells, targets, hold_ratio, rng, stats):

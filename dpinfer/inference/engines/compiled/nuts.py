@@ -38,16 +38,16 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
+from dpinfer._kernel import kernel
 from dpinfer._random_stream import standard_normal, uniform
 from dpinfer.inference.engines.compiled.native import logp_grad_at, pointer
 
 MAX_ENERGY_ERROR = 1000.0
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def log_density(f, q, grad, data):
     """f(q) with its gradient written into ``grad``; -inf where it is not finite."""
     lp = f(pointer(q.ctypes.data), pointer(grad.ctypes.data), pointer(data.ctypes.data))
@@ -59,13 +59,13 @@ def log_density(f, q, grad, data):
     return lp
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def log_density_at(logp_grad, q, grad, data):
     """:func:`log_density` of the function at address ``logp_grad``."""
     return log_density(logp_grad_at(logp_grad), q, grad, data)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _leapfrog(f, data, q, p, g, eps, inv_mass):
     """One leapfrog step of size ``eps`` (negative: backwards in time), in place; returns
     the log density at the new position."""
@@ -81,7 +81,7 @@ def _leapfrog(f, data, q, p, g, eps, inv_mass):
     return lp
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _kinetic(p, inv_mass):
     k = 0.0
     for i in range(p.shape[0]):
@@ -89,7 +89,7 @@ def _kinetic(p, inv_mass):
     return 0.5 * k
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _momentum(inv_mass, rng):
     """A fresh momentum p ~ N(0, M), M = diag(1 / inv_mass)."""
     n = inv_mass.shape[0]
@@ -99,7 +99,7 @@ def _momentum(inv_mass, rng):
     return p
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _turned(ps_minus, ps_plus, rho):
     """The generalized no-U-turn criterion fails (the trajectory has turned)."""
     a = 0.0
@@ -110,7 +110,7 @@ def _turned(ps_minus, ps_plus, rho):
     return not (a > 0.0 and b > 0.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _turned_extended(ps_minus, ps_plus, rho, p_extra):
     """_turned with rho + p_extra (the criterion across a merge of two subtrees)."""
     a = 0.0
@@ -122,7 +122,7 @@ def _turned_extended(ps_minus, ps_plus, rho, p_extra):
     return not (a > 0.0 and b > 0.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _logaddexp(a, b):
     if a == -math.inf:
         return b
@@ -132,7 +132,7 @@ def _logaddexp(a, b):
     return m + math.log(math.exp(a - m) + math.exp(b - m))
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _build_subtree(f, data, depth, eps, inv_mass, H0, rng, q, p, g,
                    log_w, rho, pbeg, psbeg, pend, psend, prop_q, prop_g, prop_p, prop_lp, level):
     """2**depth leapfrog steps from (q, p, g) (updated in place to the far end), building the
@@ -196,7 +196,7 @@ def _build_subtree(f, data, depth, eps, inv_mass, H0, rng, q, p, g,
     return True, False, steps, sum_accept
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def nuts_transition(logp_grad, data, q, g, lp, eps, inv_mass, max_depth, rng):
     """One NUTS transition from (q, g = grad log p(q), lp = log p(q)) of the log density at
     address ``logp_grad`` (signature :data:`dpinfer.inference.engines.compiled.native.LOGP_GRAD`) given the
@@ -285,7 +285,7 @@ def nuts_transition(logp_grad, data, q, g, lp, eps, inv_mass, max_depth, rng):
     return sample_lp, depth, steps, mean_accept, diverging, H, H - H0
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def reasonable_step_size(logp_grad, data, q, g, lp, eps, inv_mass, rng):
     """Hoffman & Gelman (2014) Algorithm 4: double or halve ``eps`` until the acceptance
     probability of one leapfrog step from (q, fresh momentum) crosses 1/2."""
