@@ -296,8 +296,9 @@ class NoiseGibbs:
             raise ValueError("moves must be a non-empty dpinfer MoveSet (a Markov basis of the invariants)")
         self.moves = moves
         self.target = target
-        self.cells = np.ascontiguousarray(moves.cells, dtype=np.int64)
-        self.steps = np.ascontiguousarray(moves.steps, dtype=np.int64)
+        # writable copies of the read-only moves: the kernels' one specialisation, whoever calls them
+        self.cells = np.array(moves.cells, dtype=np.int64)
+        self.steps = np.array(moves.steps, dtype=np.int64)
         self.n_cells = moves.n_cells
         self.updates_per_sweep = min(len(moves), MOVES_PER_CELL * self.n_cells)
 

@@ -33,8 +33,10 @@ class NestedGibbs:
     def __init__(self, sums: NestedSums, box_lo, box_hi, *, support=(0, None), trim: float = DEFAULT_TRIM):
         shape = (sums.n_leaves, sums.n_cells)
         self.sums = sums
-        self.box_lo = np.ascontiguousarray(np.broadcast_to(box_lo, shape), dtype=np.int64)
-        self.box_hi = np.ascontiguousarray(np.broadcast_to(box_hi, shape), dtype=np.int64)
+        # copies, always writable: a read-only box (the view broadcast_to returns when the box
+        # has its full shape already) would make the kernels compile a second specialisation
+        self.box_lo = np.array(np.broadcast_to(box_lo, shape), dtype=np.int64)
+        self.box_hi = np.array(np.broadcast_to(box_hi, shape), dtype=np.int64)
         if np.any(self.box_hi < self.box_lo):
             raise ValueError("box_hi must be >= box_lo for every count")
         lower, upper = support

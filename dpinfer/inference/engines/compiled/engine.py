@@ -498,8 +498,10 @@ def per_chain(initvals, chains: int) -> list:
 
 def count_dtype(blocks):
     """The stored counts' dtype: int32 where every block is nested and its boxes end below
-    2^31 (the counts cannot leave them), else int64 (windows with exact tails bound nothing)."""
-    bounded = all(b.kind == "nested" for b in blocks) and all(
+    2^31 (the counts cannot leave them), else int64 (windows with exact tails bound nothing;
+    a model without counts stores none, and int64 saves its sampler a compile of its own:
+    the kernel is specialised on this dtype)."""
+    bounded = bool(blocks) and all(b.kind == "nested" for b in blocks) and all(
         int(b.gibbs.box_hi.max(initial=0)) < np.iinfo(np.int32).max for b in blocks)
     return np.int32 if bounded else np.int64
 
