@@ -89,5 +89,6 @@ def descend(tree, tree_idx, t, rng):
         A = tree.levels[lev]
         n = A.shape[1] // 2
         unif = 1.0 - rng.random((S, n))
-        u = _descend_level(A, tree.offs[lev], tree.log_mode, tree_idx, np.ascontiguousarray(u[:, :n]), unif)
+        u = _descend_level(np.ascontiguousarray(A), tree.offs[lev], tree.log_mode, tree_idx,
+                           np.ascontiguousarray(u[:, :n]), unif)
     return u  # (S, padded m)

@@ -227,7 +227,8 @@ def _solve_bucket(lw, t, want_marg, want_tree):
                     logV[inner[sel]] = shift[sel] + np.log(tree.root)
                 if want_marg:
                     O = downward_lin(tree, ti[sel])
-                    marg[inner[sel]] = leaf_marginals(P[sel], O[:, :m], tree.offs[0][:, :m], tree.root)
+                    marg[inner[sel]] = leaf_marginals(P[sel], np.ascontiguousarray(O[:, :m]),
+                                                      np.ascontiguousarray(tree.offs[0][:, :m]), tree.root)
                 if want_tree:
                     trees.append((tree, inner[sel]))
         sel = np.flatnonzero(use_log)

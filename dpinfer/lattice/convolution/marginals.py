@@ -137,12 +137,13 @@ def downward_lin(tree, t):
         if N == 0:
             # parent message re-based to the children's summed window start (length 2L - 1)
             base = off[:, 0::2] + off[:, 1::2]
-            O = _corr_down_lin(_rebase(O[:, :n], base - tree.offs[b][:, :n], 2 * A.shape[2] - 1), A)
+            O = _corr_down_lin(_rebase(np.ascontiguousarray(O[:, :n]), base - tree.offs[b][:, :n],
+                                       2 * A.shape[2] - 1), A)
             continue
         shift = (tree.offs[b][:, :n] - tree.origins[b][:, :n]) % N
-        FO = scipy.fft.rfft(_scatter_circular(O[:, :n], shift, N), axis=-1)
+        FO = scipy.fft.rfft(_scatter_circular(np.ascontiguousarray(O[:, :n]), shift, N), axis=-1)
         for lev in range(b - 1, a - 1, -1):
-            FO = _times_conj_sibling(FO[:, : tree.offs[lev].shape[1] // 2], tree.specs[lev])
+            FO = _times_conj_sibling(np.ascontiguousarray(FO[:, : tree.offs[lev].shape[1] // 2]), tree.specs[lev])
             tree.specs[lev] = None
         O = scipy.fft.irfft(FO, n=N, axis=-1, overwrite_x=True)[..., : A.shape[2]]
     return O  # FFT levels leave round-off negatives: the callers clip at 0

@@ -73,7 +73,7 @@ def _tilted(lw, lam, c):
     entries below the smallest normal float set to 0 (subnormals are ~100x slower in the
     products; this changes V by < d W 2e-308), and the means and variances of k under them.
     ``k - c_i`` is exact, so the tilt costs one rounding per entry however large ``lam k`` is."""
-    p = _tilt_exponents(lw, lam, c, np.empty(lw.shape))
+    p = _tilt_exponents(np.ascontiguousarray(lw), lam, c, np.empty(lw.shape))
     amax = p.max(axis=-1, keepdims=True)
     p -= amax
     np.exp(p, out=p)

@@ -317,7 +317,7 @@ def build_lin(P, kmin, kmax, t, keep_fft, all_levels):
         """Level lev's windows out of the convolutions C (B, n_real, NC); returns its buffer."""
         buf = np.zeros((B, sizes[lev], max(lens[lev], fft_width.get(lev, 0))))
         valid = ends[lev][:, :n_real] - starts[lev][:, :n_real] + 1
-        norms[lev] = _window_nodes(C, shift, valid, buf)
+        norms[lev] = _window_nodes(C, np.ascontiguousarray(shift), valid, buf)
         levels[lev] = buf[..., : lens[lev]]
         return buf
 

@@ -125,6 +125,7 @@ def plan_windows(P, kmin, kmax, sizes):
     mu, Kp, Kn, s = _cgf_grid(P)
     start, end = _plan_kernel(mu, Kp, Kn, s, kmin, kmax, np.asarray(sizes, np.int64), WINDOW_LOG)
     bounds = np.cumsum([0] + list(sizes))
-    starts = [start[:, a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-    ends = [end[:, a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    # contiguous copies: a view's layout (numba's type) would depend on B
+    starts = [np.ascontiguousarray(start[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    ends = [np.ascontiguousarray(end[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
     return starts, ends
