@@ -193,6 +193,32 @@ def test_noise_dominated_statistic_is_non_centred():
     assert _logp_at(fitted, {"beta": beta, "s_true_statistic_z": z}) == pytest.approx(expected, rel=1e-9)
 
 
+def test_a_refit_whose_release_changes_the_form_rewrites_the_model_again():
+    """The form is chosen per release (at its planning point): Laplace noise of scale 200 over
+    4000 records (2 b^2 = 80,000) is noise-dominated on every coordinate where the release says
+    beta is near (0, 0.5) (c^2's sum varies by about n Var[c^2] = 4000 x 2.5) and not where it
+    says (0.5, 3) (c^2 of a response with sd 3.2, clamped at 5, varies by n x 60 or more). After
+    pm.set_data the model kept for the first release must not be reused for the second: its
+    free variables are the first form's."""
+    from dpinfer.inference.engines.closed_form import summed_out_model
+
+    n = 4000
+    with pm.Model() as model:
+        beta = pm.Normal("beta", 0.0, 2.0, shape=2)
+        x = pm.Normal("x", 0.0, 1.0, shape=(n, 1))
+        y = pm.Normal("y", beta[0] + x @ beta[1:], 1.0, shape=n)
+        release = pm.Data("release", np.round(_records_moments(n, np.array([0.0, 0.5]))[0]))
+        dp.Laplace(1.0, sensitivity=200.0).observe(
+            "s", dp.regression_statistic(dp.clamp(x, -5.0, 5.0), dp.clamp(y, -5.0, 5.0)), observed=release)
+    forms = []
+    for beta_release in ([0.0, 0.5], [0.5, 3.0]):
+        pm.set_data({"release": np.round(_records_moments(n, np.array(beta_release))[0])}, model=model)
+        [item] = _plan(model)[0]
+        fitted = summed_out_model(model, [item])
+        forms.append((item.non_centred, sorted(v.name for v in fitted.free_RVs)))
+    assert forms == [(True, ["beta", "s_true_statistic_z"]), (False, ["beta", "s_noise_variance_z"])]
+
+
 def test_rewritten_regression_keeps_the_true_statistic_under_other_noise():
     """Logistic noise (no scale mixture of normals used): T = s_true_statistic is a latent,
     T ~ MvNormal(n E[t], n Cov[t]) (+ 1e-10 n E[t_j^2], the Cholesky guard), and s | T

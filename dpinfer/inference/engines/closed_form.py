@@ -20,9 +20,11 @@ _KEPT = "_dpinfer_closed_form_model"
 
 def summed_out_model(model, summed: list):
     """``model`` with each summed latent gone and its release observed with its closed-form
-    law; kept on ``model`` (rebuilt when the latents or the model's variables change), its
+    law; kept on ``model`` (rebuilt when the latents, their parameterisation or the model's
+    variables change: a refit on new data may choose another form for a law of the sum), its
     data (copies) set to the model's current values."""
-    key = (tuple(s.latent_name for s in summed), tuple(v.name for v in model.free_RVs),
+    key = (tuple((s.latent_name, tuple(s.nuisance_names)) for s in summed),
+           tuple(v.name for v in model.free_RVs),
            tuple(v.name for v in model.observed_RVs))
     kept = getattr(model, _KEPT, None)
     if kept is not None and kept[0] == key:

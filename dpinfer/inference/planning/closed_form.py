@@ -55,6 +55,7 @@ class _SummedOut:
 
     record: ReleaseRecord
     draws_latent = True  # drawn exactly given each posterior draw
+    nuisance_names = ()  # free variables the rewrite adds to the model: none
 
     @property
     def latent_name(self) -> str:
