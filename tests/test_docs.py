@@ -144,8 +144,10 @@ NUMBER_SOURCES = {
     "cli.md": ["README.md", "benchmarks/README.md", "dpinfer/io/*.py", "dpinfer/utility/*.py"],
     # the exact posterior of B1 (examples/privatised_mean.py) and the curator's question's
     # zCDP target (examples/curator_question.py) are stated in the examples' docstrings; the
-    # law of the sum against data augmentation is validation/results/record_sums_vs_augmentation*.md
-    "continuous.md": DEFAULT_SOURCES + ["examples/*.py", "validation/results/record_sums_vs_augmentation*.md"],
+    # law of the sum against data augmentation is validation/results/record_sums_vs_augmentation*.md,
+    # its calibration validation/results/sbc_record_sums.md
+    "continuous.md": DEFAULT_SOURCES + ["examples/*.py", "validation/results/record_sums_vs_augmentation*.md",
+                                        "validation/results/sbc_record_sums.md"],
     "compare.md": DEFAULT_SOURCES + ["examples/*.py"],
     # the side by side of the census files is validation/results/census_nmf.md
     "census-nmf.md": DEFAULT_SOURCES + ["validation/results/*.md"],
