@@ -78,6 +78,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.top < 1:
         parser.error(f"--top must be >= 1 (got {args.top})")
+    if args.baseline and subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet",
+                                         f"{args.baseline}^{{commit}}"], capture_output=True).returncode:
+        parser.error(f"--baseline {args.baseline!r} is not a commit of this repository")
     runs = {"this checkout": run(ROOT, args.tests)}
     if args.baseline:
         worktree = Path(tempfile.mkdtemp(prefix="dpinfer-baseline-"))
