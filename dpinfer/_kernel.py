@@ -9,9 +9,10 @@ compiles the callee for it before it settles on int64. Each such specialisation 
 compile of the callee and of everything it calls that LLVM then inlines, and it goes to the
 on-disk cache: a fresh install paid for them (with ``numba.njit``, 53 of the 188 signatures
 that a workload of the test suite compiled were literal specialisations, and
-``noise_gibbs._walk_out`` was compiled eight times; with this decorator it compiles 145
-signatures in 210-240 CPU seconds instead of 270-275). None is faster than its plain version
-by more than a folded constant.
+``noise_gibbs._walk_out`` was compiled eight times). With this decorator,
+``benchmarks/bench_kernel_compile.py`` measured 94.2 s of compile against 160.1 s, 250
+signatures against 285 (benchmarks/README.md, "Kernel compile"). None is faster than its plain
+version by more than a folded constant.
 
 A :func:`kernel` is typed, when called from compiled code, with its arguments' plain types
 (:func:`numba.core.types.unliteral`), so one compile serves every value. Calls from Python are
