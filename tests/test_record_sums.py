@@ -84,6 +84,29 @@ def test_auto_keeps_data_augmentation_where_the_normal_law_would_err():
     assert item.predicted_error == pytest.approx(expected(200.0), rel=0.2) and item.predicted_error < ERROR_TOLERANCE / 10
 
 
+def test_the_measured_error_is_the_sums_skewness_at_the_posterior_mean():
+    """measured_error at the posterior mean against quadrature: the sum's skewness skew(c) /
+    sqrt(n) and the release's quantile error 0.284 n k3(c) / (n Var[c] + noise variance)^1.5,
+    from the 200,000 records it simulates (the sample skewness of this rectified normal,
+    zero for 98% of records, has a relative sd of 1.7% at that size, by simulation: rel=0.1 is
+    6 sds)."""
+    import xarray as xr
+
+    from dpinfer.inference.planning.record_sums import EDGEWORTH
+
+    n = 3000
+    moment = [integrate.quad(lambda y, k=k: max(y, 0.0) ** k * stats.norm.pdf(y, -2.0, 1.0), -12, 10, points=[0])[0]
+              for k in range(4)]
+    variance = moment[2] - moment[1] ** 2
+    third = moment[3] - 3 * moment[1] * moment[2] + 2 * moment[1] ** 3
+    [item] = _plan(_rectified(n, dp.Laplace(1.0, sensitivity=10.0)), "law-of-the-sum")[0]
+    posterior = xr.Dataset({"mu": (("chain", "draw"), np.full((1, 2), -2.0))})
+    error = item.measured_error(posterior, np.random.default_rng(5))
+    assert error["max_abs_skewness_of_sum"] == pytest.approx(third / variance**1.5 / np.sqrt(n), rel=0.1)
+    assert error["release_quantile_error_sd"] == pytest.approx(EDGEWORTH * n * third / (n * variance + 200.0) ** 1.5,
+                                                               rel=0.1)
+
+
 def test_either_method_can_be_forced():
     assert _plan(_regression(50), "law-of-the-sum")[0]
     summed, kept = _plan(_regression(5000), "data-augmentation")

@@ -245,9 +245,11 @@ class SummedRecords:
         release T + noise (the noise's variance diluting the skewness: what the parameters
         see, :func:`_at_planning_point`), beside its prediction before the fit."""
         draws = simulate_terms(self.numeric_parameters(posterior), self.terms, SIMULATED_RECORDS, rng)
-        skew = stats.skew(draws, axis=0) / np.sqrt(self.n)
+        variance, third = _cumulants(draws)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            skew = third / variance**1.5 / np.sqrt(self.n)
         skew = np.where(np.isfinite(skew), skew, 0.0)
-        _, release = _release_error(draws, self.n, float(np.max(self.record.mechanism.noise_variance)))
+        release = _release_error(variance, third, self.n, float(np.max(self.record.mechanism.noise_variance)))
         worst = float(np.max(np.abs(skew)))
         return {"max_abs_skewness_of_sum": worst,
                 "quantile_error_sd": worst * EDGEWORTH,
@@ -440,14 +442,20 @@ def _summed_records(model, record, tag) -> SummedRecords:
                                       removed), _release(model, record))
 
 
-def _release_error(terms: np.ndarray, n: int, noise: float) -> tuple[np.ndarray, float]:
-    """(n Var[t_j] for each j, the normal law's error in the release's 5% and 95% quantiles in its
-    sds: 0.284 max_j |n k3(t_j)| / (n Var[t_j] + noise)^1.5, :func:`_at_planning_point`) from
-    simulated records' ``terms`` (records x terms) and the noise's variance."""
-    variance = n * terms.var(axis=0)
-    third = n * np.mean((terms - terms.mean(axis=0)) ** 3, axis=0)
-    skewness = np.abs(third) / (variance + noise) ** 1.5
-    return variance, float(np.max(EDGEWORTH * np.where(np.isfinite(skewness), skewness, 0.0)))
+def _cumulants(terms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(variance, third central moment) of each column of ``terms`` (records x terms), from one
+    centring: the sample's own moments (divisor the number of records), as scipy.stats.skew's."""
+    centred = terms - terms.mean(axis=0)
+    squared = centred * centred
+    return squared.mean(axis=0), (squared * centred).mean(axis=0)
+
+
+def _release_error(variance: np.ndarray, third: np.ndarray, n: int, noise: float) -> float:
+    """The normal law's error in the release's 5% and 95% quantiles, in its sds, from one record's
+    terms' ``variance`` and ``third`` central moment (:func:`_cumulants`) and the noise's
+    variance: 0.284 max_j |n k3(t_j)| / (n Var[t_j] + noise)^1.5 (:func:`_at_planning_point`)."""
+    skewness = np.abs(n * third) / (n * variance + noise) ** 1.5
+    return float(np.max(EDGEWORTH * np.where(np.isfinite(skewness), skewness, 0.0)))
 
 
 def _release(model, record) -> np.ndarray:
@@ -500,6 +508,8 @@ def _at_planning_point(item: SummedRecords, release: np.ndarray) -> SummedRecord
         fit = float(np.sum(stats.norm.logpdf(release, item.n * terms.mean(axis=0), np.sqrt(variance + noise))))
         if fit > best or point is None:
             best, point = fit, records
-    variance, error = _release_error(simulate_terms(point, item.terms, POINT_RECORDS, rng), item.n, noise)
+    variance, third = _cumulants(simulate_terms(point, item.terms, POINT_RECORDS, rng))
+    error = _release_error(variance, third, item.n, noise)
+    variance = item.n * variance
     non_centred = item.noise == "laplace-mixture" and bool(np.all(variance < noise))
     return dataclasses.replace(item, non_centred=non_centred, predicted_error=error)
