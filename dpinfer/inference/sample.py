@@ -38,6 +38,7 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
+from dpinfer._blas import blas_threads_for
 from dpinfer._graphs import evaluate
 from dpinfer._validation import check_count, check_flag, check_path, check_probability, check_seed
 from dpinfer.inference import checkpoint as checkpoints
@@ -227,18 +228,19 @@ def sample(
                    checkpoint=_fit_checkpoint(engine, checkpoint, checkpoint_every, resume, seed, sample_kwargs,
                                               draws=draws, tune=tune, chains=chains, tol=tol, inference=inference,
                                               empirical_bayes=empirical_bayes))
-    if engine == "nutpie":  # 3. sample
-        idata = nutpie_engine.run(fitted, compiled, seed=int(rng.integers(2**31)), **_without(
-            options, "rng", "tol", "checkpoint"), **sample_kwargs)
-        recovery.record(idata, [])
-        report, widenings, fit = {}, 0, None
-    else:
-        sample_kwargs, mode_start = _naive_start(model, fitted, plan, engine, sample_kwargs)
-        with compiled_cache.notices(progressbar):
-            idata, report, widenings, fit = _sample_counts(model, fitted, plan, engine, compiled,
-                                                            sample_kwargs, inference=inference,
-                                                            empirical_bayes=empirical_bayes,
-                                                            deadline=deadline, mode_start=mode_start, **options)
+    with blas_threads_for(cores):  # the chains run side by side in threads: one BLAS thread each (dpinfer._blas)
+        if engine == "nutpie":  # 3. sample
+            idata = nutpie_engine.run(fitted, compiled, seed=int(rng.integers(2**31)), **_without(
+                options, "rng", "tol", "checkpoint"), **sample_kwargs)
+            recovery.record(idata, [])
+            report, widenings, fit = {}, 0, None
+        else:
+            sample_kwargs, mode_start = _naive_start(model, fitted, plan, engine, sample_kwargs)
+            with compiled_cache.notices(progressbar):
+                idata, report, widenings, fit = _sample_counts(model, fitted, plan, engine, compiled,
+                                                                sample_kwargs, inference=inference,
+                                                                empirical_bayes=empirical_bayes,
+                                                                deadline=deadline, mode_start=mode_start, **options)
     summed = plan.summed if fitted is not model else []
     if log_likelihood:  # per-cell marginal log-likelihoods, on windows proven to within tol
         ll_model = fitted if summed else marginal_model(model, tol) if engine == "compiled" else fit.model
