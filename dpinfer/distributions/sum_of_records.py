@@ -34,7 +34,10 @@ between, above a_U) c is c_L, e0 + e1 w (e0 = alpha mu_y + gamma, e1 = alpha s_y
 
 with the truncated normal moments J_j(a, b) = int_a^b w^j phi(w) dw from the recursion
 J_j = (j - 1) J_(j-2) + a^(j-1) phi(a) - b^(j-1) phi(b) (J_0 = Phi(b) - Phi(a),
-J_1 = phi(a) - phi(b)). Every moment is exact: no quadrature, no simulation.
+J_1 = phi(a) - phi(b)). Every moment is exact: no quadrature, no simulation. The terms that are
+products of covariates alone (k = 0) take the same formula with x's own law (d = 0, v ~ N(mu_v,
+S_v)): the same numbers with no graph through b, so that their block, most of the covariance at
+many covariates (66 of 77 terms at p = 10), costs the gradient nothing.
 """
 
 from __future__ import annotations
@@ -192,15 +195,30 @@ class NormalRecords:
         cov_v = pt.set_subtensor(pt.zeros((p + 1, p + 1))[1:, 1:], cov_x)
         powers = 2 * max(t.power for t in terms)
         table = response_moments(mu_y, s_y, self.clamp, powers)
-        means, second = _term_moments(mu_v, d_v, cov_v, table, terms, p + 1)
-        return means, second - pt.outer(means, means)
+        covariates = [t for t in terms if t.power == 0]  # products of covariates alone
+        response = [t for t in terms if t.power > 0]
+        if not covariates or not response:
+            means, second = _term_moments(mu_v, d_v, cov_v, table, terms, terms, p + 1)
+            return means, second - pt.outer(means, means)
+        # the covariates' products from x's own law (no conditioning on y: the same numbers,
+        # but no graph through b, so their 66 x 66 block at p = 10 costs the gradient nothing)
+        own = pt.set_subtensor(pt.zeros((p + 1, p + 1))[1:, 1:], pt.eye(p) * variance_x * alpha**2)
+        normal = pt.as_tensor(np.array([[1.0], [0.0], [1.0], [0.0], [3.0]]))  # E[w^r], r <= 4
+        mean_x, second_x = _term_moments(mu_v, pt.zeros((p + 1,)), own, normal, covariates, covariates, p + 1)
+        mean_c, second_c = _term_moments(mu_v, d_v, cov_v, table, response, covariates + response, p + 1)
+        cross = second_c[:, : len(covariates)]
+        second = pt.concatenate([pt.concatenate([second_x, cross.T], axis=1), second_c], axis=0)
+        means = pt.concatenate([mean_x, mean_c])
+        order = np.argsort(np.argsort([t.power > 0 for t in terms], kind="stable"))  # each term's place above
+        return means[order], (second - pt.outer(means, means))[order][:, order]
 
 
-def _term_moments(mu_v, d_v, cov_v, table, terms: list[Term], width: int):
-    """(E[t], E[t t']) of the terms t_a = v_i v_j c^k (i, j their covariates padded with v_0 = 1),
-    as dense products with one-hot selection matrices instead of a gather per entry (a gather's
-    gradient is a scatter: at p = 10, 77 terms, the log density and gradient took 4.0 ms with
-    per-entry gathers and 0.55 ms so, measured by a NUMBA-mode function of the moments).
+def _term_moments(mu_v, d_v, cov_v, table, rows: list[Term], cols: list[Term], width: int):
+    """(E[t_a] for the ``rows`` terms, E[t_a t_b] for a in ``rows`` and b in ``cols``) of the terms
+    t_a = v_i v_j c^k (i, j their covariates padded with v_0 = 1), as dense products with one-hot
+    selection matrices instead of a gather per entry (a gather's gradient is a scatter: at p =
+    10, 77 terms, the log density and gradient took 4.0 ms with per-entry gathers and 0.55 ms so,
+    measured by a NUMBA-mode function of the moments).
 
     Given w, v ~ N(m, C) with m = mu_v + d_v w, so E[v_i v_j | w] = P_a(w) = m_i m_j + C_ij and,
     by Isserlis' theorem, for a second term b = (k, l),
@@ -209,36 +227,43 @@ def _term_moments(mu_v, d_v, cov_v, table, terms: list[Term], width: int):
                                  + C_ik C_jl + C_il C_jk,
 
     polynomials in w of degree <= 4; with the one-hot matrices I and J picking each term's i and
-    j, every one is a T x T matrix of outer products and entries of I C I', I C J', J C J'. The
-    coefficient of w^r multiplies A[r, k_a + k_b] (the module docstring's table)."""
-    size = len(terms)  # ``width``: v's length, p + 1
-    pick_i, pick_j = np.zeros((size, width)), np.zeros((size, width))
-    for a, term in enumerate(terms):
-        i, j = (tuple(term.covariates) + (0, 0))[:2]
-        pick_i[a, i] = pick_j[a, j] = 1.0
-    power = np.array([t.power for t in terms], dtype=np.int64)
-    m_i, m_j = (pt.dot(pick, mu_v) for pick in (pick_i, pick_j))
-    d_i, d_j = (pt.dot(pick, d_v) for pick in (pick_i, pick_j))
-    c_i, c_j = pt.dot(pick_i, cov_v), pt.dot(pick_j, cov_v)
-    c_ii, c_ij, c_jj = pt.dot(c_i, pick_i.T), pt.dot(c_i, pick_j.T), pt.dot(c_j, pick_j.T)
-    c_ji = c_ij.T
-    within = pt.sum(c_i * pick_j, axis=1)  # C_ij of each term
-    p_coef = [m_i * m_j + within, m_i * d_j + d_i * m_j, d_i * d_j]  # P_a's coefficients of w^0..w^2
-    mean = sum(p_coef[r] * table[r, power] for r in range(3))
+    j, every one is a rows x cols matrix of outer products and entries of I C I', I C J', J C I',
+    J C J'. The coefficient of w^r multiplies A[r, k_a + k_b] (the module docstring's table)."""
+
+    def picks(terms):
+        pick_i, pick_j = np.zeros((len(terms), width)), np.zeros((len(terms), width))
+        for a, term in enumerate(terms):
+            i, j = (tuple(term.covariates) + (0, 0))[:2]
+            pick_i[a, i] = pick_j[a, j] = 1.0
+        return pick_i, pick_j, np.array([t.power for t in terms], dtype=np.int64)
+
+    def polynomial(pick_i, pick_j, power):  # (m_i, d_i), (m_j, d_j), P's coefficients of w^0..w^2
+        m_i, m_j = (pt.dot(pick, mu_v) for pick in (pick_i, pick_j))
+        d_i, d_j = (pt.dot(pick, d_v) for pick in (pick_i, pick_j))
+        within = pt.sum(pt.dot(pick_i, cov_v) * pick_j, axis=1)  # C_ij of each term
+        return (m_i, d_i), (m_j, d_j), [m_i * m_j + within, m_i * d_j + d_i * m_j, d_i * d_j]
+
+    row_i, row_j, row_power = picks(rows)
+    col_i, col_j, col_power = picks(cols)
+    mi, mj, p_row = polynomial(row_i, row_j, row_power)
+    ni, nj, p_col = polynomial(col_i, col_j, col_power)
+    mean = sum(p_row[r] * table[r, row_power] for r in range(3))
+    c_i, c_j = pt.dot(row_i, cov_v), pt.dot(row_j, cov_v)
+    c_ii, c_ij = pt.dot(c_i, col_i.T), pt.dot(c_i, col_j.T)  # C[i_a, i_b], C[i_a, j_b]
+    c_ji, c_jj = pt.dot(c_j, col_i.T), pt.dot(c_j, col_j.T)  # C[j_a, i_b], C[j_a, j_b]
 
     def outer(x, y):  # coefficients of w^0..w^2 of outer(x0 + x1 w, y0 + y1 w)
         return [pt.outer(x[0], y[0]), pt.outer(x[0], y[1]) + pt.outer(x[1], y[0]), pt.outer(x[1], y[1])]
 
-    coef = [pt.zeros((size, size)) for _ in range(DEGREE + 1)]
+    coef = [pt.zeros((len(rows), len(cols))) for _ in range(DEGREE + 1)]
     for r in range(3):
         for q in range(3):
-            coef[r + q] = coef[r + q] + pt.outer(p_coef[r], p_coef[q])
-    mi, mj = (m_i, d_i), (m_j, d_j)
-    for left, right, between in ((mi, mi, c_jj), (mi, mj, c_ji), (mj, mi, c_ij), (mj, mj, c_ii)):
+            coef[r + q] = coef[r + q] + pt.outer(p_row[r], p_col[q])
+    for left, right, between in ((mi, ni, c_jj), (mi, nj, c_ji), (mj, ni, c_ij), (mj, nj, c_ii)):
         for r, part in enumerate(outer(left, right)):
             coef[r] = coef[r] + part * between
     coef[0] = coef[0] + c_ii * c_jj + c_ij * c_ji
-    second = pt.sum(pt.stack(coef) * table[:, np.add.outer(power, power)], axis=0)
+    second = pt.sum(pt.stack(coef) * table[:, np.add.outer(row_power, col_power)], axis=0)
     return mean, second
 
 
