@@ -21,28 +21,23 @@ import json
 import statistics
 import subprocess
 import sys
+from pathlib import Path
+
+HERE = str(Path(__file__).resolve().parent)
 
 CHILD = r'''
 import contextlib, json, sys, time, warnings
-import numpy as np, pymc as pm, dpinfer as dp
+sys.path.insert(0, sys.argv[7])  # benchmarks/: regression_release
+import dpinfer as dp
 import dpinfer.inference.sample as sampling
+from regression_release import regression_model
 n, p, fits, tune, draws, setting = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
                                     int(sys.argv[5]), sys.argv[6])
 if setting == "default-threads":  # dpinfer before the limit: OpenBLAS's own thread count
     sampling.blas_threads_for = lambda parallel: contextlib.nullcontext()
 warnings.simplefilter("ignore")
-k = len(dp.regression_statistic_labels(p))
-mechanism = dp.Laplace(1.0, sensitivity=25.0 * k)
 for fit in range(fits):
-    rng = np.random.default_rng(1 + fit)
-    x = rng.normal(size=(n, p))
-    y = 1.0 + x @ np.full(p, 2.0 / np.sqrt(p)) + rng.normal(size=n)
-    release = mechanism.release(dp.regression_statistic(dp.clamp(x, -5, 5), dp.clamp(y, -5, 5)), rng)
-    with pm.Model() as model:
-        beta = pm.Normal("beta", 0.0, 5.0, shape=p + 1)
-        xs = pm.Normal("x", 0.0, 1.0, shape=(n, p))
-        ys = pm.Normal("y", beta[0] + xs @ beta[1:], 1.0, shape=n)
-        mechanism.observe("s", dp.regression_statistic(dp.clamp(xs, -5, 5), dp.clamp(ys, -5, 5)), observed=release)
+    model = regression_model(n, p, 1 + fit)
     t = time.perf_counter()
     idata = dp.sample(draws, tune=tune, chains=2, cores=2, random_seed=1 + fit, progressbar=False,
                       records="law-of-the-sum", model=model)
@@ -77,7 +72,7 @@ def main() -> None:
     for r in range(1, args.rounds + 1):
         for setting in SETTINGS:
             out = subprocess.run([sys.executable, "-c", CHILD, str(args.n), str(args.p), str(args.fits),
-                                  str(args.tune), str(args.draws), setting], capture_output=True, text=True)
+                                  str(args.tune), str(args.draws), setting, HERE], capture_output=True, text=True)
             if out.returncode != 0:
                 sys.exit(f"the {setting} process failed:\n{out.stderr[-3000:]}")
             for row in (json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")):

@@ -25,27 +25,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+HERE = str(Path(__file__).resolve().parent)
 
 CHILD = r'''
 import json, sys, time
 t0 = time.time()
-import numpy as np, pymc as pm, dpinfer as dp
+sys.path.insert(0, sys.argv[5])  # benchmarks/: regression_release
+import dpinfer as dp
 import arviz as az
+from regression_release import regression_model
 n, p, method, fits = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 for fit in range(fits):  # each fit a new model object of new data
     t1 = time.time()
-    rng = np.random.default_rng(1 + fit)
-    x = rng.normal(size=(n, p))
-    b = np.r_[1.0, np.full(p, 2.0 / np.sqrt(p))]
-    y = b[0] + x @ b[1:] + rng.normal(size=n)
-    k = len(dp.regression_statistic_labels(p))
-    mechanism = dp.Laplace(1.0, sensitivity=25.0 * k)
-    release = mechanism.release(dp.regression_statistic(dp.clamp(x, -5, 5), dp.clamp(y, -5, 5)), rng)
-    with pm.Model() as model:
-        beta = pm.Normal("beta", 0.0, 5.0, shape=p + 1)
-        xs = pm.Normal("x", 0.0, 1.0, shape=(n, p))
-        ys = pm.Normal("y", beta[0] + xs @ beta[1:], 1.0, shape=n)
-        mechanism.observe("s", dp.regression_statistic(dp.clamp(xs, -5, 5), dp.clamp(ys, -5, 5)), observed=release)
+    model = regression_model(n, p, 1 + fit)
     t2 = time.time()
     idata = dp.sample(500, tune=500, random_seed=1, progressbar=False, records=method, model=model)
     t3 = time.time()
@@ -65,7 +59,7 @@ for fit in range(fits):  # each fit a new model object of new data
 def run(n: int, p: int, method: str, cache: str, fits: int = 1) -> list[dict]:
     """``fits`` fits (new model objects of new data) in one fresh process: one dict each."""
     start = time.time()
-    out = subprocess.run([sys.executable, "-c", CHILD, str(n), str(p), method, str(fits)], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", CHILD, str(n), str(p), method, str(fits), HERE], capture_output=True,
                          text=True, env=os.environ | {"DPINFER_CACHE_DIR": cache}, timeout=3600)
     wall = time.time() - start
     if out.returncode:
