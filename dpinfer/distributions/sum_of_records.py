@@ -237,7 +237,7 @@ def _term_moments(mu_v, d_v, cov_v, table, rows: list[Term], cols: list[Term], w
             pick_i[a, i] = pick_j[a, j] = 1.0
         return pick_i, pick_j, np.array([t.power for t in terms], dtype=np.int64)
 
-    def polynomial(pick_i, pick_j, power):  # (m_i, d_i), (m_j, d_j), P's coefficients of w^0..w^2
+    def polynomial(pick_i, pick_j):  # (m_i, d_i), (m_j, d_j), P's coefficients of w^0..w^2
         m_i, m_j = (pt.dot(pick, mu_v) for pick in (pick_i, pick_j))
         d_i, d_j = (pt.dot(pick, d_v) for pick in (pick_i, pick_j))
         within = pt.sum(pt.dot(pick_i, cov_v) * pick_j, axis=1)  # C_ij of each term
@@ -245,8 +245,8 @@ def _term_moments(mu_v, d_v, cov_v, table, rows: list[Term], cols: list[Term], w
 
     row_i, row_j, row_power = picks(rows)
     col_i, col_j, col_power = picks(cols)
-    mi, mj, p_row = polynomial(row_i, row_j, row_power)
-    ni, nj, p_col = polynomial(col_i, col_j, col_power)
+    mi, mj, p_row = polynomial(row_i, row_j)
+    ni, nj, p_col = polynomial(col_i, col_j)
     mean = sum(p_row[r] * table[r, row_power] for r in range(3))
     c_i, c_j = pt.dot(row_i, cov_v), pt.dot(row_j, cov_v)
     c_ii, c_ij = pt.dot(c_i, col_i.T), pt.dot(c_i, col_j.T)  # C[i_a, i_b], C[i_a, j_b]
