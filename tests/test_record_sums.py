@@ -107,6 +107,23 @@ def test_the_measured_error_is_the_sums_skewness_at_the_posterior_mean():
                                                                rel=0.1)
 
 
+def test_simulated_moments_in_chunks_are_the_samples_own():
+    """The chunked power sums give the variance and third central moment (divisor the number of
+    records) of the very records simulated, chunk by chunk from the same stream: scipy's."""
+    from dpinfer.distributions.sum_of_records import Clamp, regression_terms, simulate_terms
+    from dpinfer.inference.planning.record_sums import CHUNK_RECORDS, _simulated_cumulants
+
+    records = dict(mu_x=np.full(2, 3.0), sigma_x=np.ones(2), a=40.0, b=np.array([2.0, -1.0]), sigma=1.0,
+                   clamp=Clamp(-50.0, 45.0), alpha_x=np.ones(2), gamma_x=np.zeros(2))  # means far from 0
+    terms, size = regression_terms(2), 2 * CHUNK_RECORDS + 7
+    variance, third = _simulated_cumulants(records, terms, size, np.random.default_rng(4))
+    rng = np.random.default_rng(4)
+    sizes = [CHUNK_RECORDS, CHUNK_RECORDS, 7]
+    draws = np.concatenate([simulate_terms(records, terms, k, rng) for k in sizes])
+    np.testing.assert_allclose(variance, stats.moment(draws, 2, axis=0), rtol=1e-9)
+    np.testing.assert_allclose(third, stats.moment(draws, 3, axis=0), rtol=1e-6, atol=1e-9 * np.abs(draws).max() ** 3)
+
+
 def test_either_method_can_be_forced():
     assert _plan(_regression(50), "law-of-the-sum")[0]
     summed, kept = _plan(_regression(5000), "data-augmentation")
