@@ -145,8 +145,10 @@ NUMBER_SOURCES = {
     # the exact posterior of B1 (examples/privatised_mean.py) and the curator's question's
     # zCDP target (examples/curator_question.py) are stated in the examples' docstrings; the
     # law of the sum against data augmentation is validation/results/record_sums_vs_augmentation*.md,
-    # its calibration validation/results/sbc_record_sums.md
+    # against importance sampling validation/results/record_sums_importance*.md, its calibration
+    # validation/results/sbc_record_sums.md
     "continuous.md": DEFAULT_SOURCES + ["examples/*.py", "validation/results/record_sums_vs_augmentation*.md",
+                                        "validation/results/record_sums_importance*.md",
                                         "validation/results/sbc_record_sums.md"],
     "compare.md": DEFAULT_SOURCES + ["examples/*.py"],
     # the side by side of the census files is validation/results/census_nmf.md
