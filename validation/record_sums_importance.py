@@ -9,7 +9,8 @@ posterior has another route that needs neither records nor the normal law:
 
 the expectation over the true statistic T = sum_i t(x_i, y_i) of n records drawn from the
 records' model at beta. Its Monte Carlo average over M simulated data sets (each n records,
-clamped, summed: this script's own simulation, no dpinfer code but the statistic's definition)
+clamped, summed: this script's own simulation, no dpinfer code; tests/test_record_sums_importance.py
+checks it against dp.regression_statistic)
 is an unbiased estimate of L(beta), so self-normalised importance sampling with it in the
 weights is consistent (a pseudo-marginal estimate: A. Doucet, M. K. Pitt, G. Deligiannidis,
 R. Kohn, "Efficient implementation of Markov chain Monte Carlo when using an unbiased
@@ -49,7 +50,7 @@ from scipy.special import logsumexp
 import dpinfer as dp
 
 sys.path.insert(0, str(Path(__file__).parent))
-from record_sums_vs_augmentation import AGREE, QUANTILES, regression  # noqa: E402
+from record_sums_vs_augmentation import AGREE, QUANTILES, regression, save_report  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "record_sums_importance.md"
 DF, INFLATE = 7, 1.2  # the proposal: multivariate t, the law's posterior covariance x INFLATE^2
@@ -97,15 +98,6 @@ def run_case(name: str, proposals: int, seed: int = 7) -> dict:
     model, _ = regression(n, p)
     release = np.asarray(model.rvs_to_values[model["s"]].eval(), dtype=float)
     mechanism = dp.Laplace(1.0, sensitivity=25.0 * release.size)
-    # the simulation's statistic is dp.regression_statistic's (checked on one data set)
-    check = np.random.default_rng(0)
-    xs = check.standard_normal((50, p))
-    ys = check.standard_normal(50)
-    gram = np.concatenate([np.ones((50, 1)), xs], axis=1)
-    ours = np.concatenate([gram.T @ ys, [ys @ ys], (gram.T @ gram)[np.tril_indices(p + 1, -1)],
-                           np.diag(gram.T @ gram)[1:]])
-    assert np.allclose(ours, dp.regression_statistic(xs, ys))
-
     start = time.perf_counter()
     idata = dp.sample(2000, tune=1000, chains=2, random_seed=seed, progressbar=False, records="law-of-the-sum",
                       model=model)
@@ -168,11 +160,7 @@ def write_report(results: list[dict], seed: int, path: Path | None = RESULTS) ->
         for row in r["rows"]:
             lines.append(f"| {r['n']:,} | {r['p']} | {row['parameter']} | {row['q']:.2f} | {row['law']:.4f} "
                          f"| {row['exact']:.4f} | {row['se_law']:.4f} | {row['se_exact']:.4f} | {row['z']:.2f} |")
-    text = "\n".join(lines) + "\n"
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return text
+    return save_report(lines, path)
 
 
 def pooled(paths: list[Path]) -> str:

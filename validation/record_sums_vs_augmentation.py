@@ -162,6 +162,11 @@ def write_report(results: list[dict], draws: int, seed: int, path: Path | None =
         for row in r["rows"]:
             lines.append(f"| {r['case']} | {r['n']:,} | {row['parameter']} | {row['q']:.2f} | {row['law']:.4f} "
                          f"| {row['augmentation']:.4f} | {row['se_law']:.4f} | {row['se_aug']:.4f} | {row['z']:.2f} |")
+    return save_report(lines, path)
+
+
+def save_report(lines: list[str], path: Path | None) -> str:
+    """The report's text (``lines`` joined), written to ``path`` unless it is None."""
     text = "\n".join(lines) + "\n"
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
