@@ -227,3 +227,43 @@ def test_an_empirical_bayes_fit_resumes_with_the_uninterrupted_draws(tmp_path, c
         np.testing.assert_array_equal(whole.posterior[name].values, resumed.posterior[name].values)
     assert np.ptp(whole.posterior["log_rate"].values) > 0  # drawn afresh, not held
     assert json.loads(resumed.posterior.attrs["dpinfer_empirical_bayes"])["uncertainty"] == "normal"
+
+
+def test_a_refit_after_widening_that_runs_out_of_time_says_so(monkeypatch, tmp_path):
+    """The windows missed tol when the chains stopped at max_minutes, were widened, and the
+    refit had no time left: the error names the windows, the widening and the time, says the
+    draws before it are not a result, and where the checkpoint carries on (not a bare "max_minutes
+    ended" that blames the tuning)."""
+    import functools
+
+    from dpinfer.inference.engines.compiled import engine as compiled_engine
+    from dpinfer.inference.engines.compiled.chains import TimeUpError
+
+    def far():
+        with pm.Model() as m:
+            lam = pm.Gamma("lam", 50.0, 5.0)
+            x = pm.Poisson("x", lam, shape=2)
+            dp.DoubleGeometric(epsilon=0.5).observe("release", x, observed=[10, 100])
+        return m
+
+    run, calls = compiled_engine.run, []
+
+    @functools.wraps(run)  # the engine's settings are read from run's signature
+    def out_of_time_on_the_refit(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:  # what the chains raise when max_minutes ends before 4 draws
+            raise TimeUpError("dpinfer.sample: max_minutes ended with 1 draws stored per chain (tuning: 150 "
+                              "iterations): give more time, or fewer tuning iterations")
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(compiled_engine, "run", out_of_time_on_the_refit)
+    path = tmp_path / "fit"
+    with pytest.warns(dp.RecoveryWarning), pytest.raises(RuntimeError) as stopped:
+        dp.sample(model=far(), draws=150, tune=150, chains=2, random_seed=1, progressbar=False,
+                  checkpoint=path, checkpoint_every=50)
+    message = str(stopped.value)
+    assert message.startswith("dpinfer.sample: the windows of ['x'] missed tol (bounds reached: ")
+    assert "widened them" not in message and "were widened and the fit run again, and then max_minutes ended " \
+        "with 1 draws stored per chain" in message
+    assert "not a result" in message and f"resuming from the checkpoint {str(path)!r}" in message
+    assert len(calls) == 2

@@ -20,7 +20,8 @@ model ``dpinfer nmf`` runs) is fitted twice:
 With ``--leaves Block`` (issue 38, "Must show" 1) the states are small ones read down to blocks
 (:data:`BLOCK_STATE`: 3-4 tracts a county, 2-3 block groups a tract, 6-10 blocks a block group
 of ~60 persons; ``--states 1:2020 2:2020``), the same model with blocks as leaves (a fifth level
-of concentrations).
+of concentrations). ``--leaf-sizes estimated``: the leaf sizes are parameters of the fit (the
+model ``dpinfer nmf`` runs at block leaves; results in a file of their own).
 
 Targets: every (area, coarse cell) and every area's voting-age population, share Hispanic and
 share non-Hispanic white alone, at block group, tract and county level (and block, at block
@@ -202,9 +203,10 @@ METHODS = {  # name -> dp.sample options; each samples on until converged, withi
 }
 
 
-def fit_all(root: str, fits: Path | None, tag: str, seed: int, leaves: str = "Block_Group"):
+def fit_all(root: str, fits: Path | None, tag: str, seed: int, leaves: str = "Block_Group",
+            leaf_sizes: str = "published"):
     """(table, {method: (fit, seconds)}) for METHODS, each fit read from ``fits`` where an
-    earlier run kept it."""
+    earlier run kept it; ``leaf_sizes`` as census_model's."""
     import arviz as az
 
     import dpinfer as dp
@@ -221,7 +223,7 @@ def fit_all(root: str, fits: Path | None, tag: str, seed: int, leaves: str = "Bl
             out[method] = (idata, float(idata.posterior.attrs.get("validation_seconds", np.nan)))
             continue
         start = time.perf_counter()
-        idata = dp.sample(model=census_model(table, leaf_sizes="published"), chains=2, random_seed=seed,
+        idata = dp.sample(model=census_model(table, leaf_sizes=leaf_sizes), chains=2, random_seed=seed,
                           progressbar=True, **options)
         seconds = time.perf_counter() - start
         idata.posterior.attrs["validation_seconds"] = seconds
@@ -282,6 +284,9 @@ def main(argv=None) -> None:
                         metavar="COUNTIES:SEED", help="the synthetic states (default 3:2020 3:7 10:2020 10:8)")
     parser.add_argument("--leaves", default="Block_Group", choices=("Block_Group", "Block"),
                         help="Block: the small states of BLOCK_STATE read down to blocks (give --states)")
+    parser.add_argument("--leaf-sizes", default="published", choices=("published", "estimated"),
+                        help="census_model's leaf sizes (estimated: dpinfer nmf's default at block leaves; "
+                             "results to a file of their own)")
     parser.add_argument("--fits", type=Path, default=None)
     parser.add_argument("--kept-only", action="store_true",
                         help="compare only the states whose full-Bayes fit --fits already keeps "
@@ -296,24 +301,27 @@ def main(argv=None) -> None:
         parser.error("--kept-only compares with the full-Bayes fits kept in --fits DIR: give --fits")
     blocks = args.leaves == "Block"
     results = RESULTS.with_name(f"{RESULTS.stem}-blocks.md") if blocks else RESULTS
+    if args.leaf_sizes == "estimated":
+        results = results.with_name(f"{results.stem}-estimated-sizes.md")
     levels = ("US", "State", *LEVELS[:LEVELS.index(args.leaves) + 1])
     sections = []
     for counties, seed in args.states:
         tag = f"blocks{counties}-seed{seed}" if blocks else f"iowa{counties}-seed{seed}"
+        tag += "-estimated-sizes" if args.leaf_sizes == "estimated" else ""
         if args.kept_only and not (args.fits / f"{tag}-full-bayes.nc").exists():
             print(f"{tag}: no full-Bayes fit kept in {args.fits}; skipped", flush=True)
             continue
         with tempfile.TemporaryDirectory() as root:
             state = BLOCK_STATE if blocks else PRESETS["iowa"]
             dp.write_synthetic_nmf(root, **(state | {"n_counties": counties, "seed": seed}), levels=levels)
-            table, fits = fit_all(root, args.fits, tag, seed=11, leaves=args.leaves)
+            table, fits = fit_all(root, args.fits, tag, seed=11, leaves=args.leaves, leaf_sizes=args.leaf_sizes)
         full = fits["full-bayes"][0]
         rows = {}
         for method in ("empirical-bayes", "empirical-bayes-normal"):
             rows[method] = summary(compare(table, full, fits[method][0], args.leaves))
             print(tag, method, rows[method].to_string(), flush=True)
         sections.append((tag, len(table.leaves), fits, rows, predictor_check(full, fits["empirical-bayes"][0])))
-        results.write_text(report(sections, args.leaves))  # after every state: a long run keeps what it has done
+        results.write_text(report(sections, args.leaves, args.leaf_sizes))  # after every state: a long run keeps what it has done
         print(f"wrote {results} ({len(sections)} states)", flush=True)
 
 
@@ -331,14 +339,17 @@ def verdict(idata) -> dict:
     return redone.as_dict()
 
 
-def report(sections, leaves: str = "Block_Group") -> str:
+def report(sections, leaves: str = "Block_Group", leaf_sizes: str = "published") -> str:
     from dpinfer.inference.sample import EMPIRICAL_BAYES as EB
 
     unit = "block groups" if leaves == "Block_Group" else "blocks"
     lines = ["# Empirical Bayes against full Bayes on NMF tables (" + (
                  "issue 37, Must show 2)" if leaves == "Block_Group" else "issue 38, Must show 1: blocks as leaves)"), "",
              "Written by `validation/eb_vs_full_bayes.py"
-             + (" --leaves Block" if leaves == "Block" else "") + "` (its docstring has the method). Bar: every "
+             + (" --leaves Block" if leaves == "Block" else "")
+             + (" --leaf-sizes estimated" if leaf_sizes == "estimated" else "") + "` (its docstring has the method), "
+             f"the leaf sizes {'estimated (parameters of the fit)' if leaf_sizes == 'estimated' else 'at their published totals'}. "
+             "Bar: every "
              f"quantile (5%, 50%, 95%) of every target within {BAR:g} x the full-Bayes 90% interval's width "
              f"of full Bayes's, beyond {Z:g} combined Monte Carlo standard errors. Two empirical-Bayes variants: "
              f"the hyperparameters held at their estimate (`none`), and drawn every {EB['every']} draws, {EB['burn']} count "

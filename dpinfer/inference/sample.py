@@ -48,7 +48,7 @@ from dpinfer.inference.engines import nutpie as nutpie_engine
 from dpinfer.inference.engines.compiled import engine as compiled_engine
 from dpinfer.inference.engines.compiled import cache as compiled_cache
 from dpinfer.inference.engines.compiled.cache import describe
-from dpinfer.inference.engines.compiled.chains import NUTS_PER_SWEEP
+from dpinfer.inference.engines.compiled.chains import NUTS_PER_SWEEP, TimeUpError
 from dpinfer.inference.engines.pymc import engine as pymc_engine
 from dpinfer.inference.latents import NotMarginalisableError
 from dpinfer.mechanisms.records import releases_of
@@ -437,10 +437,15 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
                               bounds=recovery.bounds_of(replay[attempt]), replayed=True)
             continue
         if engine == "compiled":
-            idata, report, failed = compiled_engine.run(
-                fitted, compiled, plans, draws=draws, tune=tune, chains=chains, cores=cores,
-                rng=rng, tol=tol, progressbar=progressbar, checkpoint=checkpoint, held=held,
-                deadline=deadline, spread=spread, start=start, mode_start=mode_start, **sample_kwargs)
+            try:
+                idata, report, failed = compiled_engine.run(
+                    fitted, compiled, plans, draws=draws, tune=tune, chains=chains, cores=cores,
+                    rng=rng, tol=tol, progressbar=progressbar, checkpoint=checkpoint, held=held,
+                    deadline=deadline, spread=spread, start=start, mode_start=mode_start, **sample_kwargs)
+            except TimeUpError as err:
+                if attempt == 0:
+                    raise
+                raise TimeUpError(_refit_out_of_time(failed, err, checkpoint)) from err
         else:
             idata, report, failed, fit = pymc_engine.run(
                 model, plans, draws=draws, tune=tune, chains=chains, cores=cores,
@@ -470,6 +475,17 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
         recovery.announce(recoveries, "windows widened", _widening_message(failed),
                           bounds=recovery.bounds_of(failed),
                           replayed=False)
+
+
+def _refit_out_of_time(failed: dict, err: TimeUpError, checkpoint) -> str:
+    """Why a fit under max_minutes ended without draws after its windows were widened."""
+    resume = (f"; resuming from the checkpoint {str(checkpoint.path)!r} replays the widening and carries on"
+              if checkpoint is not None else "")
+    return (f"dpinfer.sample: the windows of {sorted(failed)} missed tol (bounds reached: "
+            f"{recovery.bounds_of(failed)}) when the chains stopped, so they were widened and the fit run "
+            f"again, and then {str(err).removeprefix('dpinfer.sample: ')}. The draws of the fit before the "
+            "widening are not a result (its windows may cut off more than tol of the posterior): give more "
+            f"time (max_minutes){resume}")
 
 
 def _widening_message(failed: dict) -> str:

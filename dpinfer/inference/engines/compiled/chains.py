@@ -321,6 +321,10 @@ class SamplingError(RuntimeError):
     """A chain could not continue (a window without mass, a non-finite log density)."""
 
 
+class TimeUpError(SamplingError):
+    """``max_minutes`` ended before the chains had stored enough draws to keep."""
+
+
 def stat_columns(blocks) -> tuple[list, list]:
     """Names of the statistics columns, and each block's first column."""
     names, starts = list(NUTS_STATS), []
@@ -624,7 +628,7 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
     if any(r is None for r in results) and timed_out:  # the time is up: the draws every chain has
         kept = min(max(s.done - tune, 0) for s in states)
         if kept < 4:
-            raise SamplingError(f"max_minutes ended with {kept} draws stored per chain (tuning: {tune} "
+            raise TimeUpError(f"max_minutes ended with {kept} draws stored per chain (tuning: {tune} "
                                 "iterations): give more time, or fewer tuning iterations")
         names = stat_columns(blocks)[0]
         results = [chain_result(model, names, s, kept, s.seconds) for s in states]

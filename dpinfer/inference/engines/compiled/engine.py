@@ -161,7 +161,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
                                                                   reserve_per_draw),
                      spread=None if spread is None else (held.q, held.posterior_sd, spread["every"], spread["burn"]))
     except SamplingError as err:
-        raise RuntimeError(f"dpinfer.sample: {err}") from err
+        raise type(err)(f"dpinfer.sample: {err}") from err
     if held is not None and spread is None:
         idata["sample_stats"] = idata.sample_stats.to_dataset().assign(
             hyperparameter_score=(("chain", "draw", "hyperparameter"), hyperparameter_scores(compiled, idata, held.q)))
