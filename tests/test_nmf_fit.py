@@ -368,28 +368,3 @@ def test_published_leaf_sizes_at_blocks_warn_with_the_measured_coverage(tmp_path
             with pytest.raises(Stop):
                 nmf_fit.fit_nmf(root, 19, leaves=leaves, leaf_sizes=sizes, out=tmp_path / "b", log=io.StringIO())
     assert asked == ["published", "estimated", "published"]
-
-
-def test_block_leaves_take_the_leaf_sizes_non_centred_with_the_same_density(table):
-    """At block leaves census_model's free coordinates are u ~ N(0, I), z = s_v u; above, z ~
-    N(0, s_v^2) itself. The same model: the log density at (s_v, u) equals the centred one at
-    (s_v, s_v u) plus (n - 1) log s_v (the Jacobian of z = s_v u), whatever the counts."""
-    import dataclasses
-
-    blocks = dataclasses.replace(table, leaf_level="Block")
-    centred, non_centred = census_model(table), census_model(blocks)
-    assert "leaf_effect_z" in centred.named_vars and "leaf_effect_unit" not in centred.named_vars
-    assert "leaf_effect_unit" in non_centred.named_vars and "leaf_effect_z" not in non_centred.named_vars
-    rng = np.random.default_rng(3)
-    n = len(table.leaves)
-    logp_c, logp_nc = (m.compile_logp(mode="FAST_COMPILE") for m in (centred, non_centred))
-    point = {k: np.asarray(v) for k, v in centred.initial_point().items()}
-    for _ in range(3):
-        u = rng.normal(size=n - 1)
-        log_s = rng.normal(-0.5, 0.5)
-        split = rng.normal(2.0, 1.0, size=point["log_split"].shape)
-        counts = rng.integers(0, 30, size=point["counts"].shape)
-        base = {**point, "log_split": split, "counts": counts, "sd_leaf_log__": np.asarray(log_s)}
-        c = logp_c({**base, "leaf_effect_z": np.exp(log_s) * u})
-        nc = logp_nc({k: v for k, v in base.items() if k != "leaf_effect_z"} | {"leaf_effect_unit": u})
-        assert nc == pytest.approx(c + (n - 1) * log_s, rel=1e-10, abs=1e-8)

@@ -38,16 +38,6 @@ small differences between a county's tracts, settled near 0.04 and put small cel
 near zero. The leaf sizes v sum to zero (softmax ignores a common shift, which would otherwise
 be a direction only the prior bounds).
 
-The leaf sizes' parameters. At block-group leaves (and above) z ~ N(0, s_v^2) are the free
-coordinates (centred): each leaf's size is pinned by hundreds of persons' counts. At block leaves
-z = s_v u with u ~ N(0, I) free (non-centred; the same model, the density of (s_v, u) is that of
-(s_v, z) times s_v^(n-1)): a block of ~60 persons pins its size far less. Centred, the joint
-density of (s_v, z) grows without bound as s_v and the z's shrink together (a Newton step with the
-full Hessian found that pole), which the non-centred one, free of the s_v^-(n-1) factor, does not;
-and on a synthetic county of 1,633 blocks (benchmarks/README.md, "Blocks as leaves") the
-empirical-Bayes estimate had 97% of its parameters within tolerance after 200 iterations against
-77% centred (the leaf sizes' scale drifting slowly in both).
-
 The release is every usable measurement and constraint of the files
 (:func:`~dpinfer.io.nmf.table.census_table`).
 """
@@ -63,7 +53,6 @@ ROOT_SHAPE = 0.5  # the nation's rate of a cell: Gamma(0.5, mean m0), log sd 2.2
 
 
 LEAF_SIZES = ("estimated", "published")
-NON_CENTRED_LEVELS = ("Block",)  # leaves whose sizes are written s_v x unit normals (module docstring)
 
 
 def census_model(table: CensusTable, *, name: str = "counts", leaf_sizes: str = "estimated"):
@@ -93,10 +82,7 @@ def census_model(table: CensusTable, *, name: str = "counts", leaf_sizes: str = 
             share = pt.as_tensor(totals / totals.sum())
         elif n_leaves > 1:
             s_v = pm.HalfNormal("sd_leaf", 1.0)
-            if table.leaf_level in NON_CENTRED_LEVELS:
-                z = s_v * pm.Normal("leaf_effect_unit", 0.0, 1.0, shape=n_leaves - 1)
-            else:
-                z = pm.Normal("leaf_effect_z", 0.0, s_v, shape=n_leaves - 1)
+            z = pm.Normal("leaf_effect_z", 0.0, s_v, shape=n_leaves - 1)
             share = pt.special.softmax(pm.Deterministic("leaf_effect", _zero_sum(z), dims="geocode"))
         log_split = pm.Normal("log_split", 2.0, 1.5, dims=("spine_level", "cell"))
         mu = root_mean * share[:, None] * pt.ones((1, len(table.cells)))
