@@ -368,3 +368,40 @@ def test_published_leaf_sizes_at_blocks_warn_with_the_measured_coverage(tmp_path
             with pytest.raises(Stop):
                 nmf_fit.fit_nmf(root, 19, leaves=leaves, leaf_sizes=sizes, out=tmp_path / "b", log=io.StringIO())
     assert asked == ["published", "estimated", "published"]
+
+
+def test_empirical_bayes_at_blocks_with_estimated_sizes_warns_with_its_measured_cost(tmp_path, monkeypatch):
+    """Issue 38: with estimated leaf sizes at Block leaves, empirical Bayes missed full Bayes at
+    the blocks (174 of 2,095 targets on 55 blocks): a fit that used it warns with those figures;
+    full Bayes there, or empirical Bayes at block-group leaves, does not (the fit is stubbed: its
+    method is what dp.sample recorded)."""
+    import warnings
+    from types import SimpleNamespace
+
+    from dpinfer.io.nmf import fit as nmf_fit
+    from dpinfer.utility.baselines.nested import gls as gls_module
+
+    class Stop(Exception):
+        pass
+
+    def fitted(inference):
+        attrs = {"dpinfer_inference": json.dumps({"inference": inference, "asked": "auto", "why": "stub"})}
+        return lambda **kwargs: SimpleNamespace(posterior=SimpleNamespace(attrs=attrs))
+
+    def stop(release):
+        raise Stop
+
+    monkeypatch.setattr(gls_module, "nested_gls", stop)  # what follows the fit
+    root = tmp_path / "nmf"
+    dp.write_synthetic_nmf(root, n_counties=1, tracts_per_county=2, block_groups_per_tract=(2, 2),
+                           blocks_per_block_group=(2, 3), aian_tracts=0)
+    monkeypatch.setattr(dp, "sample", fitted("empirical-bayes"))
+    with pytest.warns(nmf_fit.BlockEmpiricalBayesWarning, match=r"174 of 2,095 targets.*\(0\.914 of the block cells"):
+        with pytest.raises(Stop):
+            nmf_fit.fit_nmf(root, 19, leaves="Block", out=tmp_path / "a", log=io.StringIO())
+    for leaves, inference in (("Block", "full-bayes"), ("Block_Group", "empirical-bayes")):
+        monkeypatch.setattr(dp, "sample", fitted(inference))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", nmf_fit.BlockEmpiricalBayesWarning)
+            with pytest.raises(Stop):
+                nmf_fit.fit_nmf(root, 19, leaves=leaves, out=tmp_path / "b", log=io.StringIO())
