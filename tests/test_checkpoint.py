@@ -167,22 +167,25 @@ def test_the_progress_line_gives_the_rate_and_the_time_left():
     assert progress.line(4000.0) == "dpinfer: sampling: 4000/4000 iterations, 1 h 06 min"
 
 
+def _far_release():
+    """A release far from the prior (test_inference's widening case): the first fit's windows
+    miss tol and are widened."""
+    with pm.Model() as m:
+        lam = pm.Gamma("lam", 50.0, 5.0)
+        x = pm.Poisson("x", lam, shape=2)
+        dp.DoubleGeometric(epsilon=0.5).observe("release", x, observed=[10, 100])
+    return m
+
+
 def test_a_fit_that_widened_its_windows_resumes_with_the_same_widenings(tmp_path, ctrl_c_after_saves):
     """A release far from the prior (test_inference's widening case): the first fit holds a
     cell, its windows are widened and the model refitted. Ctrl-C during the refit; the resume
     replays the recorded widening without refitting (the same windows, the same draws from the
     seed) and ends with the uninterrupted fit's draws and report."""
 
-    def far():
-        with pm.Model() as m:
-            lam = pm.Gamma("lam", 50.0, 5.0)
-            x = pm.Poisson("x", lam, shape=2)
-            dp.DoubleGeometric(epsilon=0.5).observe("release", x, observed=[10, 100])
-        return m
-
     settings = dict(draws=150, tune=150, chains=2, random_seed=1, progressbar=False)
     with pytest.warns(dp.RecoveryWarning, match=r"the windows of \['x'\] missed tol"):  # progressbar=False
-        whole = dp.sample(model=far(), **settings)
+        whole = dp.sample(model=_far_release(), **settings)
     report = json.loads(whole.posterior.attrs["dpinfer"])["x"]
     assert report["widenings"] >= 1
     widened = dp.recoveries_of(whole)
@@ -191,11 +194,11 @@ def test_a_fit_that_widened_its_windows_resumes_with_the_same_widenings(tmp_path
     disarm = ctrl_c_after_saves(2, when=lambda checkpoint: checkpoint.identity["widenings"])  # in the refit
     path = tmp_path / "fit"
     with pytest.raises(Interrupted):
-        dp.sample(model=far(), checkpoint=path, checkpoint_every=20, cores=1, **settings)
+        dp.sample(model=_far_release(), checkpoint=path, checkpoint_every=20, cores=1, **settings)
     disarm()
     done = len(checkpoints.read_identity(path)["widenings"])  # when it was stopped
     assert done >= 1
-    resumed = dp.sample(model=far(), resume=path, **settings)
+    resumed = dp.sample(model=_far_release(), resume=path, **settings)
     for name in ("lam", "x"):
         np.testing.assert_array_equal(resumed.posterior[name].values, whole.posterior[name].values)
     assert json.loads(resumed.posterior.attrs["dpinfer"])["x"] == report
@@ -239,13 +242,6 @@ def test_a_refit_after_widening_that_runs_out_of_time_says_so(monkeypatch, tmp_p
     from dpinfer.inference.engines.compiled import engine as compiled_engine
     from dpinfer.inference.engines.compiled.chains import TimeUpError
 
-    def far():
-        with pm.Model() as m:
-            lam = pm.Gamma("lam", 50.0, 5.0)
-            x = pm.Poisson("x", lam, shape=2)
-            dp.DoubleGeometric(epsilon=0.5).observe("release", x, observed=[10, 100])
-        return m
-
     run, calls = compiled_engine.run, []
 
     @functools.wraps(run)  # the engine's settings are read from run's signature
@@ -259,7 +255,7 @@ def test_a_refit_after_widening_that_runs_out_of_time_says_so(monkeypatch, tmp_p
     monkeypatch.setattr(compiled_engine, "run", out_of_time_on_the_refit)
     path = tmp_path / "fit"
     with pytest.warns(dp.RecoveryWarning), pytest.raises(RuntimeError) as stopped:
-        dp.sample(model=far(), draws=150, tune=150, chains=2, random_seed=1, progressbar=False,
+        dp.sample(model=_far_release(), draws=150, tune=150, chains=2, random_seed=1, progressbar=False,
                   checkpoint=path, checkpoint_every=50)
     message = str(stopped.value)
     assert message.startswith("dpinfer.sample: the windows of ['x'] missed tol (bounds reached: ")
