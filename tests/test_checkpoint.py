@@ -232,6 +232,37 @@ def test_an_empirical_bayes_fit_resumes_with_the_uninterrupted_draws(tmp_path, c
     assert json.loads(resumed.posterior.attrs["dpinfer_empirical_bayes"])["uncertainty"] == "normal"
 
 
+def test_an_empirical_bayes_fit_with_parameters_drawn_resumes_with_the_uninterrupted_draws(tmp_path,
+                                                                                           ctrl_c_after_saves):
+    """The same with area effects drawn with the counts (NUTS on them, their metric carried from
+    the estimate's E-steps) and the other parameters redrawn from their normal approximation:
+    interrupted and resumed, the draws are the uninterrupted fit's."""
+    def grouped():
+        rng = np.random.default_rng(1)
+        with pm.Model() as m:
+            log_rate = pm.Normal("log_rate", 2.0, 1.0)
+            sd = pm.HalfNormal("sd", 1.0)
+            effect = pm.Normal("effect", 0.0, sd, shape=4)
+            x = pm.Poisson("x", pm.math.exp(log_rate + effect[np.arange(24) % 4]), shape=24)
+            dp.Laplace(epsilon=0.5).observe("release", x, observed=rng.poisson(8, 24) + rng.integers(-3, 4, 24))
+        return m
+
+    settings = SETTINGS | {"inference": "empirical-bayes", "tune": 20,
+                           "empirical_bayes": {"uncertainty": "normal", "every": 10, "burn": 2, "drawn": "effect"}}
+    whole = dp.sample(model=grouped(), **settings)
+    path = tmp_path / "fit"
+    disarm = ctrl_c_after_saves(2)
+    with pytest.raises(Interrupted):
+        dp.sample(model=grouped(), checkpoint=path, checkpoint_every=40, **settings)
+    disarm()
+    resumed = dp.sample(model=grouped(), resume=path, **(settings | {"random_seed": None}))
+    for name in ("log_rate", "sd", "effect", "x"):
+        np.testing.assert_array_equal(whole.posterior[name].values, resumed.posterior[name].values)
+    effect = whole.posterior["effect"].values
+    assert np.all(np.abs(np.diff(effect, axis=1)).max(axis=1) > 0)  # drawn within each block of 10
+    assert json.loads(resumed.posterior.attrs["dpinfer_empirical_bayes"])["drawn"] == ["effect"]
+
+
 def test_a_refit_after_widening_that_runs_out_of_time_says_so(monkeypatch, tmp_path):
     """The windows missed tol when the chains stopped at max_minutes, were widened, and the
     refit had no time left: the error names the windows, the widening and the time, says the

@@ -302,3 +302,71 @@ def test_an_unsettled_estimate_says_by_how_much_and_what_to_raise():
     line = _estimate_line(held)
     assert "0.2003 of its parameter's approximate posterior sd, 1 of 3 parameters over the tolerance 0.2" in line
     assert "raise max_minutes or max_iterations" in line
+
+
+def test_parameters_drawn_with_the_counts_leave_the_others_at_their_mode_integrated_over_them():
+    """empirical_bayes={"drawn": ["m"]}: alpha is estimated at the mode of its marginal posterior
+    with m *and* the counts summed out (the exact one: enumeration over the counts, quadrature
+    over m), held in every draw, while m and the counts are drawn from their joint posterior
+    given it (NUTS on m, exact counts): m's mean and sd and the counts' means against the same
+    enumeration and quadrature given the estimate."""
+    states, loglik = enumerate_posterior(prior=lambda s: np.zeros(len(s)))
+    grid = np.linspace(-3.0, 4.0, 281)  # m's quadrature (its posterior sd is 0.34: 0.025 a step)
+    flat = states.reshape(len(states), -1)
+    support = np.arange(flat.max() + 1)
+
+    def joint(log_alpha):  # (m grid, states): log p(m, log alpha, x | y) + const
+        alpha = np.exp(log_alpha)
+        mu = np.exp(grid)[:, None] * WEIGHTS.reshape(-1)  # (grid, cells)
+        table = stats.nbinom.logpmf(support, alpha, (alpha / (alpha + mu))[..., None])  # (grid, cells, support)
+        prior = sum(table[:, j, flat[:, j]] for j in range(flat.shape[1]))
+        return (prior + loglik + stats.norm.logpdf(grid, 0.5, 1.0)[:, None]
+                + stats.halfnorm.logpdf(alpha, scale=SHAPE_PRIOR) + log_alpha)
+
+    exact = scipy.optimize.minimize_scalar(lambda la: -special.logsumexp(joint(la)), bounds=(-3.0, 4.0),
+                                           method="bounded", options={"xatol": 1e-6}).x
+    idata = dp.sample(model=nb_model(small_release()), draws=3000, tune=100, chains=2, random_seed=5,
+                      progressbar=False, inference="empirical-bayes", empirical_bayes={"drawn": "m"})
+    entry = json.loads(idata.posterior.attrs["dpinfer_empirical_bayes"])
+    assert entry["drawn"] == ["m"] and set(entry["parameters"]) == {"alpha_log__"} and entry["settled"]
+    assert "m summed out, drawn with the counts by NUTS" in entry["method"]
+    estimate, mc_se = entry["parameters"]["alpha_log__"], entry["mc_se"]["alpha_log__"]
+    assert abs(estimate - exact) <= 4 * mc_se + 0.02 * entry["posterior_sd"]["alpha_log__"], (estimate, exact)
+    assert np.allclose(idata.posterior["alpha"].values, np.exp(estimate))  # held in every draw
+    # m and the counts given the estimate, against quadrature and enumeration
+    lw = joint(estimate)
+    w = np.exp(lw - special.logsumexp(lw))
+    m_mean = w.sum(1) @ grid
+    m_sd = np.sqrt(w.sum(1) @ grid**2 - m_mean**2)
+    m = idata.posterior["m"].values
+    _, ess = diagnostics(m[..., None])
+    assert abs(m.mean() - m_mean) < 5 * m_sd / np.sqrt(ess[0]), (m.mean(), m_mean)
+    assert abs(m.std() / m_sd - 1) < 5 * np.sqrt(1 / (2 * ess[0])), (m.std(), m_sd)
+    want = np.tensordot(w.sum(0), states, axes=1).reshape(-1)
+    draws = idata.posterior["x"].values
+    _, ess = diagnostics(draws.reshape(2, -1, 2 * C).astype(float))
+    flat = draws.reshape(-1, 2 * C)
+    z = (flat.mean(0) - want) / (flat.std(0) / np.sqrt(ess))
+    assert np.all(np.abs(z) < 5), z
+    report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
+    assert "drawn with them" in report["method"]
+    verdict = json.loads(idata.posterior.attrs["dpinfer_convergence"])
+    assert verdict["subject"].startswith("counts and m given")
+    # with the estimate's uncertainty: alpha redrawn every 5 stored draws, m moving within them
+    with warnings.catch_warnings():  # 200 draws: short, and not judged here
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        idata = dp.sample(model=nb_model(small_release()), draws=200, tune=50, chains=2, random_seed=5,
+                          progressbar=False, inference="empirical-bayes",
+                          empirical_bayes={"drawn": ["m"], "uncertainty": "normal", "every": 5, "burn": 2})
+    alpha = idata.posterior["alpha"].values.reshape(2, -1, 5)
+    assert np.all(alpha == alpha[..., :1]) and np.unique(alpha[..., 0]).size == alpha[..., 0].size
+    assert np.all(idata.posterior["m"].values.reshape(2, -1, 5).std(axis=-1) > 0)
+    with pytest.raises(ValueError, match=r"empirical_bayes\['drawn'\] names \['mu'\].*among \['m', 'alpha'\]"):
+        dp.sample(model=nb_model(small_release()), draws=10, tune=10, chains=2, progressbar=False,
+                  inference="empirical-bayes", empirical_bayes={"drawn": ["mu"]})
+    with pytest.raises(ValueError, match="nothing is left to estimate"):
+        dp.sample(model=nb_model(small_release()), draws=10, tune=10, chains=2, progressbar=False,
+                  inference="empirical-bayes", empirical_bayes={"drawn": ("m", "alpha")})
+    with pytest.raises(ValueError, match=r"must be a variable's name or a list of names, got 3"):
+        dp.sample(model=nb_model(small_release()), draws=10, tune=10, chains=2, progressbar=False,
+                  inference="empirical-bayes", empirical_bayes={"drawn": 3})

@@ -210,7 +210,7 @@ def fit_all(root: str, fits: Path | None, tag: str, seed: int, leaves: str = "Bl
     import arviz as az
 
     import dpinfer as dp
-    from dpinfer.io.nmf.model import census_model
+    from dpinfer.io.nmf.model import census_model, empirical_bayes_settings
     from dpinfer.io.nmf.table import census_table
 
     nmf = dp.read_nmf(root, 19, levels=("US", "State", *LEVELS[:LEVELS.index(leaves) + 1]))
@@ -223,8 +223,11 @@ def fit_all(root: str, fits: Path | None, tag: str, seed: int, leaves: str = "Bl
             out[method] = (idata, float(idata.posterior.attrs.get("validation_seconds", np.nan)))
             continue
         start = time.perf_counter()
-        idata = dp.sample(model=census_model(table, leaf_sizes=leaf_sizes), chains=2, random_seed=seed,
-                          progressbar=True, **options)
+        model = census_model(table, leaf_sizes=leaf_sizes)
+        if "empirical_bayes" in options:  # as dpinfer nmf sets it (the leaf sizes drawn at blocks)
+            options = options | {"empirical_bayes": empirical_bayes_settings(
+                model, leaves, options["empirical_bayes"]["uncertainty"])}
+        idata = dp.sample(model=model, chains=2, random_seed=seed, progressbar=True, **options)
         seconds = time.perf_counter() - start
         idata.posterior.attrs["validation_seconds"] = seconds
         if path is not None:
@@ -359,8 +362,11 @@ def report(sections, leaves: str = "Block_Group", leaf_sizes: str = "published")
         lines += [f"## {tag} ({n_leaves} {unit} x 28 cells: {28 * n_leaves:,} counts)", ""]
         for method, (idata, seconds) in fits.items():
             v = verdict(idata)
-            lines.append(f"- {method}: {'converged' if v['converged'] else 'NOT CONVERGED'}, max R-hat "
-                         f"{v['max_rhat']:.4f}, min bulk ESS {v['min_ess_bulk']:,.0f}, min tail ESS "
+            latent = v.get("latent_rhat") or {}
+            rhat = (f"max R-hat {v['max_rhat']:.4f}" if np.isfinite(v["max_rhat"]) else "no parameter judged") + (
+                f", the latents' max R-hat {latent['rhat']:.4f} (bound {latent['bound']:.4f} for {latent['quantities']:,})"
+                if latent else "")
+            lines.append(f"- {method}: {'converged' if v['converged'] else 'NOT CONVERGED'}, {rhat}, min bulk ESS {v['min_ess_bulk']:,.0f}, min tail ESS "
                          f"{v['min_ess_tail']:,.0f} over {v['quantities']:,} {v['subject']}, "
                          f"{idata.posterior.sizes['draw']:,} draws a chain, "
                          + (f"{seconds:,.0f} s" if np.isfinite(seconds) else

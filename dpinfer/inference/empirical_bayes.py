@@ -46,6 +46,32 @@ The correction is clipped at 10x the EM step and used once ``WINDOW`` iterations
 the averages (one chain: the EM gradient throughout). Steps are clipped to 1 in unconstrained
 units (a trust region for the first iterations).
 
+**Parameters drawn, not estimated.** Per-area quantities (a Census table's leaf sizes, one per
+block) are not hyperparameters: thousands of them, each informed by its own area's counts, and
+estimating them as if they were costs both speed and accuracy (measured at blocks:
+``benchmarks/README.md``, "Blocks as leaves"). The steppers' ``moving`` parameters z are then
+summed out with the counts: the target is the mode of p(h | y) = sum_x int p(h, z, x | y) dz over
+the others h, whose gradient is again an expectation, d/dh log p(h | y) = E[g_h(h, z, x) | h, y]
+(Fisher's identity over (z, x)), and each E-step draws (z, x) given h by one Gibbs cycle of the
+chain (the counts given (h, z), then a NUTS transition of z given the counts). That transition's
+diagonal metric is 1 / D_z, z's complete-data curvature estimated as D above (its own probe,
+the same moving average): z's conditional variances given the counts, the metric NUTS wants for
+that target, known from the first iteration (the sampler's usual first guess, 1 / |gradient|,
+ran 1,023-step trajectories for a county's 1,632 leaf sizes until its first adaptation window
+ended); its step size adapts by dual averaging. Every quantity above (g, D, V, the step, the
+averages) is then over h alone, with one change to the step: Newton's correction is made for the
+information missing with the counts but not for the share C_h missing with z (the information
+about h that flows through z, sum_j H_hj^2 / D_zj, a second probe), i.e. the step divides by
+max(D - V + min(C_h, V), D / 10). z moves by one NUTS transition an iteration and lags behind
+h; the full correction then overshoots: on a county of 1,633 blocks the leaf sizes' scale
+oscillated between two values a whole step (the trust region) apart, where this step settled
+(95% of the 141 hyperparameters within tolerance after 100 iterations). For a hyperparameter
+whose information is all through z (a scale of z) it is the EM gradient, slower, but its
+average's Monte Carlo error after burn-in is Newton's (Polyak averaging). The estimate
+reports NaN errors and sds for z, and each chain's
+z at the end (:attr:`Estimate.points`) and the metric (:attr:`Estimate.inv_mass`) start the
+draws given h^.
+
 After a burn-in (at least ``burn_in`` iterations, then until no coordinate drifts: over the
 last ``WINDOW`` iterations every coordinate's mean step is within 3 standard errors of 0), the
 iterates form a stationary chain around q^ (to first order: E[q_{t+1} | q_t] = q^ for a
@@ -76,6 +102,7 @@ NEWTON_LIMIT = 10.0  # the missing-information correction is at most this many E
 PROBE = 1e-4  # the probe's step h in the Hessian-vector difference
 DRIFT_Z = 3.0  # the drift test's threshold, in standard errors
 MIN_AVERAGE = 30  # iterations averaged at least
+MAX_ITERATIONS = 300  # iterations at most, by default
 
 
 @dataclass
@@ -85,7 +112,11 @@ class Estimate:
     the approximate marginal posterior sd (1 / sqrt(max(D - V, D / 10))), ``conditional_sd``
     the sd given the counts (1 / sqrt(D)), the iterations of burn-in and in all, ``settled``
     whether every coordinate met the tolerance, and each chain's counts at the end (a start of
-    the counts' posterior given q)."""
+    the counts' posterior given q). With parameters ``drawn`` (a mask; module docstring) their
+    three errors and sds are NaN and their entries of ``q`` the start's; ``points``
+    holds each chain's parameters at the end (the estimate, and its own drawn ones) and
+    ``inv_mass`` the drawn ones' NUTS metric (1 / D_z), which start the draws given
+    the estimate."""
 
     q: np.ndarray
     mc_se: np.ndarray
@@ -99,22 +130,37 @@ class Estimate:
     draw_seconds: float = math.nan  # an iteration's count draws (the chains in parallel)
     gradient_seconds: float = math.nan  # one evaluation of the log density and its gradient
     counts: list = field(repr=False, default_factory=list)
+    drawn: np.ndarray | None = field(repr=False, default=None)  # parameters drawn, not estimated (mask)
+    points: list = field(repr=False, default_factory=list)  # each chain's parameters at the end
+    inv_mass: np.ndarray | None = field(repr=False, default=None)  # the drawn ones' NUTS metric
+
+    def __post_init__(self):
+        if self.drawn is None:
+            self.drawn = np.zeros(self.q.size, bool)
+        if not self.points:
+            self.points = [self.q] * max(len(self.counts), 1)
+
+    @property
+    def estimated(self) -> np.ndarray:
+        """The mask of the parameters estimated (the others drawn with the counts)."""
+        return ~self.drawn
 
     @property
     def missing_information(self) -> np.ndarray:
         """Each parameter's fraction of missing information 1 - s_cond^2 / s_post^2: the lag-1
         autocorrelation of one cycle of data augmentation (counts given the parameters, then
-        the parameters given the counts) for a Gaussian target (module docstring)."""
+        the parameters given the counts) for a Gaussian target (module docstring); NaN for
+        those drawn."""
         return 1.0 - (self.conditional_sd / self.posterior_sd) ** 2
 
     @property
     def worst(self) -> int:
-        """The coordinate whose Monte Carlo error is largest against its posterior sd."""
-        return int(np.argmax(self.mc_se / self.posterior_sd))
+        """The estimated coordinate whose Monte Carlo error is largest against its posterior sd."""
+        return int(np.nanargmax(self.mc_se / self.posterior_sd))
 
 
 def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_in: int = 30,
-             max_iterations: int = 300, tolerance: float = 0.2, cores: int = 1, progress=None,
+             max_iterations: int = MAX_ITERATIONS, tolerance: float = 0.2, cores: int = 1, progress=None,
              deadline: float | None = None, iterations: int | None = None) -> Estimate:
     """The mode of the parameters' marginal posterior by the algorithm of the module docstring.
 
@@ -135,10 +181,17 @@ def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_i
     if not (0 < tolerance and math.isfinite(tolerance)):
         raise ValueError(f"tolerance must be a finite number > 0, got {tolerance!r}")
     start_time = time.perf_counter()
-    n, chains = q0.size, len(steppers)
+    estimated, drawn = np.flatnonzero(~steppers[0].moving), np.flatnonzero(steppers[0].moving)
+    n, chains = estimated.size, len(steppers)
     q = np.array(q0, dtype=float)
+    full = np.empty(q.size)
     grads = np.empty((chains, n))
     probed = np.empty((chains, n))
+    if drawn.size:  # the drawn parameters' NUTS metric from their curvature given the counts, from the start
+        for s in steppers:
+            s.state.q[estimated] = q[estimated]
+        curvature, coupling = _set_metric(steppers, [s.state.q.copy() for s in steppers], drawn, estimated, rng,
+                                          None, None)
     D = V = None
     steps: list[np.ndarray] = []
     averaged: list[np.ndarray] = []
@@ -148,34 +201,40 @@ def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_i
     try:
         for t in range(max_iterations):
             began = time.perf_counter()
-            list(pool.map(lambda s: s.draw_counts(q), steppers))
-            drawn = time.perf_counter()
+            points = list(pool.map(lambda s: np.array(s.e_step(q)), steppers))
+            if drawn.size:
+                curvature, coupling = _set_metric(steppers, points, drawn, estimated, rng, curvature, coupling)
+            drawn_at = time.perf_counter()
             v = rng.choice(np.array([-1.0, 1.0]), size=n)
             for c, s in enumerate(steppers):
-                _finite(s.log_density(q, grads[c]), "at the current estimate")
-                _finite(s.log_density(q + PROBE * v, probed[c]), "beside the current estimate")
+                _finite(s.log_density(points[c], full), "at the current estimate")
+                grads[c] = full[estimated]
+                points[c][estimated] += PROBE * v
+                _finite(s.log_density(points[c], full), "beside the current estimate")
+                probed[c] = full[estimated]
             if t > 0 or max_iterations == 1:  # the first call may compile the kernels: not a measure
-                drawing, evaluating = drawing + drawn - began, evaluating + time.perf_counter() - drawn
+                drawing, evaluating = drawing + drawn_at - began, evaluating + time.perf_counter() - drawn_at
             else:  # ... unless it is the only one (a deadline at once): then an upper bound, not 0
-                first = (drawn - began, time.perf_counter() - drawn)
+                first = (drawn_at - began, time.perf_counter() - drawn_at)
             d = np.mean(-(probed - grads) / PROBE * v, axis=0)
             var = 0.5 * (grads[0] - grads[1]) ** 2 if chains > 1 else np.zeros(n)
             D = np.maximum(d, 1e-12) if D is None else np.maximum(D + (d - D) / WINDOW, 1e-12)
             V = var if V is None else V + (var - V) / WINDOW
-            information = np.maximum(D - V, D / NEWTON_LIMIT) if chains > 1 and t >= WINDOW else D
+            missing = V - np.minimum(coupling, V) if drawn.size else V  # not the drawn parameters' share
+            information = np.maximum(D - missing, D / NEWTON_LIMIT) if chains > 1 and t >= WINDOW else D
             step = np.clip(grads.mean(axis=0) / information, -STEP_LIMIT, STEP_LIMIT)
-            q = q + step
+            q[estimated] += step
             steps.append(step)
             if burned is None and t + 1 >= burn_in and _settled_drift(steps):
                 burned = t + 1
             elif burned is not None:
-                averaged.append(q.copy())
+                averaged.append(q[estimated].copy())
             mc_se = _batch_se(averaged) if len(averaged) >= MIN_AVERAGE else None
             sd = 1.0 / np.sqrt(np.maximum(D - V, D / NEWTON_LIMIT))
             share = float(np.mean(mc_se <= tolerance * sd)) if mc_se is not None else 0.0
             if progress is not None:
                 progress(t + 1, "burn-in" if burned is None else "averaging",
-                         np.mean(averaged, axis=0) if averaged else q, share)
+                         _full(q, estimated, np.mean(averaged, axis=0)) if averaged else q, share)
             if iterations is None and ((mc_se is not None and share == 1.0) or
                                        (deadline is not None and time.monotonic() >= deadline)):
                 break
@@ -185,12 +244,66 @@ def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_i
     if t == 0 and max_iterations > 1:
         drawing, evaluating = first
     if not averaged:  # max_iterations within the burn-in: the last iterate, its error unknown
-        averaged, mc_se = [q], np.full(n, np.inf)
+        averaged, mc_se = [q[estimated]], np.full(n, np.inf)
     elif mc_se is None:
         mc_se = _batch_se(averaged) if len(averaged) >= 4 else np.full(n, np.inf)
-    return Estimate(np.mean(averaged, axis=0), mc_se, sd, 1.0 / np.sqrt(D), burned or max_iterations, t + 1,
+    q_hat = _full(q, estimated, np.mean(averaged, axis=0))
+    nan = np.full(q.size, np.nan)
+    return Estimate(q_hat, _full(nan, estimated, mc_se), _full(nan, estimated, sd),
+                    _full(nan, estimated, 1.0 / np.sqrt(D)), burned or max_iterations, t + 1,
                     settled, tolerance, time.perf_counter() - start_time, drawing / max(t, 1),
-                    evaluating / (2 * chains * max(t, 1)), [s.state.counts.copy() for s in steppers])
+                    evaluating / (2 * chains * max(t, 1)), [s.state.counts.copy() for s in steppers],
+                    steppers[0].moving.copy(),
+                    [_full(s.state.q, estimated, q_hat[estimated]) for s in steppers] if drawn.size else [q_hat],
+                    steppers[0].state.inv_mass.copy() if drawn.size else None)
+
+
+def _set_metric(steppers: list, points: list, drawn: np.ndarray, estimated: np.ndarray, rng: np.random.Generator,
+                curvature: np.ndarray | None, coupling: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The drawn parameters' NUTS metric and their coupling to the estimated ones (module
+    docstring), at each chain's ``points``, the chains averaged, then averaged over iterations
+    (window WINDOW, from ``curvature`` and ``coupling``). Two Rademacher probes u, u' over z:
+
+    * D_z = -(g_z(z + h u) - g_z(z)) u / h, z's complete-data curvature (exact where its Hessian
+      is diagonal); every chain's inverse mass is set to 1 / D_z, z's conditional variances
+      given the counts (bounded as the first metric of
+      :mod:`~dpinfer.inference.engines.compiled.chains`);
+    * C_h = ((g_h(z + h w) - g_h(z)) / h)^2 with w = u' / sqrt(D_z), whose expectation is
+      sum_j H_hj^2 / D_zj: the information about each estimated parameter h that flows through
+      z (the Schur complement's reduction of its curvature when z is summed out given the
+      counts).
+
+    Returns (D_z, C_h)."""
+    grad = np.empty(points[0].size)
+    probed = np.empty(points[0].size)
+    d, c = np.zeros(drawn.size), np.zeros(estimated.size)
+    u = rng.choice(np.array([-1.0, 1.0]), size=drawn.size)
+    for point, s in zip(points, steppers):
+        _finite(s.log_density(point, grad), "at the drawn parameters")
+        shifted = point.copy()
+        shifted[drawn] += PROBE * u
+        _finite(s.log_density(shifted, probed), "beside the drawn parameters")
+        d += -(probed[drawn] - grad[drawn]) / PROBE * u / len(steppers)
+    curvature = d if curvature is None else curvature + (d - curvature) / WINDOW
+    curvature = np.maximum(curvature, 1e-12)
+    w = rng.choice(np.array([-1.0, 1.0]), size=drawn.size) / np.sqrt(curvature)
+    for point, s in zip(points, steppers):
+        s.log_density(point, grad)
+        shifted = point.copy()
+        shifted[drawn] += PROBE * w
+        _finite(s.log_density(shifted, probed), "beside the drawn parameters")
+        c += ((probed[estimated] - grad[estimated]) / PROBE) ** 2 / len(steppers)
+    coupling = c if coupling is None else coupling + (c - coupling) / WINDOW
+    for s in steppers:
+        s.state.inv_mass[drawn] = np.clip(1.0 / curvature, 1e-4, 1e4)
+    return curvature, coupling
+
+
+def _full(q: np.ndarray, coordinates: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """A copy of ``q`` with ``values`` at ``coordinates``."""
+    out = np.array(q, dtype=float)
+    out[coordinates] = values
+    return out
 
 
 def _finite(lp: float, where: str) -> None:

@@ -57,9 +57,10 @@ MAX_WIDENINGS = 4
 METHODS = ("auto", "marginal", "fibre", "nutpie")
 INFERENCES = ("full-bayes", "empirical-bayes", "auto")
 UNCERTAINTIES = ("none", "normal")
-EMPIRICAL_BAYES = {"uncertainty": "none", "every": 5, "burn": 5, "tune": 20}  # empirical_bayes= defaults
+EMPIRICAL_BAYES = {"uncertainty": "none", "every": 5, "burn": 5, "tune": 20, "drawn": []}  # empirical_bayes= defaults
 EMPIRICAL_BAYES_KEYS = ("burn_in", "max_iterations", "tolerance", *EMPIRICAL_BAYES)
 ESTIMATE_SHARE = 0.25  # of the time left under max_minutes, at most, for the empirical-Bayes estimate
+TIMED_MAX_ITERATIONS = 10_000  # the estimate's max_iterations under max_minutes (its time box bounds it)
 CONTINUOUS_METHOD = ("NUTS on the continuous latent with the release observed (its exact "
                      "likelihood; nothing to marginalise)")
 
@@ -157,12 +158,19 @@ def sample(
         verdict judges what there is). None (the default): ``draws`` draws, however long.
     empirical_bayes
         Settings of the estimate (``burn_in``, ``max_iterations``, ``tolerance``:
-        :func:`dpinfer.inference.empirical_bayes.estimate`) and of what follows it:
+        :func:`dpinfer.inference.empirical_bayes.estimate`; with ``max_minutes`` the estimate
+        stops when settled or at a quarter of the time left, ``max_iterations`` 10,000 unless
+        given) and of what follows it:
         ``tune`` (the counts' burn-in, above), ``uncertainty`` ``"none"`` (the default: the
         parameters held at the estimate) or
         ``"normal"`` (drawn afresh every ``every`` (5) stored draws from the normal law of the
         estimate and its approximate posterior sds, each draw followed by ``burn`` (5) count
-        draws: the parameters' uncertainty propagated to the counts, approximately).
+        draws: the parameters' uncertainty propagated to the counts, approximately), and
+        ``drawn`` (a name or a list of names of continuous parameters; default none): parameters
+        drawn with the counts, by NUTS, instead of estimated, in the estimate's E-steps (summed
+        out with the counts) and in the draws given it, e.g. per-area effects that are not
+        hyperparameters (:mod:`dpinfer.inference.empirical_bayes`); the verdict then judges them
+        with the counts.
     sample_kwargs
         Passed to ``pm.sample`` (PyMC engine); nutpie takes ``target_accept`` and
         ``max_treedepth``; the compiled engine takes ``initvals`` (one dict for every chain or a
@@ -220,6 +228,7 @@ def sample(
                          "give max_minutes")
     if inference in ("empirical-bayes", "auto"):
         _check_empirical_bayes(engine, plan, compiled, reason)
+        empirical_bayes["drawn"] = _drawn_values(model, plan, empirical_bayes["drawn"])
     if deadline is not None and engine != "compiled":
         raise ValueError(f"max_minutes (sampling on until converged) needs the compiled engine; this model is "
                          f"fitted by the {engine} engine ({reason or 'method= chose it'})")
@@ -265,7 +274,8 @@ def sample(
             entry["engine_reason"] = reason
     idata.posterior.attrs["dpinfer"] = json.dumps(report)
     used = json.loads(idata.posterior.attrs.get("dpinfer_inference", "{}")).get("inference", inference)
-    held = ({rv.name for rv in model.free_RVs} - {p.latent_name for p in plan.latents}
+    drawn = {rv.name for rv in model.free_RVs if model.rvs_to_values[rv].name in empirical_bayes["drawn"]}
+    held = ({rv.name for rv in model.free_RVs} - {p.latent_name for p in plan.latents} - drawn
             if used == "empirical-bayes" else set())
     statistics = [name for s in summed if not s.draws_latent for name in s.nuisance_names]
     return _with_convergence(model, idata, progressbar, exclude=held, statistics=statistics)
@@ -344,6 +354,21 @@ def _check_empirical_bayes(engine: str, plan, compiled, reason) -> None:
     if compiled.n == 0:
         raise ValueError("inference='empirical-bayes' needs continuous parameters to estimate; this model "
                          "has none (its counts' posterior is what full Bayes draws)")
+
+
+def _drawn_values(model, plan, drawn: list) -> list:
+    """``empirical_bayes["drawn"]`` (names of continuous free variables) as the compiled model's
+    value variables, checked; it may not be every parameter (nothing would be estimated)."""
+    latents = {p.latent_name for p in plan.latents}
+    allowed = [rv.name for rv in model.free_RVs if rv.name not in latents]
+    unknown = [name for name in drawn if name not in allowed]
+    if unknown:
+        raise ValueError(f"empirical_bayes['drawn'] names {unknown}, which are not continuous parameters of the "
+                         f"model; it takes names among {allowed}")
+    if drawn and set(drawn) == set(allowed):
+        raise ValueError(f"empirical_bayes['drawn'] names every parameter ({allowed}): nothing is left to estimate; "
+                         "draw them all with inference='full-bayes'")
+    return [model.rvs_to_values[model[name]].name for name in drawn]
 
 
 def _check_options(options: dict, allowed: tuple, engine: str) -> None:
@@ -506,6 +531,11 @@ def _empirical_bayes_settings(given: dict) -> dict:
         value = settings[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"empirical_bayes[{name!r}] must be a whole number >= {least}, got {value!r}")
+    drawn = (settings["drawn"],) if isinstance(settings["drawn"], str) else settings["drawn"]
+    if not isinstance(drawn, (list, tuple)) or not all(isinstance(name, str) for name in drawn):
+        raise ValueError(f"empirical_bayes['drawn'] must be a variable's name or a list of names, got "
+                         f"{settings['drawn']!r}")
+    settings["drawn"] = list(dict.fromkeys(drawn))  # a list: as a checkpoint's JSON gives it back
     return settings
 
 
@@ -521,8 +551,9 @@ def _estimate_and_choose(fitted, compiled, plans, inference: str, settings: dict
             timing = {"iterations": checkpoint.decided("estimate_iterations", None)}
     held = compiled_engine.estimate_parameters(
         fitted, compiled, plans, chains=chains, cores=cores, rng=rng, progressbar=progressbar,
-        initvals=sample_kwargs.get("initvals"),
-        **{k: settings[k] for k in ("burn_in", "max_iterations", "tolerance") if k in settings}, **timing)
+        initvals=sample_kwargs.get("initvals"), drawn=settings["drawn"],
+        **({"max_iterations": TIMED_MAX_ITERATIONS} if deadline is not None else {})
+        | {k: settings[k] for k in ("burn_in", "max_iterations", "tolerance") if k in settings}, **timing)
     if checkpoint is not None:
         checkpoint.decided("estimate_iterations", held.iterations)
     if progressbar:
@@ -550,19 +581,24 @@ def _estimate_entry(compiled, held, spread) -> dict:
     """The report of an empirical-Bayes estimate: the method, and per parameter (unconstrained,
     as NUTS would see it) the estimate, its Monte Carlo standard error, the approximate
     posterior sd and the sd given the counts (:class:`~dpinfer.inference.empirical_bayes.Estimate`)."""
-    def by_name(values):
+    def by_name(values):  # the estimated parameters (those drawn with the counts are in the posterior)
         return {name: np.asarray(values[sl]).reshape(shape).tolist()
-                for name, sl, shape in zip(compiled.names, compiled.slices, compiled.shapes)}
+                for name, sl, shape in zip(compiled.names, compiled.slices, compiled.shapes) if not held.drawn[sl].any()}
 
     method = ("empirical Bayes: the continuous parameters' marginal posterior mode (counts summed out; "
               "stochastic-approximation EM-gradient with the exact count draws, dpinfer.inference.empirical_bayes)")
+    drawn = [name for name, sl in zip(compiled.names, compiled.slices) if held.drawn[sl].any()]
+    if drawn:
+        method = method.replace("the continuous parameters' marginal posterior mode (counts summed out;",
+                                f"the continuous parameters' marginal posterior mode (counts and {', '.join(drawn)} "
+                                "summed out, drawn with the counts by NUTS in each E-step;")
     if spread is None:
         method += ", then held there: the counts' posterior given them, which ignores the parameters' uncertainty"
     else:
         method += (f", then drawn every {spread['every']} stored draws from the normal law of that mode and the "
                    f"approximate posterior sds (Louis's observed information, diagonal; {spread['burn']} count "
                    "draws after each): the counts' posterior averaged over that approximation of the parameters'")
-    return {"method": method, "uncertainty": "normal" if spread is not None else "none",
+    return {"method": method, "uncertainty": "normal" if spread is not None else "none", "drawn": drawn,
             "parameters": by_name(held.q), "mc_se": by_name(held.mc_se), "posterior_sd": by_name(held.posterior_sd),
             "conditional_sd": by_name(held.conditional_sd),
             "settled": held.settled, "tolerance": held.tolerance, "burn_in": held.burn_in,
@@ -581,7 +617,8 @@ def _estimate_line(held) -> str:
                        f"posterior sd (largest {ratio:.3f})")
     over = int(np.sum(held.mc_se > held.tolerance * held.posterior_sd))
     return text + (f"NOT SETTLED: the largest Monte Carlo error is {ratio:.4f} of its parameter's approximate "
-                   f"posterior sd, {over} of {held.q.size} parameters over the tolerance {held.tolerance:g}; "
+                   f"posterior sd, {over} of {int(held.estimated.sum())} parameters over the tolerance "
+                   f"{held.tolerance:g}; "
                    "it stopped at its time box or max_iterations: raise max_minutes or max_iterations")
 
 
@@ -603,14 +640,20 @@ def _with_convergence(model, idata, progressbar: bool, exclude=(), statistics=()
     """``idata`` with its convergence (R-hat, bulk and tail ESS over the parameters and the latent
     counts, :mod:`dpinfer.inference.convergence`) in ``posterior.attrs["dpinfer_convergence"]``
     (JSON); the one-line verdict printed when ``progressbar``, and a ``ConvergenceWarning``
-    when the fit falls short. ``exclude``: parameters held fixed (empirical Bayes);
+    when the fit falls short. ``exclude``: parameters held fixed (empirical Bayes; the others
+    it drew with the counts are judged as latents with them);
     ``statistics``: true statistics standing for latent records (the law of the sum), judged
     with the latents."""
     names = [rv.name for rv in model.free_RVs if rv.name in idata.posterior and rv.name not in exclude]
+    latents = latent_names(model) + list(statistics)
+    # with exclude, the parameters drawn with the counts: per-area effects judged as latents with them
+    drawn = [name for name in names if name not in latents] if exclude else []
     result = convergence.check(idata, names + list(statistics),
-                               subject="counts given the parameters' empirical-Bayes estimate"
-                               if exclude else "parameters and counts",
-                               latents=() if exclude else latent_names(model) + list(statistics))
+                               subject=f"counts{' and ' + ', '.join(drawn) if drawn else ''} given the parameters' "
+                               "empirical-Bayes estimate" if exclude else "parameters and counts",
+                               latents=latents + [n for n in drawn if idata.posterior[n].size > idata.posterior[n]
+                                                  .sizes["chain"] * idata.posterior[n].sizes["draw"]]
+                               if drawn or not exclude else ())
     if exclude:
         result = dataclasses.replace(result, unsettled=_unsettled(
             json.loads(idata.posterior.attrs.get("dpinfer_empirical_bayes", "{}"))))

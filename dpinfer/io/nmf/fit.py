@@ -19,7 +19,7 @@ import scipy.sparse
 
 from dpinfer.io.nmf.areas import area_quantities, match_plan, parse_event, read_plan, summarise_areas, write_summary
 from dpinfer.io.nmf.layout import LEVELS
-from dpinfer.io.nmf.model import LEAF_SIZES, census_model
+from dpinfer.io.nmf.model import LEAF_SIZES, census_model, empirical_bayes_settings
 from dpinfer.io.nmf.reading import read_nmf
 from dpinfer.io.nmf.store import write_posterior
 from dpinfer.io.nmf.table import CensusTable, census_table
@@ -230,21 +230,6 @@ BLOCK_LEAF_SIZES_WARNING = (
     "estimated, the default at blocks, is slower (one leaf-size parameter a block) but covers")
 
 
-class BlockEmpiricalBayesWarning(UserWarning):
-    """Empirical Bayes at block leaves with estimated leaf sizes, which is known to miss full Bayes
-    at the blocks."""
-
-
-#: measured against full Bayes (issue 38, validation/eb_vs_full_bayes.py --leaves Block --leaf-sizes
-#: estimated --states 1:2020; validation/results/eb_vs_full_bayes-blocks-estimated-sizes.md)
-BLOCK_EMPIRICAL_BAYES_WARNING = (
-    "empirical Bayes at Block leaves with estimated leaf sizes holds one size per block at its estimate: on "
-    "55 synthetic blocks it missed full Bayes's bar on 174 of 2,095 targets, at the blocks (0.914 of the "
-    "block cells and 0.836 of the blocks' voting-age populations met it) and the districts cut from them, "
-    "while every county, tract and block-group voting-age population agreed. Block-level intervals are an "
-    "approximation here: --inference full-bayes with the --max-minutes it needs is the exact method")
-
-
 def _read_truth(path) -> pd.DataFrame:
     """A truth file: parquet with columns geocode, cell and count (a synthetic file's
     truth.parquet); errors name ``truth``."""
@@ -358,12 +343,10 @@ def fit_nmf(root, state, *, leaves: str = "Block_Group", cells="pl94-28", out=No
     idata = dp.sample(model=model, draws=draws, tune=tune, chains=chains, random_seed=seed,
                       progressbar=progressbar, inference=inference, max_minutes=sampling_minutes,
                       reserve_per_draw=reserve_per_draw,
-                      **({"empirical_bayes": {"uncertainty": uncertainty}} if inference != "full-bayes" else {}),
+                      **({"empirical_bayes": empirical_bayes_settings(model, leaves, uncertainty)}
+                         if inference != "full-bayes" else {}),
                       **(resume_or_start(checkpoint, checkpoint_every) if checkpoint_every else {}))
     fitted = time.perf_counter() - start
-    used = json.loads(idata.posterior.attrs.get("dpinfer_inference", "{}")).get("inference")
-    if leaves == "Block" and leaf_sizes == "estimated" and used == "empirical-bayes":
-        warnings.warn(BLOCK_EMPIRICAL_BAYES_WARNING, BlockEmpiricalBayesWarning, stacklevel=2)
     gls = nested_gls(table.release)
     summary = summaries(table, idata, truth=true_counts, gls=gls)
     summary.to_csv(out / "summary.csv", index=False)

@@ -92,6 +92,18 @@ def census_model(table: CensusTable, *, name: str = "counts", leaf_sizes: str = 
     return model
 
 
+def empirical_bayes_settings(model, leaves: str, uncertainty: str) -> dict:
+    """``dp.sample``'s ``empirical_bayes=`` for a :func:`census_model` fitted at ``leaves``: the
+    hyperparameters' ``uncertainty``, and at Block leaves with estimated leaf sizes the leaf
+    sizes (``leaf_effect_z``, one a block) **drawn with the counts** rather than estimated
+    (:mod:`dpinfer.inference.empirical_bayes`): thousands of per-block quantities, each informed
+    by its block's counts, are not hyperparameters; estimated as if they were, the estimate
+    drifted along the leaf sizes' scale and missed full Bayes at the blocks
+    (``benchmarks/README.md``, "Blocks as leaves")."""
+    drawn = ["leaf_effect_z"] if leaves == "Block" and "leaf_effect_z" in model.named_vars else []
+    return {"uncertainty": uncertainty, "drawn": drawn}
+
+
 def published_leaf_totals(table: CensusTable) -> np.ndarray:
     """Each leaf's published total population (n_leaves,): its exact total where a constraint
     fixes it, else the value of its most precise measurement of all the cells (the smallest

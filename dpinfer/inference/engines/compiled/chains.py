@@ -197,9 +197,9 @@ def _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row, re
 
 
 @kernel(nogil=True)
-def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt, metric_count,
-            metric_mean, metric_m2, window_ends, max_depth, cells, totals, nested, rng, out_q, out_counts,
-            out_stats, row, nuts_per_sweep, counts_per_sweep, spread, spread_every, spread_burn):
+def _sweeps(first, last, tune, warm_start, logp_grad, q, grad, counts, env, inv_mass, moving, adapt,
+            metric_count, metric_mean, metric_m2, window_ends, max_depth, cells, totals, nested, rng, out_q,
+            out_counts, out_stats, row, nuts_per_sweep, counts_per_sweep, spread, spread_every, spread_burn):
     """Iterations first..last-1 of a chain (module docstring). Returns 0, or 1 if a count
     block found a window without mass, 2 if the parameters' log density is not finite.
 
@@ -207,8 +207,9 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt,
     floor(t c / nuts_per_sweep) steps up (c = ``counts_per_sweep``): c draws spread evenly,
     the first before the first transition.
 
-    The first min(50, tune / 10) tuning iterations leave the counts at their start (on the
-    releases' fibre) so that the parameters first move to agree with them; the others are one
+    The first ``warm_start`` tuning iterations (:class:`Stepper`: min(50, tune / 10), 0 for
+    empirical Bayes) leave the counts at their start (on the releases' fibre) so that the
+    parameters first move to agree with them; the others are one
     count draw and one NUTS transition (the extra moves buy the stored draws' mixing); tuning holds cells
     whose windows miss their conditional law at a lower ratio (tuning draws are discarded:
     only the kernel used after tuning must, and does, leave the posterior invariant).
@@ -221,10 +222,15 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt,
     stored draws q is drawn afresh, q = spread[0] + spread[1] * z with z standard normal (the
     parameters' approximate marginal posterior: empirical Bayes with their uncertainty), and
     ``spread_burn`` count draws follow it before the next stored one (the counts forget the
-    previous q)."""
+    previous q).
+
+    ``moving`` (one flag per parameter) holds the parameters without it at q while NUTS moves
+    the others (their inverse mass 0: :func:`~dpinfer.inference.engines.compiled.nuts._momentum`;
+    empirical Bayes with some parameters drawn with the counts); ``spread`` then redraws only
+    the held ones, and its ``spread_burn`` burn-in sweeps are each a count draw and a NUTS
+    transition."""
     n = q.shape[0]
     held = nuts_per_sweep == 0
-    warm_start = 0 if held else min(50, tune // 10)
     stale = True  # the nested blocks' tables are not those of q and the counts
     moved = nuts_per_sweep > 0  # NUTS moves q between count draws, so their tables are refilled
     for it in range(first, last):
@@ -248,8 +254,14 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt,
             continue
         n_sweep = nuts_per_sweep if it >= tune else 1  # tuning: one transition, one count draw
         c_sweep = counts_per_sweep if it >= tune else 1
-        for t in range(n_sweep):
-            if it >= warm_start and (t * c_sweep) // n_sweep > ((t - 1) * c_sweep) // n_sweep:
+        burn = 0
+        if spread_every > 0 and it >= tune and (it - tune) % spread_every == 0:
+            for i in range(n):
+                if not moving[i]:
+                    q[i] = spread[0, i] + spread[1, i] * standard_normal(rng)
+            burn = spread_burn
+        for t in range(-burn, n_sweep):  # t < 0: the spread's burn-in, a count draw and a transition each
+            if it >= warm_start and (t < 0 or (t * c_sweep) // n_sweep > ((t - 1) * c_sweep) // n_sweep):
                 if not _draw_blocks(q, counts, env, cells, totals, nested, hold_ratio, rng, row, moved):
                     return 1
             if n == 0:
@@ -259,7 +271,9 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt,
                 return 2
             if adapt[_EPS] <= 0.0:  # first iteration: Hoffman & Gelman's initial step size and,
                 for i in range(n):  # where none was given (0), nutpie's first metric, 1 / |gradient| (bounded)
-                    if inv_mass[i] <= 0.0:
+                    if not moving[i]:
+                        inv_mass[i] = 0.0
+                    elif inv_mass[i] <= 0.0:
                         inv_mass[i] = min(max(1.0 / abs(grad[i]), 1e-4), 1e4) if grad[i] != 0.0 else 1.0
                 _restart_step_size(adapt, reasonable_step_size(logp_grad, env, q, grad, f_lp,
                                                                1.0, inv_mass, rng))
@@ -287,8 +301,8 @@ def _sweeps(first, last, tune, logp_grad, q, grad, counts, env, inv_mass, adapt,
             for end in window_ends:
                 if it == end:  # the variances' ratio, regularised as Stan's; a fresh step size
                     for i in range(n):
-                        inv_mass[i] = (c / (c + 5.0)) * _metric_variance(
-                            metric_m2[0, i], metric_m2[1, i], c) + 1e-3 * (5.0 / (c + 5.0))
+                        inv_mass[i] = ((c / (c + 5.0)) * _metric_variance(metric_m2[0, i], metric_m2[1, i], c)
+                                       + 1e-3 * (5.0 / (c + 5.0))) if moving[i] else 0.0
                         metric_mean[:, i] = 0.0
                         metric_m2[:, i] = 0.0
                     metric_count[0] = 0.0
@@ -360,11 +374,16 @@ class Stepper:
     :mod:`dpinfer.inference.sharded`, one iteration at a time). ``model`` is a
     :class:`dpinfer.inference.engines.compiled.model.CompiledModel`, ``blocks`` the count
     blocks (objects with ``kind`` ("cells", "totals" or "nested"), ``native(column)`` giving
-    the kernel's data tuple with fresh scratch, and ``stat_names``)."""
+    the kernel's data tuple with fresh scratch, and ``stat_names``). ``moving``: the parameters
+    NUTS moves (default all; the others held, :func:`_sweeps`); ``adapt_metric`` False keeps the
+    state's metric through tuning (only the step size adapts); ``warm_start``: tuning iterations
+    that leave the counts at their start (default min(50, tune / 10), 0 with the parameters
+    held)."""
 
     def __init__(self, model, blocks, state: ChainState, *, tune: int, draws: int,
                  max_tree_depth: int = MAX_TREE_DEPTH, nuts_per_sweep: int = NUTS_PER_SWEEP,
-                 counts_per_sweep: int = COUNTS_PER_SWEEP, spread=None):
+                 counts_per_sweep: int = COUNTS_PER_SWEEP, spread=None, moving: np.ndarray | None = None,
+                 adapt_metric: bool = True, warm_start: int | None = None):
         self.model, self.state, self.tune, self.total = model, state, tune, tune + draws
         self.env = model.environment(state.counts)  # the model functions' view of the counts and the data
         self.names, columns = stat_columns(blocks)
@@ -376,7 +395,9 @@ class Stepper:
         self.nested = nested or None  # no nested block: the kernels' nested branch is pruned
         self.row = np.zeros(len(self.names))
         self.grad = np.empty(model.n)
-        self.window_ends = np.asarray(metric_windows(tune) or [-1], dtype=np.int64)
+        self.window_ends = np.asarray((metric_windows(tune) if adapt_metric else []) or [-1], dtype=np.int64)
+        self.moving = np.ones(model.n, bool) if moving is None else np.asarray(moving, bool)
+        self.warm_start = (0 if nuts_per_sweep == 0 else min(50, tune // 10)) if warm_start is None else warm_start
         self.max_tree_depth, self.nuts_per_sweep, self.counts_per_sweep = (
             max_tree_depth, nuts_per_sweep, counts_per_sweep)
         # spread: (centre, sd, every, burn) of held parameters drawn afresh (_sweeps), or None
@@ -386,8 +407,9 @@ class Stepper:
     def advance(self, last: int) -> None:
         """Run iterations ``state.done`` .. ``last`` - 1 (raises :class:`SamplingError`)."""
         s = self.state
-        code = _sweeps(s.done, last, self.tune, self.model.logp_grad_address, s.q, self.grad, s.counts, self.env,
-                       s.inv_mass, s.adapt, s.metric_count, s.metric_mean, s.metric_m2, self.window_ends,
+        code = _sweeps(s.done, last, self.tune, self.warm_start, self.model.logp_grad_address, s.q, self.grad,
+                       s.counts, self.env, s.inv_mass, self.moving, s.adapt, s.metric_count, s.metric_mean,
+                       s.metric_m2, self.window_ends,
                        self.max_tree_depth, self.cells, self.totals, self.nested, s.stream, s.draws_q,
                        s.draws_counts, s.draws_stats, self.row, self.nuts_per_sweep, self.counts_per_sweep,
                        self.spread, self.spread_every, self.spread_burn)
@@ -405,10 +427,24 @@ class Stepper:
         return float(log_density_at(self.model.logp_grad_address, self.state.q if q is None else q,
                                     self.grad if grad is None else grad, self.env))
 
+    def e_step(self, q: np.ndarray) -> np.ndarray:
+        """The E-step of :mod:`dpinfer.inference.empirical_bayes` at the estimated parameters
+        ``q``; returns the chain's whole parameter point after it. No parameter ``moving``: one
+        draw of every count block given q (after-tuning rules; the point is q). Else the held
+        parameters are set to q's and the chain makes one tuning iteration: a draw of the counts
+        and a NUTS transition of the moving parameters given them (its step size and metric
+        adapting as in tuning). Raises :class:`SamplingError`."""
+        if not self.moving.any():
+            self.draw_counts(q)
+            return q
+        held = ~self.moving
+        self.state.q[held] = q[held]
+        self.advance(self.state.done + 1)
+        return self.state.q
+
     def draw_counts(self, q: np.ndarray) -> None:
         """One draw of every count block given the parameters ``q`` (not the chain's own),
-        after-tuning rules, into the state's counts: the E-step of
-        :mod:`dpinfer.inference.empirical_bayes`. Raises :class:`SamplingError`."""
+        after-tuning rules, into the state's counts. Raises :class:`SamplingError`."""
         self.row[:] = 0.0
         if not _draw_blocks(q, self.state.counts, self.env, self.cells, self.totals, self.nested, HOLD_RATIO,
                             self.state.stream, self.row, True):
@@ -432,15 +468,18 @@ def chain_result(model, names: list, state: ChainState, kept: int, seconds: floa
 def run_chain(model, blocks, state: ChainState, *, tune: int, draws: int,
               max_tree_depth: int = MAX_TREE_DEPTH, nuts_per_sweep: int = NUTS_PER_SWEEP,
               counts_per_sweep: int = COUNTS_PER_SWEEP, progress=None, save=None,
-              save_every: int = 0, stop: threading.Event | None = None, spread=None) -> ChainResult | None:
+              save_every: int = 0, stop: threading.Event | None = None, spread=None,
+              moving: np.ndarray | None = None, adapt_metric: bool = True) -> ChainResult | None:
     """Run a chain (module docstring) from ``state`` (:func:`fresh_state`, or a checkpoint's)
-    to its ``tune + draws`` iterations (``model`` and ``blocks`` as :class:`Stepper`'s).
+    to its ``tune + draws`` iterations (``model``, ``blocks``, ``spread``, ``moving`` and
+    ``adapt_metric`` as :class:`Stepper`'s).
     ``save(state)`` is called every ``save_every`` iterations, at the end and when the chain
     stops early: when ``stop`` is set, after the compiled call running (returning None).
     Calls take about half a second each (sized from the last one), so a stop is prompt."""
     start_time = time.perf_counter() - state.seconds
     stepper = Stepper(model, blocks, state, tune=tune, draws=draws, max_tree_depth=max_tree_depth,
-                      nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep, spread=spread)
+                      nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep, spread=spread,
+                      moving=moving, adapt_metric=adapt_metric)
     total = tune + draws
     longest = max(1, math.ceil(total / _CHUNKS))
     chunk = 1
@@ -543,7 +582,8 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
                nuts_per_sweep: int = NUTS_PER_SWEEP, counts_per_sweep: int = COUNTS_PER_SWEEP,
                checkpoint=None, more=None, spread=None, count_dtype=np.int64,
                deadline: float | None = None, reserve_per_draw: float = 0.0,
-               inv_mass0: np.ndarray | None = None) -> list[ChainResult]:
+               inv_mass0: np.ndarray | None = None, moving: np.ndarray | None = None,
+               adapt_metric: bool = True) -> list[ChainResult]:
     """``chains`` chains, ``cores`` at a time in threads; ``starts`` gives (q0, counts0) per
     chain, ``seeds`` a ``numpy.random.Generator`` per chain for its random stream. Returns the
     chains' results in order. With ``checkpoint``
@@ -564,7 +604,7 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
     after sampling (their verdict, summaries): the chains stop at
     ``deadline - reserve_per_draw x draws kept`` (the draws counted as they will be when the
     stop takes effect, at the rate of the last look). ``inv_mass0``: every fresh chain's first
-    metric (:func:`fresh_state`)."""
+    metric (:func:`fresh_state`); ``moving``, ``adapt_metric``: :class:`Stepper`'s."""
     n_stats = len(stat_columns(blocks)[0])
     states = []
     for c in range(chains):
@@ -601,7 +641,7 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
         return run_chain(model, blocks, states[c], tune=tune, draws=draws, max_tree_depth=max_tree_depth,
                          nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep,
                          progress=progress, save=save, save_every=checkpoint.every if checkpoint else 0,
-                         stop=stop, spread=spread)
+                         stop=stop, spread=spread, moving=moving, adapt_metric=adapt_metric)
 
     with _ctrl_c_sets(stop, progressbar):
         try:

@@ -65,6 +65,9 @@ METHODS = {
 HELD_METHOD = ("empirical Bayes (compiled): the counts drawn exactly given the parameters held at their "
                "empirical-Bayes estimate (posterior.attrs['dpinfer_empirical_bayes']), counts_per_sweep draws "
                "per stored draw, no NUTS")
+DRAWN_METHOD = ("empirical Bayes (compiled): the counts drawn exactly and the parameters drawn with them "
+                "(empirical_bayes['drawn']) moved by NUTS, given the other parameters held at their empirical-Bayes "
+                "estimate (posterior.attrs['dpinfer_empirical_bayes'])")
 STUCK_SHARE = 0.5  # a chain holding cells in more than this share of its draws is stuck
 
 
@@ -140,7 +143,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
     value stored, and with ``held`` parameters not spread a gradient per draw for
     :func:`hyperparameter_scores`), and ``reserve_per_draw`` seconds per draw of every chain
     for the caller's."""
-    if held is not None:
+    if held is not None and not held.drawn.any():
         nuts_per_sweep, counts_per_sweep = 0, 1 if counts_per_sweep is None else counts_per_sweep
     counts_per_sweep = _counts_per_sweep(counts_per_sweep, nuts_per_sweep)
     if deadline is not None:
@@ -157,45 +160,53 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
                      target_accept=target_accept, initvals=initvals, nuts_per_sweep=nuts_per_sweep,
                      counts_per_sweep=counts_per_sweep, checkpoint=checkpoint, held=held, start=start,
                      deadline=deadline, reserve_per_draw=reserve_per_draw, mode_start=mode_start,
-                     more=None if deadline is None else sample_on(compiled, held is not None, deadline, progressbar,
+                     more=None if deadline is None else sample_on(compiled, held, deadline, progressbar,
                                                                   reserve_per_draw),
                      spread=None if spread is None else (held.q, held.posterior_sd, spread["every"], spread["burn"]))
     except SamplingError as err:
         raise type(err)(f"dpinfer.sample: {err}") from err
-    if held is not None and spread is None:
-        idata["sample_stats"] = idata.sample_stats.to_dataset().assign(
-            hyperparameter_score=(("chain", "draw", "hyperparameter"), hyperparameter_scores(compiled, idata, held.q)))
     report, failed = {}, {}
     for plan, block in zip(plans, blocks):
         report[plan.latent_name], bound = plan_report(plan, idata, block, tol)
         if held is not None:
-            report[plan.latent_name]["method"] = HELD_METHOD
+            report[plan.latent_name]["method"] = DRAWN_METHOD if held.drawn.any() else HELD_METHOD
         if bound is not None:
             failed[plan.latent_name] = bound
     return idata, report, failed
 
 
-def sample_on(compiled, held: bool, deadline: float, progressbar: bool, reserve_per_draw: float = 0.0):
+def sample_on(compiled, held, deadline: float, progressbar: bool, reserve_per_draw: float = 0.0):
     """The ``more`` of :func:`~dpinfer.inference.engines.compiled.chains.run_chains`: how many
-    more draws the chains make to meet the convergence targets over the counts and (unless
-    ``held``) the parameters (:func:`dpinfer.inference.convergence.draws_to_add`; the counts'
-    R-hat against the latents' bound when the parameters are judged beside them), within the
+    more draws the chains make to meet the convergence targets over the counts and the
+    parameters unless ``held`` (an empirical-Bayes estimate, or None; those it draws with the
+    counts are judged as latents with them) (:func:`dpinfer.inference.convergence.draws_to_add`;
+    the counts' R-hat against the latents' bound when parameters are judged beside them), within the
     time left before ``deadline`` less ``reserve_per_draw`` seconds per draw (of every chain)
     for the work after sampling; says what it does."""
     from dpinfer.inference.convergence import draws_to_add
 
+    drawn = np.zeros(compiled.n, bool) if held is None else held.drawn.copy()
+    scalars = np.zeros(compiled.n, bool)  # a drawn scalar stays a parameter (sample.latent_names' rule)
+    for sl in compiled.slices:
+        scalars[sl] = sl.stop - sl.start == 1
+    judged = scalars & drawn if held is not None else np.ones(compiled.n, bool)
+    drawn &= ~scalars
+
     def more(states, seconds_per_draw):
         draws = states[0].draws_q.shape[0]
         step = 2048
-        parameters = [np.stack([s.draws_q for s in states])] if compiled.n and not held else []
+        parameters = [np.stack([s.draws_q[:, judged] for s in states])] if judged.any() else []
         n_counts = states[0].draws_counts.shape[1]
         counts = (np.stack([s.draws_counts[:, i:i + step] for s in states]).astype(float)  # a block at a time
                   for i in range(0, n_counts, step))
-        # as the verdict judges them: the counts as latents beside the parameters, or alone (held)
-        family = not held and n_counts > 1
+        # as the verdict judges them: the counts as latents beside the parameters or the parameters drawn
+        # with them (per-area effects: latents too, scalars parameters), or alone (held)
+        family = (held is None or held.drawn.any()) and n_counts > 1
+        if drawn.any():
+            counts = itertools.chain([np.stack([s.draws_q[:, drawn] for s in states])], counts)
         extra = draws_to_add(itertools.chain(parameters, () if family else counts), draws,
                              seconds_per_draw + reserve_per_draw, deadline - time.monotonic() - reserve_per_draw * draws,
-                             latents=counts if family else (), n_latents=n_counts)
+                             latents=counts if family else (), n_latents=n_counts + int(drawn.sum()))
         if progressbar:
             left = (deadline - time.monotonic()) / 60
             print(f"dpinfer: {f'sampling on: {extra} more draws per chain' if extra else 'no more draws'} "
@@ -208,26 +219,27 @@ def sample_on(compiled, held: bool, deadline: float, progressbar: bool, reserve_
 SCORED_DRAWS = 500  # per chain, evenly spaced: the draws hyperparameter_scores evaluates
 
 
-def hyperparameter_scores(compiled, idata, q: np.ndarray) -> np.ndarray:
-    """(chains, draws, n): the complete-data score g(q, x) = d/dq log p(q, x, y) (the gradient
-    NUTS uses) at the held parameters q and the counts x of every SCORED_DRAWS-th-spaced draw,
+def hyperparameter_scores(compiled, results, estimated: np.ndarray) -> np.ndarray:
+    """(chains, draws, estimated parameters): the complete-data score g(q, x) = d/dq log p(q,
+    x, y) (the gradient NUTS uses) in the ``estimated`` coordinates (a mask of q's), at the
+    parameters q and the counts x of every SCORED_DRAWS-th-spaced draw of the chains'
+    ``results`` (the estimate held, and the parameters drawn with the counts where some are),
     NaN at the others. Its covariance with a quantity of the counts over the draws is the
-    derivative of that quantity's posterior mean in q (the score identity), which
-    :func:`dpinfer.io.nmf.fit.summaries` turns into the variance the parameters' uncertainty
-    would add (the delta method)."""
+    derivative of that quantity's posterior mean in the estimated parameters (the score
+    identity), which :func:`dpinfer.io.nmf.fit.summaries` turns into the variance their
+    uncertainty would add (the delta method)."""
     from dpinfer.inference.engines.compiled.nuts import log_density_at
 
-    chains, draws = idata.posterior.sizes["chain"], idata.posterior.sizes["draw"]
-    out = np.full((chains, draws, compiled.n), np.nan)
+    chains, draws = len(results), results[0].q.shape[0]
+    out = np.full((chains, draws, int(np.sum(estimated))), np.nan)
     buffer = np.zeros(compiled.n_counts, np.int64)
     env = compiled.environment(buffer)
     grad = np.empty(compiled.n)
-    counts = {name: idata.posterior[name].values for name in compiled.latents}
     for d in np.unique(np.linspace(0, draws - 1, min(draws, SCORED_DRAWS)).round().astype(int)):
-        for c in range(chains):
-            buffer[:] = compiled.counts_vector({name: values[c, d] for name, values in counts.items()})
-            if np.isfinite(log_density_at(compiled.logp_grad_address, q, grad, env)):
-                out[c, d] = grad
+        for c, result in enumerate(results):
+            buffer[:] = result.counts[d]
+            if np.isfinite(log_density_at(compiled.logp_grad_address, np.array(result.q[d]), grad, env)):
+                out[c, d] = grad[estimated]
     return out
 
 
@@ -246,9 +258,11 @@ def full_bayes_seconds(compiled, estimate, *, chains: int, tune: int, nuts_per_s
     count draw and one NUTS transition, a stored draw c count draws and ``nuts_per_sweep``
     transitions, each transition LEAPFROG_STEPS gradients; the count draws and gradients take
     what they took in the estimate. Conservative where the estimate's missing information is
-    noisy (it overstates the slowest parameter's: validation/results/eb_vs_full_bayes.md)."""
+    noisy (it overstates the slowest parameter's: validation/results/eb_vs_full_bayes.md);
+    parameters the estimate drew with the counts, whose missing information it does not
+    measure, are left out (their NUTS transitions are in its draw times)."""
     c = _counts_per_sweep(counts_per_sweep, nuts_per_sweep)
-    rho = np.clip(estimate.missing_information, 0.0, 0.999)
+    rho = np.clip(np.nan_to_num(estimate.missing_information, nan=0.0), 0.0, 0.999)  # NaN: drawn, not estimated
     slowest = int(np.argmax(rho))
     r = rho[slowest] ** c
     per_draw = (1.0 - r) / (1.0 + r)
@@ -272,20 +286,29 @@ def parameter_label(compiled, i: int) -> str:
 
 
 def estimate_parameters(model, compiled, plans, *, chains: int, cores: int, rng: np.random.Generator,
-                        progressbar: bool, initvals=None, **options):
+                        progressbar: bool, initvals=None, drawn: list | tuple = (), **options):
     """The parameters' empirical-Bayes estimate (:func:`dpinfer.inference.empirical_bayes.estimate`,
     ``options`` its settings) from chains of the counts at the plans' starts, the parameters
-    from PyMC's initial point (or ``initvals``), with a progress line every 10 s."""
+    from PyMC's initial point (or ``initvals``), with a progress line every 10 s. ``drawn``:
+    value variables (names in ``compiled.names``) drawn with the counts by NUTS in each
+    E-step instead of estimated (the module docstring's)."""
     from dpinfer.inference import empirical_bayes
     from dpinfer.inference.engines.compiled.chains import Stepper, fresh_state, stat_columns
+    from dpinfer.inference.engines.compiled.mode_start import held_coordinates
 
     blocks = [count_block(plan, compiled) for plan in plans]
     counts0 = compiled.counts_vector({plan.latent_name: plan.start for plan in plans})
     start_seeds, streams = chain_seeds(rng, chains)
     n_stats = len(stat_columns(blocks)[0])
     q0 = compiled.initial_q(start_seeds[0], model, per_chain(initvals, chains)[0])
+    moving = held_coordinates(compiled, list(drawn))
+    # an E-step with parameters drawn is a tuning iteration (the chain's NUTS step size adapting), at most one
+    # per iteration of the estimate; without, no iteration runs (Stepper.e_step draws the counts only)
+    tune = options.get("iterations") or options.get("max_iterations", empirical_bayes.MAX_ITERATIONS)
     steppers = [Stepper(compiled, blocks, fresh_state(compiled, n_stats, draws=1, rng=streams[c], q0=q0,
-                                                      counts0=counts0, target_accept=0.8), tune=0, draws=1)
+                                                      counts0=counts0, target_accept=0.8),
+                        tune=tune if moving.any() else 0, draws=1, nuts_per_sweep=1, counts_per_sweep=1,
+                        moving=moving, warm_start=0, adapt_metric=False)  # the estimate sets the metric
                 for c in range(chains)]
     began = time.perf_counter()
     last = [began]
@@ -457,8 +480,11 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
               for seed, values in zip(start_seeds, per_chain(initvals, chains))]
     begin = held if held is not None else start
     found = metric = None
-    if begin is not None:
-        starts = [(begin.q, begin.counts[c % len(begin.counts)]) for c in range(chains)]
+    moving = None
+    if begin is not None:  # each chain at the estimate and (where some are drawn) its own parameters
+        starts = [(begin.points[c % len(begin.points)], begin.counts[c % len(begin.counts)]) for c in range(chains)]
+        if held is not None and held.drawn.any():  # NUTS on the drawn ones, their metric from the estimate's
+            moving, metric = held.drawn, held.inv_mass
     elif mode_start is not None:
         qs, found, metric = mode_starts(compiled, starts[0][0], mode_start, start_seeds)
         starts = [(q, counts0) for q in qs]
@@ -470,13 +496,19 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
                          max_tree_depth=max_tree_depth, target_accept=target_accept,
                          nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep,
                          checkpoint=checkpoint, more=more, spread=spread, count_dtype=count_dtype(blocks),
-                         deadline=deadline, reserve_per_draw=reserve_per_draw, inv_mass0=metric)
+                         deadline=deadline, reserve_per_draw=reserve_per_draw, inv_mass0=metric,
+                         moving=moving, adapt_metric=moving is None)
     seconds = time.perf_counter() - start
     if checkpoint is not None:
         seconds = max(seconds, max(r.seconds for r in results))  # a resumed fit: its chains' whole time
+    scores = (hyperparameter_scores(compiled, results, ~held.drawn)
+              if held is not None and spread is None else None)
     idata = datatree(model, compiled, results, tune=tune, seconds=seconds,
                      max_tree_depth=max_tree_depth, nuts_per_sweep=nuts_per_sweep,
                      counts_per_sweep=counts_per_sweep)
+    if scores is not None:
+        idata["sample_stats"] = idata.sample_stats.to_dataset().assign(
+            hyperparameter_score=(("chain", "draw", "hyperparameter"), scores))
     if found is not None:
         idata.posterior.attrs["dpinfer_start"] = json.dumps(found | {"held": list(mode_start)})
     return idata

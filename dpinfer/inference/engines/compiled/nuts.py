@@ -91,11 +91,13 @@ def _kinetic(p, inv_mass):
 
 @kernel(nogil=True)
 def _momentum(inv_mass, rng):
-    """A fresh momentum p ~ N(0, M), M = diag(1 / inv_mass)."""
+    """A fresh momentum p ~ N(0, M), M = diag(1 / inv_mass); 0 where the inverse mass is 0 (a
+    coordinate held: its position never moves, q_i += eps inv_mass_i p_i, and it adds nothing
+    to the kinetic energy or the U-turn criterion, so the transition is NUTS on the others)."""
     n = inv_mass.shape[0]
     p = np.empty(n)
     for i in range(n):
-        p[i] = standard_normal(rng) / math.sqrt(inv_mass[i])
+        p[i] = standard_normal(rng) / math.sqrt(inv_mass[i]) if inv_mass[i] > 0.0 else 0.0
     return p
 
 
