@@ -212,20 +212,26 @@ def test_a_fit_that_widened_its_windows_resumes_with_the_same_widenings(tmp_path
     assert "resumed the fit from the checkpoint" in page
 
 
+def _whole_and_resumed(build, empirical_bayes: dict, tmp_path, ctrl_c_after_saves):
+    """An empirical-Bayes fit of ``build()`` uninterrupted, and the same fit interrupted after two
+    checkpoint saves (every 40 iterations) and resumed."""
+    settings = SETTINGS | {"inference": "empirical-bayes", "tune": 20, "empirical_bayes": empirical_bayes}
+    whole = dp.sample(model=build(), **settings)
+    path = tmp_path / "fit"
+    disarm = ctrl_c_after_saves(2)
+    with pytest.raises(Interrupted):
+        dp.sample(model=build(), checkpoint=path, checkpoint_every=40, **settings)
+    disarm()
+    return whole, dp.sample(model=build(), resume=path, **(settings | {"random_seed": None}))
+
+
 def test_an_empirical_bayes_fit_resumes_with_the_uninterrupted_draws(tmp_path, ctrl_c_after_saves):
     """Empirical Bayes with the parameters drawn from their normal approximation (they change
     every few draws, from the chains' own streams): interrupted after a save and resumed, the
     estimate is made again (the same: a seeded, deterministic computation) and the draws are
     the uninterrupted fit's."""
-    settings = SETTINGS | {"inference": "empirical-bayes", "tune": 20,
-                           "empirical_bayes": {"uncertainty": "normal", "every": 10, "burn": 2}}
-    whole = dp.sample(model=model(), **settings)
-    path = tmp_path / "fit"
-    disarm = ctrl_c_after_saves(2)
-    with pytest.raises(Interrupted):
-        dp.sample(model=model(), checkpoint=path, checkpoint_every=40, **settings)
-    disarm()
-    resumed = dp.sample(model=model(), resume=path, **(settings | {"random_seed": None}))
+    whole, resumed = _whole_and_resumed(model, {"uncertainty": "normal", "every": 10, "burn": 2}, tmp_path,
+                                        ctrl_c_after_saves)
     for name in ("log_rate", "x"):
         np.testing.assert_array_equal(whole.posterior[name].values, resumed.posterior[name].values)
     assert np.ptp(whole.posterior["log_rate"].values) > 0  # drawn afresh, not held
@@ -247,15 +253,8 @@ def test_an_empirical_bayes_fit_with_parameters_drawn_resumes_with_the_uninterru
             dp.Laplace(epsilon=0.5).observe("release", x, observed=rng.poisson(8, 24) + rng.integers(-3, 4, 24))
         return m
 
-    settings = SETTINGS | {"inference": "empirical-bayes", "tune": 20,
-                           "empirical_bayes": {"uncertainty": "normal", "every": 10, "burn": 2, "drawn": "effect"}}
-    whole = dp.sample(model=grouped(), **settings)
-    path = tmp_path / "fit"
-    disarm = ctrl_c_after_saves(2)
-    with pytest.raises(Interrupted):
-        dp.sample(model=grouped(), checkpoint=path, checkpoint_every=40, **settings)
-    disarm()
-    resumed = dp.sample(model=grouped(), resume=path, **(settings | {"random_seed": None}))
+    whole, resumed = _whole_and_resumed(grouped, {"uncertainty": "normal", "every": 10, "burn": 2, "drawn": "effect"},
+                                        tmp_path, ctrl_c_after_saves)
     for name in ("log_rate", "sd", "effect", "x"):
         np.testing.assert_array_equal(whole.posterior[name].values, resumed.posterior[name].values)
     effect = whole.posterior["effect"].values

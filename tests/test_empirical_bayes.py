@@ -48,6 +48,16 @@ def exact_log_marginal(q, states, loglik):
     return prior + special.logsumexp(nb_log_prior(states, m, log_alpha) + loglik)
 
 
+def assert_counts_mean(idata, want: np.ndarray) -> None:
+    """The draws' mean of every count (2 chains) within 5 Monte Carlo standard errors (their ESS)
+    of the exact posterior mean ``want``."""
+    draws = idata.posterior["x"].values
+    _, ess = diagnostics(draws.reshape(2, -1, 2 * C).astype(float))
+    flat = draws.reshape(-1, 2 * C)
+    z = (flat.mean(0) - want) / (flat.std(0) / np.sqrt(ess))
+    assert np.all(np.abs(z) < 5), z
+
+
 def test_the_estimate_is_the_mode_of_the_exact_marginal_posterior_and_the_counts_follow_it():
     states, loglik = enumerate_posterior(prior=lambda s: np.zeros(len(s)))  # the likelihood + const
     exact = scipy.optimize.minimize(lambda q: -exact_log_marginal(q, states, loglik), [0.5, 0.5],
@@ -66,12 +76,7 @@ def test_the_estimate_is_the_mode_of_the_exact_marginal_posterior_and_the_counts
     # the counts' posterior given the estimate, against the enumeration at the estimate
     weights = nb_log_prior(states, *estimate) + loglik
     weights = np.exp(weights - special.logsumexp(weights))
-    want = np.tensordot(weights, states, axes=1).reshape(-1)
-    draws = idata.posterior["x"].values
-    _, ess = diagnostics(draws.reshape(2, -1, 2 * C).astype(float))
-    flat = draws.reshape(-1, 2 * C)
-    z = (flat.mean(0) - want) / (flat.std(0) / np.sqrt(ess))
-    assert np.all(np.abs(z) < 5), z
+    assert_counts_mean(idata, np.tensordot(weights, states, axes=1).reshape(-1))
     report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
     assert report["method"].startswith("empirical Bayes (compiled)")
     verdict = json.loads(idata.posterior.attrs["dpinfer_convergence"])
@@ -342,12 +347,7 @@ def test_parameters_drawn_with_the_counts_leave_the_others_at_their_mode_integra
     _, ess = diagnostics(m[..., None])
     assert abs(m.mean() - m_mean) < 5 * m_sd / np.sqrt(ess[0]), (m.mean(), m_mean)
     assert abs(m.std() / m_sd - 1) < 5 * np.sqrt(1 / (2 * ess[0])), (m.std(), m_sd)
-    want = np.tensordot(w.sum(0), states, axes=1).reshape(-1)
-    draws = idata.posterior["x"].values
-    _, ess = diagnostics(draws.reshape(2, -1, 2 * C).astype(float))
-    flat = draws.reshape(-1, 2 * C)
-    z = (flat.mean(0) - want) / (flat.std(0) / np.sqrt(ess))
-    assert np.all(np.abs(z) < 5), z
+    assert_counts_mean(idata, np.tensordot(w.sum(0), states, axes=1).reshape(-1))
     report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
     assert "drawn with them" in report["method"]
     verdict = json.loads(idata.posterior.attrs["dpinfer_convergence"])
