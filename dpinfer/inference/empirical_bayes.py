@@ -274,11 +274,11 @@ def _set_metric(steppers: list, points: list, drawn: np.ndarray, estimated: np.n
       counts).
 
     Returns (D_z, C_h)."""
-    grad = np.empty(points[0].size)
+    grads = [np.empty(points[0].size) for _ in points]
     probed = np.empty(points[0].size)
     d, c = np.zeros(drawn.size), np.zeros(estimated.size)
     u = rng.choice(np.array([-1.0, 1.0]), size=drawn.size)
-    for point, s in zip(points, steppers):
+    for point, s, grad in zip(points, steppers, grads):
         _finite(s.log_density(point, grad), "at the drawn parameters")
         shifted = point.copy()
         shifted[drawn] += PROBE * u
@@ -287,8 +287,7 @@ def _set_metric(steppers: list, points: list, drawn: np.ndarray, estimated: np.n
     curvature = d if curvature is None else curvature + (d - curvature) / WINDOW
     curvature = np.maximum(curvature, 1e-12)
     w = rng.choice(np.array([-1.0, 1.0]), size=drawn.size) / np.sqrt(curvature)
-    for point, s in zip(points, steppers):
-        s.log_density(point, grad)
+    for point, s, grad in zip(points, steppers, grads):  # the gradients at the points: the first probe's
         shifted = point.copy()
         shifted[drawn] += PROBE * w
         _finite(s.log_density(shifted, probed), "beside the drawn parameters")
