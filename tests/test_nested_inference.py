@@ -10,6 +10,7 @@ import pytest
 
 import dpinfer as dp
 from dpinfer.inference.convergence import diagnostics
+from dpinfer.inference.recovery import RecoveryWarning
 from dpinfer.mechanisms.discrete_gaussian import DiscreteGaussian
 from dpinfer.mechanisms.nested import NestedMeasurements
 from test_nested_sums import LAM, TOTAL, C, enumerate_posterior
@@ -176,8 +177,9 @@ def test_a_new_release_through_pm_data_refits_the_same_model():
 
 
 def test_boxes_that_the_posterior_keeps_reaching_are_named(monkeypatch):
-    """Boxes of 0 pilot sds (half-width 2) and no widening: dp.sample stops with an error that
-    names the release, the counts whose draws reached a box edge and what to check."""
+    """Boxes of 0 pilot sds (half-width 2, which doubling keeps) and one widening: its warning
+    names the counts that reached a box edge, and then dp.sample stops with an error that
+    names the release, those counts and what to check."""
     import sys
 
     import dpinfer.inference.planning.nested as planning_nested
@@ -185,13 +187,15 @@ def test_boxes_that_the_posterior_keeps_reaching_are_named(monkeypatch):
     sample_module = sys.modules["dpinfer.inference.sample"]
 
     monkeypatch.setattr(planning_nested, "FIRST_K", 0)
-    monkeypatch.setattr(sample_module, "MAX_WIDENINGS", 0)
+    monkeypatch.setattr(sample_module, "MAX_WIDENINGS", 1)
     nm = small_release()
     with pm.Model() as model:
         x = pm.Poisson("x", LAM, shape=(2, C))
         nm.observe("nmf", x)
-    message = r"(?s)nested release 'nmf' reached the edges.*leaf\d, cell \d: box \d+\.\.\d+, stored draws"
-    with pytest.raises(RuntimeError, match=message):
+    count = r"leaf\d, cell \d: box \d+\.\.\d+, stored draws \d+\.\.\d+, pilot"
+    message = r"(?s)nested release 'nmf' reached the edges.*" + count
+    with pytest.raises(RuntimeError, match=message), \
+            pytest.warns(RecoveryWarning, match=r"widened them and fitted again; x: " + count):
         dp.sample(model=model, draws=300, tune=100, chains=1, random_seed=1, progressbar=False)
 
 

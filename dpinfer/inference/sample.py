@@ -54,6 +54,7 @@ from dpinfer.inference.latents import NotMarginalisableError
 from dpinfer.mechanisms.records import releases_of
 
 MAX_WIDENINGS = 4
+EDGES_SHOWN = 3  # counts on box edges named in a widening's warning, of each latent
 METHODS = ("auto", "marginal", "fibre", "nutpie")
 INFERENCES = ("full-bayes", "empirical-bayes", "auto")
 UNCERTAINTIES = ("none", "normal")
@@ -497,9 +498,9 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
         planning.widen(plans, failed, tol)
         if checkpoint is not None:
             checkpoint.widened(failed)
-        recovery.announce(recoveries, "windows widened", _widening_message(failed),
-                          bounds=recovery.bounds_of(failed),
-                          replayed=False)
+        recovery.announce(recoveries, "windows widened", _widening_message(failed, report),
+                          bounds=recovery.bounds_of(failed), replayed=False,
+                          **_edge_evidence(failed, report))
 
 
 def _refit_out_of_time(failed: dict, err: TimeUpError, checkpoint) -> str:
@@ -513,9 +514,22 @@ def _refit_out_of_time(failed: dict, err: TimeUpError, checkpoint) -> str:
             f"time (max_minutes){resume}")
 
 
-def _widening_message(failed: dict) -> str:
+def _widening_message(failed: dict, report: dict | None = None) -> str:
+    """The warning of a widening; with the failed fit's ``report``, the counts that reached
+    their boxes' edges (at most EDGES_SHOWN of each latent: :func:`_edge_evidence`)."""
+    cells = _edge_evidence(failed, report).get("cells_at_box_edges", {})
+    shown = "".join(f"; {name}: " + "; ".join(texts[:EDGES_SHOWN]) for name, texts in cells.items())
     return (f"dpinfer: the windows of {sorted(failed)} missed tol (bounds reached: {recovery.bounds_of(failed)}); "
-            "widened them and fitted again")
+            f"widened them and fitted again{shown}")
+
+
+def _edge_evidence(failed: dict, report: dict | None) -> dict:
+    """The counts of the failed latents that reached their boxes' edges, as the failed fit's
+    report names them (nested releases: their boxes, stored draws, pilot and measurements),
+    for the recovery's record; empty when there are none."""
+    cells = {name: report[name]["cells_at_box_edges"] for name in sorted(failed)
+             if report is not None and "cells_at_box_edges" in report.get(name, {})}
+    return {"cells_at_box_edges": cells} if cells else {}
 
 
 def _empirical_bayes_settings(given: dict) -> dict:
