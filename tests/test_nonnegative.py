@@ -121,6 +121,19 @@ def test_release_law_against_enumeration(sampler):
     assert chisq_pvalue(s - x, e, p) > 1e-3
 
 
+def test_algorithm_1_starts_on_invariants_with_dependent_rows():
+    """Both margins of a 2 x 3 table (5 rows, rank 4: the rows' and the columns' sums share
+    the total): Algorithm 1's data-free start is found from every constraint row's value (it
+    was given the full-rank rows' only, and refused), and its draws keep the margins and
+    non-negativity."""
+    inv = dp.Invariants.margins((2, 3), [(0,), (1,)])
+    mech = dp.Conditioned(dp.DoubleGeometric(0.9), inv, nonnegative=True)
+    x = np.array([0, 2, 1, 1, 0, 3])
+    assert inv.constraint_matrix.shape[0] == 5 and inv.matrix.shape[0] == 4
+    s = x + mech.independence_chain_noise(x, np.random.default_rng(3), 50, burn_in=100, thin=5)
+    assert np.all(s >= 0) and np.all(inv.values(s) == inv.values(x))
+
+
 def test_table1_reproduces_seed_000_congenial_draws():
     """Reference note 000 (R2): on Table 1 at epsilon = 0.5 the congenial draws have mean L1
     73.5 and mean L2 15.2 to s*, and the cell with s* = 1 shifts up by about +0.89 (an MCMC

@@ -369,7 +369,7 @@ class Conditioned(Mechanism):
             x, A, self.base.noise_logpdf, proposal.noise_logpdf,
             lambda shape, g: double_geometric_draws(proposal.alpha, shape, g), unimodular_block(A),
             n_iterations=burn_in + n * thin, burn_in=burn_in + thin - 1, thin=thin, rng=rng,
-            nonnegative=True, start=self.invariants.feasible_point(A @ x),
+            nonnegative=True, start=self.invariants.feasible_point(self.invariants.values(x)),
         )
         return chain.draws[:n] - x
 
