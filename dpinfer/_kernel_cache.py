@@ -13,7 +13,7 @@ import hashlib
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
-_STAMP = _PACKAGE / "__pycache__" / "dpinfer-kernels.sha256"
+STAMP = _PACKAGE / "__pycache__" / "dpinfer-kernels.sha256"
 
 
 def source_hash() -> str:
@@ -30,13 +30,13 @@ def clear_if_stale() -> bool:
     cache as it is)."""
     try:
         current = source_hash()
-        if _STAMP.exists() and _STAMP.read_text() == current:
+        if STAMP.exists() and STAMP.read_text() == current:
             return False
         for pattern in ("*.nbi", "*.nbc"):
             for path in _PACKAGE.rglob(pattern):
                 path.unlink(missing_ok=True)
-        _STAMP.parent.mkdir(exist_ok=True)
-        _STAMP.write_text(current)
+        STAMP.parent.mkdir(exist_ok=True)
+        STAMP.write_text(current)
         return True
     except OSError:
         return False

@@ -14,6 +14,7 @@ COMMANDS = {
     "nmf": "fit a state's 2020 Census noisy measurement files: posteriors per level, a report and a CSV out",
     "areas": "summarise any union of blocks (a district plan) from a stored dpinfer nmf fit: a CSV out",
     "cache": "where the compiled models are kept and what they hold; --clear deletes them",
+    "compile": "compile dpinfer's numba kernels now (once per install and per source), not in the first fits",
 }
 
 CONFIG_KEYS = {"target", "families", "sensitivity", "true_values", "levels", "tails", "prob",
@@ -42,6 +43,8 @@ def main(argv=None) -> None:
         areas_main(rest)
     elif command == "cache":
         cache_main(rest)
+    elif command == "compile":
+        compile_main(rest)
     else:
         raise SystemExit(f"dpinfer: unknown command {command!r}; choose from {sorted(COMMANDS)}")
 
@@ -200,6 +203,20 @@ def cache_main(argv) -> None:
         return
     print(f"dpinfer cache: {root}: {entries} compiled model functions, {size / 1e6:.1f} MB "
           f"(bound {cache.size_limit() / 1e6:.0f} MB, least recently used deleted beyond it)")
+
+
+def compile_main(argv) -> None:
+    """``dpinfer compile [--force]`` (:mod:`dpinfer.warm_up`)."""
+    parser = argparse.ArgumentParser(
+        prog="dpinfer compile", description=COMMANDS["compile"],
+        epilog="runs a few small fits that reach every engine's kernels (a few minutes on 2 cores) and "
+               "leaves them in numba's cache beside dpinfer's source; returns at once when that cache is "
+               "already warm for this source (tools/ensure-venv runs it after installing)")
+    parser.add_argument("--force", action="store_true", help="run the fits even if the cache is warm")
+    args = parser.parse_args(argv)
+    from dpinfer.warm_up import warm_up
+
+    warm_up(force=args.force)
 
 
 def _target(spec):
