@@ -5,7 +5,10 @@ subtracted), for this checkout and for ``--baseline`` (a git ref, checked out in
 worktree). Prints per checkout the selection's wall time, the compile time and the number of
 signatures compiled, then the kernels that cost most.
 
-    .venv/bin/python benchmarks/bench_kernel_compile.py [--baseline REF] [--top N] [TESTS ...]
+    .venv/bin/python benchmarks/bench_kernel_compile.py [--baseline REF] [--after-compile] [--top N] [TESTS ...]
+
+``--after-compile`` runs the selection once more after ``dpinfer compile`` (dpinfer/warm_up.py)
+in an emptied cache: what the set-up's compile takes, and what compiling is left to the tests.
 
 Needs git for ``--baseline``; the two runs take a few minutes each (one after the other, so
 that neither slows the other).
@@ -20,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,13 +56,20 @@ print("RESULT " + json.dumps({"code": int(code), "wall": time.perf_counter() - t
 '''
 
 
-def run(checkout: Path, tests: list) -> dict:
-    """The selection in a fresh process on ``checkout``'s dpinfer, every cache empty."""
+def run(checkout: Path, tests: list, compile_first: bool = False) -> dict:
+    """The selection in a fresh process on ``checkout``'s dpinfer, every cache empty; with
+    ``compile_first``, after ``dpinfer compile`` (timed, in a fresh process of its own)."""
     for pattern in ("*.nbi", "*.nbc"):
         for f in (checkout / "dpinfer").rglob(pattern):
             f.unlink()
     with tempfile.TemporaryDirectory(prefix="dpinfer-bench-compile-") as cache:
         env = os.environ | {"DPINFER_CACHE_DIR": cache, "PYTHONPATH": str(checkout)}
+        compiled = None
+        if compile_first:
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "from dpinfer.warm_up import warm_up; warm_up(force=True)"],
+                           cwd=checkout, env=env, check=True, capture_output=True, timeout=3600)
+            compiled = time.perf_counter() - t0
         out = subprocess.run([sys.executable, "-c", CHILD, *tests], cwd=checkout, env=env,
                              capture_output=True, text=True, timeout=3600)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
@@ -67,13 +78,15 @@ def run(checkout: Path, tests: list) -> dict:
     result = json.loads(lines[-1][len("RESULT "):])
     if result["code"]:
         raise RuntimeError(f"tests failed on {checkout} (pytest exit {result['code']}):\n{out.stdout[-2000:]}")
-    return result
+    return result | {"compile_first": compiled}
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", help="a git ref to compare with (default: none)")
     parser.add_argument("--top", type=int, default=12, help="kernels listed (default 12)")
+    parser.add_argument("--after-compile", action="store_true",
+                        help="also run the selection after `dpinfer compile` in an emptied cache (both timed)")
     parser.add_argument("tests", nargs="*", default=SELECTION, help="pytest arguments (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.top < 1:
@@ -82,6 +95,8 @@ def main(argv=None) -> None:
                                          f"{args.baseline}^{{commit}}"], capture_output=True).returncode:
         parser.error(f"--baseline {args.baseline!r} is not a commit of this repository")
     runs = {"this checkout": run(ROOT, args.tests)}
+    if args.after_compile:
+        runs["this checkout, after `dpinfer compile`"] = run(ROOT, args.tests, compile_first=True)
     if args.baseline:
         worktree = Path(tempfile.mkdtemp(prefix="dpinfer-baseline-"))
         try:
@@ -92,10 +107,11 @@ def main(argv=None) -> None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],
                            capture_output=True)
             shutil.rmtree(worktree, ignore_errors=True)
-    print("| checkout | selection wall | numba compile (own time) | signatures compiled |")
-    print("|---|---:|---:|---:|")
+    print("| checkout | `dpinfer compile` first | selection wall | numba compile in it (own time) | signatures compiled in it |")
+    print("|---|---:|---:|---:|---:|")
     for name, r in runs.items():
-        print(f"| {name} | {r['wall']:.1f} s | {sum(r['own'].values()):.1f} s | {sum(r['count'].values())} |")
+        first = "" if r["compile_first"] is None else f"{r['compile_first']:.1f} s"
+        print(f"| {name} | {first} | {r['wall']:.1f} s | {sum(r['own'].values()):.1f} s | {sum(r['count'].values())} |")
     for name, r in runs.items():
         print(f"\n{name}: the {args.top} kernels that cost most (own time, signatures)")
         for kernel, t in sorted(r["own"].items(), key=lambda kv: -kv[1])[:args.top]:
