@@ -92,9 +92,9 @@ def _nested_measurements(rng) -> None:
         table = census_table(nmf, "Block")
         model = census_model(table, leaf_sizes="estimated")
         dp.sample(draws=10, tune=10, chains=1, model=model, random_seed=1, inference="full-bayes", **QUIET)
+        settings = empirical_bayes_settings(model, "Block", "normal") | {"max_iterations": 20, "burn_in": 10}
         dp.sample(draws=10, tune=10, chains=1, model=model, random_seed=1, inference="empirical-bayes",
-                  empirical_bayes={**empirical_bayes_settings(model, "Block", "normal"), "max_iterations": 20, "burn_in": 10},
-                  **QUIET)
+                  empirical_bayes=settings, **QUIET)
 
 
 def _releases_under_invariants(rng) -> None:
