@@ -6,6 +6,8 @@ result names the approximation; refusals."""
 import json
 import warnings
 
+from types import SimpleNamespace
+
 import numpy as np
 import pymc as pm
 import pytest
@@ -307,6 +309,12 @@ def test_an_unsettled_estimate_says_by_how_much_and_what_to_raise():
     line = _estimate_line(held)
     assert "0.2003 of its parameter's approximate posterior sd, 1 of 3 parameters over the tolerance 0.2" in line
     assert "raise max_minutes or max_iterations" in line
+    # with the parameters' layout, the ones over the tolerance are named, the worst first
+    held.mc_se[:] = [0.05, 0.021, 0.3]
+    layout = SimpleNamespace(names=["tau_log__", "split"], shapes=[(), (2, 1)])
+    line = _estimate_line(held, layout)
+    assert "0.5000 of its parameter's approximate posterior sd, 2 of 3 parameters over the tolerance 0.2 " \
+           "(tau_log__, split[0, 0]); " in line
 
 
 def test_parameters_drawn_with_the_counts_leave_the_others_at_their_mode_integrated_over_them():

@@ -55,6 +55,7 @@ from dpinfer.mechanisms.records import releases_of
 
 MAX_WIDENINGS = 4
 EDGES_SHOWN = 3  # counts on box edges named in a widening's warning, of each latent
+ESTIMATE_NAMES_SHOWN = 5  # parameters over the tolerance named in an unsettled estimate's line
 METHODS = ("auto", "marginal", "fibre", "nutpie")
 INFERENCES = ("full-bayes", "empirical-bayes", "auto")
 UNCERTAINTIES = ("none", "normal")
@@ -571,7 +572,7 @@ def _estimate_and_choose(fitted, compiled, plans, inference: str, settings: dict
     if checkpoint is not None:
         checkpoint.decided("estimate_iterations", held.iterations)
     if progressbar:
-        print(f"dpinfer: empirical Bayes: {_estimate_line(held)}", file=sys.stderr, flush=True)
+        print(f"dpinfer: empirical Bayes: {_estimate_line(held, compiled)}", file=sys.stderr, flush=True)
     if inference != "auto":
         return held, inference, "asked for"
     predicted, why = compiled_engine.full_bayes_seconds(
@@ -619,9 +620,10 @@ def _estimate_entry(compiled, held, spread) -> dict:
             "iterations": held.iterations, "seconds": held.seconds}
 
 
-def _estimate_line(held) -> str:
+def _estimate_line(held, compiled=None) -> str:
     """One line on an empirical-Bayes estimate: iterations, time, and whether its Monte Carlo
-    error met the tolerance (else the worst parameter's)."""
+    error met the tolerance (else the worst parameter's, and with ``compiled`` (the model's
+    parameter layout) the names of those over it, at most ESTIMATE_NAMES_SHOWN)."""
     worst = held.worst
     ratio = held.mc_se[worst] / held.posterior_sd[worst]
     text = (f"parameters estimated in {held.iterations} iterations ({held.burn_in} burn-in), "
@@ -629,11 +631,26 @@ def _estimate_line(held) -> str:
     if held.settled:
         return text + (f"every Monte Carlo error within {held.tolerance:g} of the parameter's approximate "
                        f"posterior sd (largest {ratio:.3f})")
-    over = int(np.sum(held.mc_se > held.tolerance * held.posterior_sd))
+    over = np.flatnonzero(held.mc_se > held.tolerance * held.posterior_sd)
+    named = ""
+    if compiled is not None:
+        names = coordinate_names(compiled)
+        order = over[np.argsort(-(held.mc_se[over] / held.posterior_sd[over]), kind="stable")]
+        shown = ", ".join(names[i] for i in order[:ESTIMATE_NAMES_SHOWN])
+        named = f" ({shown}{', ...' if over.size > ESTIMATE_NAMES_SHOWN else ''})"
     return text + (f"NOT SETTLED: the largest Monte Carlo error is {ratio:.4f} of its parameter's approximate "
-                   f"posterior sd, {over} of {int(held.estimated.sum())} parameters over the tolerance "
-                   f"{held.tolerance:g}; "
+                   f"posterior sd, {over.size} of {int(held.estimated.sum())} parameters over the tolerance "
+                   f"{held.tolerance:g}{named}; "
                    "it stopped at its time box or max_iterations: raise max_minutes or max_iterations")
+
+
+def coordinate_names(compiled) -> list[str]:
+    """The name of each coordinate of the compiled engine's parameter vector (unconstrained):
+    ``name`` for a scalar, ``name[i, j]`` for an element of an array."""
+    names = []
+    for name, shape in zip(compiled.names, compiled.shapes):
+        names += [name] if not shape else [f"{name}[{', '.join(map(str, i))}]" for i in np.ndindex(*shape)]
+    return names
 
 
 def _without(options: dict, *names) -> dict:
