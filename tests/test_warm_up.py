@@ -49,3 +49,13 @@ def test_bad_options_are_refused(capsys):
     with pytest.raises(SystemExit):
         main(["compile", "--forced"])
     assert "unrecognized arguments: --forced" in capsys.readouterr().err
+
+
+def test_a_cache_that_cannot_be_written_is_reported(recorded, monkeypatch, tmp_path, capsys):
+    """Where the record cannot be written (a read-only install: here its directory is a file),
+    the fits still run and the command says so instead of failing."""
+    (tmp_path / "a file").write_text("")
+    monkeypatch.setattr(warm, "WARM", tmp_path / "a file" / "dpinfer-kernels.warm")
+    warm.warm_up()
+    assert recorded == ["first", "second"] and not warm.is_warm()
+    assert "could not record it" in capsys.readouterr().err
