@@ -499,9 +499,9 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
         planning.widen(plans, failed, tol)
         if checkpoint is not None:
             checkpoint.widened(failed)
-        recovery.announce(recoveries, "windows widened", _widening_message(failed, report),
-                          bounds=recovery.bounds_of(failed), replayed=False,
-                          **_edge_evidence(failed, report))
+        evidence = _edge_evidence(failed, report)
+        recovery.announce(recoveries, "windows widened", _widening_message(failed, evidence),
+                          bounds=recovery.bounds_of(failed), replayed=False, **evidence)
 
 
 def _refit_out_of_time(failed: dict, err: TimeUpError, checkpoint) -> str:
@@ -515,10 +515,10 @@ def _refit_out_of_time(failed: dict, err: TimeUpError, checkpoint) -> str:
             f"time (max_minutes){resume}")
 
 
-def _widening_message(failed: dict, report: dict | None = None) -> str:
-    """The warning of a widening; with the failed fit's ``report``, the counts that reached
-    their boxes' edges (at most EDGES_SHOWN of each latent: :func:`_edge_evidence`)."""
-    cells = _edge_evidence(failed, report).get("cells_at_box_edges", {})
+def _widening_message(failed: dict, evidence: dict | None = None) -> str:
+    """The warning of a widening; with ``evidence`` (:func:`_edge_evidence`), the counts that
+    reached their boxes' edges (at most EDGES_SHOWN of each latent)."""
+    cells = (evidence or {}).get("cells_at_box_edges", {})
     shown = "".join(f"; {name}: " + "; ".join(texts[:EDGES_SHOWN]) for name, texts in cells.items())
     return (f"dpinfer: the windows of {sorted(failed)} missed tol (bounds reached: {recovery.bounds_of(failed)}); "
             f"widened them and fitted again{shown}")
