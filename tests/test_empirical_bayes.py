@@ -85,6 +85,33 @@ def test_the_estimate_is_the_mode_of_the_exact_marginal_posterior_and_the_counts
     assert verdict["subject"].startswith("counts given") and verdict["quantities"] == 2 * C
 
 
+def test_boxes_the_estimates_draws_near_are_widened_before_the_draws_given_it(monkeypatch):
+    """First boxes of 1 pilot sd: the estimate's own count draws come near some counts' box
+    edges, so their boxes are widened while it runs (on the record, during the estimate), the
+    draws given it reach no edge, and both the estimate and the counts given it are the exact
+    ones (as in the test above)."""
+    import dpinfer.inference.planning.nested as planning_nested
+
+    monkeypatch.setattr(planning_nested, "FIRST_K", 1)
+    states, loglik = enumerate_posterior(prior=lambda s: np.zeros(len(s)))
+    exact = scipy.optimize.minimize(lambda q: -exact_log_marginal(q, states, loglik), [0.5, 0.5],
+                                    method="Nelder-Mead", options={"xatol": 1e-9, "fatol": 1e-12}).x
+    with pytest.warns(dp.RecoveryWarning, match="estimate's count draws came within a pilot sd"):
+        idata = dp.sample(model=nb_model(small_release()), draws=4000, tune=100, chains=2, random_seed=3,
+                          progressbar=False, inference="empirical-bayes")
+    records = dp.recoveries_of(idata)
+    assert [r.get("during") for r in records] == ["empirical-Bayes estimate"]
+    assert 1 <= records[0]["counts_widened"]["x"] <= 2 * C
+    entry = json.loads(idata.posterior.attrs["dpinfer_empirical_bayes"])
+    estimate = np.array([entry["parameters"]["m"], entry["parameters"]["alpha_log__"]])
+    mc_se = np.array([entry["mc_se"]["m"], entry["mc_se"]["alpha_log__"]])
+    posterior_sd = np.array([entry["posterior_sd"]["m"], entry["posterior_sd"]["alpha_log__"]])
+    assert np.all(np.abs(estimate - exact) <= 4 * mc_se + 0.02 * posterior_sd), (estimate, exact, mc_se)
+    weights = nb_log_prior(states, *estimate) + loglik
+    weights = np.exp(weights - special.logsumexp(weights))
+    assert_counts_mean(idata, np.tensordot(weights, states, axes=1).reshape(-1))
+
+
 def test_normal_uncertainty_draws_the_parameters_afresh_and_the_counts_follow_each_draw():
     """uncertainty="normal" (every K stored draws, B count draws after each): the parameters
     are constant within each block of K draws and drawn afresh between blocks from the normal

@@ -87,6 +87,34 @@ def test_box_edges_reached_between_stored_draws_still_name_counts():
     assert bound == np.inf and entry["stored_draws_on_box_edges"] == 0
     assert entry["cells_at_box_edges_index"][0] == [1, 1] and len(entry["cells_at_box_edges"]) == 4
     assert entry["cells_at_box_edges"][0].startswith(f"01003, cell 1: box 0..{g.box_hi[1, 1]}, stored draws ")
+    assert entry["counts_near_box_edges"] == [[1, 1]]  # within its pilot sd of the edge: widened alone
+
+
+def test_a_count_widened_alone_keeps_every_other_box():
+    """widen_counts doubles k for the counts named and rebuilds the boxes: theirs grow by k s,
+    every other count's box is unchanged, and the boxes record the largest k and how many
+    counts are above the rest; counts_near_edges finds a count within its pilot sd of an open
+    edge (never one at a support's end), and bad pairs are refused."""
+    model = far_prior_table()
+    plan = planning.plan_model(model, releases_of(model)).latents[0]
+    plan.set_half_width(15)
+    lo, hi = plan.window.gibbs.box_lo.copy(), plan.window.gibbs.box_hi.copy()
+    start = plan.start.reshape(lo.shape)
+    assert plan.counts_near_edges(start, start).size == 0
+    high = start.copy()
+    high[0, 1] = hi[0, 1] - int(np.ceil(plan.scale[0, 1]))  # exactly one pilot sd below its edge
+    low = start.copy()
+    low[1, 0] = lo[1, 0]  # on its lower edge: the support's end (0) or an open edge
+    near = plan.counts_near_edges(low, high).tolist()
+    assert [0, 1] in near and ([1, 0] in near) == bool(plan.window.gibbs.lo_open[1, 0])
+    plan.widen_counts([[0, 1]])
+    g = plan.window.gibbs
+    changed = (g.box_lo != lo) | (g.box_hi != hi)
+    assert changed[0, 1] and changed.sum() == 1
+    assert g.box_hi[0, 1] - np.rint(plan.pilot[0, 1]) == np.ceil(30 * plan.scale[0, 1]) + 2
+    assert plan.window.half_width == 30 and plan.window.widened_counts == 1
+    with pytest.raises(ValueError, match="widen_counts"):
+        plan.widen_counts([[2, 0]])
 
 
 def test_box_gaps_by_chunks_are_the_distances_to_the_open_edges():

@@ -2,6 +2,7 @@
 posterior means against exhaustive enumeration, every draw on the equalities and bounds, a
 multi-level table with free parameters that converges, and the refusals."""
 
+import json
 import math
 
 import numpy as np
@@ -195,8 +196,35 @@ def test_boxes_that_the_posterior_keeps_reaching_are_named(monkeypatch):
     count = r"leaf\d, cell \d: box \d+\.\.\d+, stored draws \d+\.\.\d+, pilot"
     message = r"(?s)nested release 'nmf' reached the edges.*" + count
     with pytest.raises(RuntimeError, match=message), \
-            pytest.warns(RecoveryWarning, match=r"widened them and fitted again; x: " + count):
+            pytest.warns(RecoveryWarning, match=r"widened them \(only the \d+ counts of 'x' at or near "
+                                                 r"their boxes' edges\) and fitted again; x: " + count):
         dp.sample(model=model, draws=300, tune=100, chains=1, random_seed=1, progressbar=False)
+
+
+def test_counts_that_reach_their_boxes_are_widened_alone_and_the_refit_is_exact(monkeypatch):
+    """First boxes of 1 pilot sd: the first fit's draws reach some counts' box edges, so the
+    refit widens those counts alone (the record and the warning say how many; the others
+    keep their boxes) until none is reached, and the posterior is the enumeration's."""
+    import dpinfer.inference.planning.nested as planning_nested
+
+    monkeypatch.setattr(planning_nested, "FIRST_K", 1)
+    nm = small_release()
+    with pm.Model() as model:
+        x = pm.Poisson("x", LAM, shape=(2, C))
+        nm.observe("nmf", x)
+    with pytest.warns(RecoveryWarning, match=r"only the \d+ counts of 'x'"):
+        idata = dp.sample(model=model, draws=3000, tune=300, chains=2, random_seed=11, progressbar=False)
+    widened = [r for r in dp.recoveries_of(idata) if r["kind"] == "windows widened"]
+    assert widened and all(1 <= r["counts_widened"]["x"] <= 2 * C for r in widened)
+    draws = idata.posterior["x"].values
+    flat = draws.reshape(-1, 2, C)
+    states, logp = enumerate_posterior()
+    exact = np.tensordot(np.exp(logp), states, axes=1)
+    _, ess = diagnostics(draws.reshape(2, -1, 2 * C).astype(float))
+    z = (flat.reshape(-1, 2 * C).mean(0) - exact.reshape(-1)) / (flat.reshape(-1, 2 * C).std(0) / np.sqrt(ess))
+    assert np.all(np.abs(z) < 5), z
+    report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
+    assert report["stored_draws_on_box_edges"] == 0 and report["box_edges_hit_after_tuning"] == 0
 
 
 def test_grouped_negative_binomial_counts_match_the_enumerated_posterior():

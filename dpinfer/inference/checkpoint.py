@@ -16,7 +16,8 @@ The layout of a checkpoint directory (created readable by its owner only, 0o700;
   the model's structure and data (the releases' values included); the sampler's settings
   (draws, tune, chains, NUTS transitions and count draws per draw, target acceptance, tree
   depth); the seed's entropy (so that a fit without ``random_seed`` can resume too); and the
-  windows' widenings made before the current fit (to replay them without refitting);
+  windows' widenings made before the current fit (to replay them without refitting: each
+  one's latents and bounds, and the counts of nested latents widened alone);
 * ``chain-<c>.nc``: chain c's state and stored draws, netCDF-4 (HDF5, through xarray and
   h5netcdf), with the number of iterations done; written to a temporary file and renamed, so
   a process killed while writing leaves the previous checkpoint intact.
@@ -144,10 +145,13 @@ class Checkpoint:
         with replaced_privately(self.path / _IDENTITY_FILE) as tmp:
             tmp.write_text(json.dumps(self.identity, indent=1))
 
-    def record_widening(self, failed: dict) -> None:
-        """Note that the windows of ``failed`` (latent -> bound) were widened and the fit
-        restarted (the chains' files of the abandoned fit are removed)."""
+    def record_widening(self, failed: dict, counts: dict | None = None) -> None:
+        """Note that the windows of ``failed`` (latent -> bound) were widened, only the counts
+        ``counts`` (latent -> (leaf, cell) pairs) of those it names, and the fit restarted (the
+        chains' files of the abandoned fit are removed)."""
         self.identity["widenings"].append({k: float(v) for k, v in failed.items()})
+        self.identity.setdefault("widened_counts", []).append(
+            {k: np.asarray(v, dtype=np.int64).tolist() for k, v in (counts or {}).items()})
         for f in self.path.glob("chain-*.nc"):
             f.unlink()
         self._write_identity()
@@ -248,9 +252,14 @@ class FitCheckpoint:
         self.settings[f"decided_{name}"] = value
         return value
 
-    def widenings_to_replay(self) -> list[dict]:
-        """The widenings a resumed fit had made before its checkpointed fit (latent -> bound each)."""
-        return read_identity(self.path)["widenings"] if self.resume else []
+    def widenings_to_replay(self) -> tuple[list[dict], list[dict]]:
+        """The widenings a resumed fit had made before its checkpointed fit: (latent -> bound
+        each, latent -> the (leaf, cell) pairs widened alone each)."""
+        if not self.resume:
+            return [], []
+        ident = read_identity(self.path)
+        widenings = ident["widenings"]
+        return widenings, ident.get("widened_counts", [{}] * len(widenings))
 
     def __call__(self, hash_: str) -> Checkpoint:
         if self.checkpoint is None:
@@ -259,9 +268,9 @@ class FitCheckpoint:
             self.checkpoint = opened(self.path, ident, self.every)
         return self.checkpoint
 
-    def widened(self, failed: dict) -> None:
+    def widened(self, failed: dict, counts: dict | None = None) -> None:
         if self.checkpoint is not None:
-            self.checkpoint.record_widening(failed)
+            self.checkpoint.record_widening(failed, counts)
 
 
 def resume_or_start(path, every: int) -> dict:

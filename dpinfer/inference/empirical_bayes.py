@@ -116,7 +116,9 @@ class Estimate:
     three errors and sds are NaN and their entries of ``q`` the start's; ``points``
     holds each chain's parameters at the end (the estimate, and its own drawn ones) and
     ``inv_mass`` the drawn ones' NUTS metric (1 / D_z), which start the draws given
-    the estimate."""
+    the estimate. ``widened``: the counts of nested latents (name -> (leaf, cell) pairs, in
+    the order widened) whose boxes the caller widened while the estimate ran, because its count
+    draws neared their edges (:class:`~dpinfer.inference.engines.compiled.engine.BoxWatch`)."""
 
     q: np.ndarray
     mc_se: np.ndarray
@@ -133,6 +135,7 @@ class Estimate:
     drawn: np.ndarray | None = field(repr=False, default=None)  # parameters drawn, not estimated (mask)
     points: list = field(repr=False, default_factory=list)  # each chain's parameters at the end
     inv_mass: np.ndarray | None = field(repr=False, default=None)  # the drawn ones' NUTS metric
+    widened: dict = field(repr=False, default_factory=dict)  # counts whose boxes were widened meanwhile
 
     def __post_init__(self):
         if self.drawn is None:

@@ -454,14 +454,22 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
             if empirical_bayes["uncertainty"] == "normal":
                 spread = {"every": empirical_bayes["every"], "burn": empirical_bayes["burn"]}
     seeds = rng.integers(2**31, size=MAX_WIDENINGS + 1)
-    replay = checkpoint.widenings_to_replay() if checkpoint is not None else []
+    replay, replay_counts = checkpoint.widenings_to_replay() if checkpoint is not None else ([], [])
     fit, recoveries = None, []
+    estimate = held if held is not None else start
+    widened = estimate.widened if estimate is not None else {}
+    if widened:
+        recovery.announce(recoveries, "windows widened", _estimate_widening_message(widened),
+                          during="empirical-Bayes estimate",
+                          counts_widened={name: len(c) for name, c in widened.items()})
     for attempt in range(MAX_WIDENINGS + 1):
         if attempt < len(replay):
             compiled_engine.chain_seeds(rng, chains)  # what the fit took from rng
-            planning.widen(plans, replay[attempt], tol)
-            recovery.announce(recoveries, "windows widened", _widening_message(replay[attempt]), warn=False,
-                              bounds=recovery.bounds_of(replay[attempt]), replayed=True)
+            planning.widen(plans, replay[attempt], tol, replay_counts[attempt])
+            recovery.announce(recoveries, "windows widened",
+                              _widening_message(replay[attempt], counts=replay_counts[attempt]), warn=False,
+                              bounds=recovery.bounds_of(replay[attempt]), replayed=True,
+                              counts_widened={name: len(c) for name, c in replay_counts[attempt].items()})
             continue
         if engine == "compiled":
             try:
@@ -487,7 +495,6 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
                               iterations=json.loads(resumed_at))
         if not failed:
             recovery.record(idata, recoveries)
-            estimate = held if held is not None else start
             if estimate is not None:
                 idata.posterior.attrs["dpinfer_empirical_bayes"] = json.dumps(_estimate_entry(compiled, estimate, spread))
             idata.posterior.attrs["dpinfer_inference"] = json.dumps({"inference": used, "asked": inference,
@@ -496,12 +503,15 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
         if attempt == MAX_WIDENINGS:
             raise RuntimeError(failures.message(model, plans, failed, report, idata, engine=engine, tol=tol,
                                                 widenings=MAX_WIDENINGS))
-        planning.widen(plans, failed, tol)
+        counts = {name: report[name]["counts_near_box_edges"] for name in failed
+                  if "counts_near_box_edges" in (report or {}).get(name, {})}
+        planning.widen(plans, failed, tol, counts)
         if checkpoint is not None:
-            checkpoint.widened(failed)
+            checkpoint.widened(failed, counts)
         evidence = _edge_evidence(failed, report)
-        recovery.announce(recoveries, "windows widened", _widening_message(failed, evidence),
-                          bounds=recovery.bounds_of(failed), replayed=False, **evidence)
+        recovery.announce(recoveries, "windows widened", _widening_message(failed, evidence, counts),
+                          bounds=recovery.bounds_of(failed), replayed=False,
+                          counts_widened={name: len(c) for name, c in counts.items()}, **evidence)
 
 
 def _refit_out_of_time(failed: dict, err: TimeUpError, checkpoint) -> str:
@@ -515,13 +525,25 @@ def _refit_out_of_time(failed: dict, err: TimeUpError, checkpoint) -> str:
             f"time (max_minutes){resume}")
 
 
-def _widening_message(failed: dict, evidence: dict | None = None) -> str:
+def _widening_message(failed: dict, evidence: dict | None = None, counts: dict | None = None) -> str:
     """The warning of a widening; with ``evidence`` (:func:`_edge_evidence`), the counts that
-    reached their boxes' edges (at most EDGES_SHOWN of each latent)."""
+    reached their boxes' edges (at most EDGES_SHOWN of each latent); ``counts``: the counts
+    widened alone (name -> (leaf, cell) pairs), the whole latent for the others."""
     cells = (evidence or {}).get("cells_at_box_edges", {})
     shown = "".join(f"; {name}: " + "; ".join(texts[:EDGES_SHOWN]) for name, texts in cells.items())
+    which = ", ".join(f"only the {len(c)} counts of {name!r} at or near their boxes' edges" for name, c
+                      in (counts or {}).items())
     return (f"dpinfer: the windows of {sorted(failed)} missed tol (bounds reached: {recovery.bounds_of(failed)}); "
-            f"widened them and fitted again{shown}")
+            f"widened them{f' ({which})' if which else ''} and fitted again{shown}")
+
+
+def _estimate_widening_message(widened: dict) -> str:
+    """The warning of boxes widened while the empirical-Bayes estimate ran (``widened``: name
+    -> the (leaf, cell) pairs, a pair once for each doubling)."""
+    parts = "; ".join(f"{name!r}: {len({tuple(c) for c in pairs})} counts ({len(pairs)} doublings of a box)"
+                      for name, pairs in widened.items())
+    return ("dpinfer: the empirical-Bayes estimate's count draws came within a pilot sd of their boxes' "
+            f"edges, so those counts' boxes were widened before the draws given it: {parts}")
 
 
 def _edge_evidence(failed: dict, report: dict | None) -> dict:

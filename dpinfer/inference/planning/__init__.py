@@ -126,8 +126,16 @@ def first_windows(plans: list, tol: float, *, exact_tails: bool, at_least: dict)
         plan.set_half_width(max(plan.first_half_width(tol, exact_tails), at_least.get(plan.latent_name, 0)))
 
 
-def widen(plans: list, failed: dict, tol: float) -> None:
-    """Wider windows for the latents whose bound missed ``tol`` (``failed``: name -> bound)."""
+def widen(plans: list, failed: dict, tol: float, counts: dict | None = None) -> None:
+    """Wider windows for the latents whose bound missed ``tol`` (``failed``: name -> bound);
+    ``counts`` (name -> (leaf, cell) pairs) widens only those counts of a nested latent
+    (:meth:`~dpinfer.inference.planning.nested.NestedPlan.widen_counts`), the whole latent
+    where it names none."""
+    counts = counts or {}
     for plan in plans:
-        if plan.latent_name in failed:
+        if plan.latent_name not in failed:
+            continue
+        if plan.kind == "nested" and len(counts.get(plan.latent_name, ())):
+            plan.widen_counts(counts[plan.latent_name])
+        else:
             plan.set_half_width(plan.widened_half_width(failed[plan.latent_name], tol))

@@ -10,8 +10,13 @@ count's cell at its leaf or an area above it (a total of k cells with sd s bound
 spread by about k s only): the posterior's spread is at most the data's (m) and about the
 square root of a Poisson-like mean, which the data allow up to x^ + 2 m (k sds of either
 cover the posterior when the model fits); k = ``FIRST_K`` at first. A draw that lands on a box edge the support does not impose is
-counted; a fit where that happens widens the boxes (k doubled) and runs again, as windows are
-widened elsewhere in ``dpinfer.sample``.
+counted; a fit where that happens widens the boxes and runs again, as windows are widened
+elsewhere in ``dpinfer.sample``: k is doubled for the counts that reached an edge or came
+within s of one (:meth:`NestedPlan.counts_near_edges`), each count keeping its own k, so that
+one weakly measured cell under an overdispersed prior (a heavy posterior tail the
+Poisson-like s does not foresee) does not widen, and slow, the moves of every other count.
+An empirical-Bayes estimate watches its own count draws the same way and widens such counts
+before the draws given it (:mod:`dpinfer.inference.engines.compiled.engine`).
 
 The chains start from the rounded pilot repaired term by term to meet every equality and
 bound within the boxes, or, if that fails, from the integer point nearest x^ (in l1) that
@@ -48,10 +53,12 @@ FIRST_K = 15  # first box half-width, in pilot standard deviations
 
 @dataclass
 class NestedBoxes:
-    """The boxes of one fit: k (their half-width in pilot sds) and the sampler on them."""
+    """The boxes of one fit: the largest k (a half-width in pilot sds), the number of counts
+    whose k is above the rest's (widened alone), and the sampler on them."""
 
     half_width: int
     gibbs: NestedGibbs
+    widened_counts: int = 0
 
 
 @dataclass
@@ -73,6 +80,7 @@ class NestedPlan:
     mixing_groups: np.ndarray | None = field(repr=False, default=None)  # each leaf's finest group
     mixing_parents: np.ndarray | None = field(repr=False, default=None)  # each group's parent group (-1: none)
     mixing_tables: np.ndarray | None = field(repr=False, default=None)  # their factors' tables (G, n_cells)
+    count_k: np.ndarray | None = field(repr=False, default=None)  # each count's k (n_leaves, n_cells)
 
     def first_half_width(self, tol: float, compiled: bool) -> int:
         return FIRST_K
@@ -81,9 +89,33 @@ class NestedPlan:
         return 2 * self.window.half_width
 
     def set_half_width(self, k: int) -> None:
-        """Boxes of half-width k * s + 2 around the pilot (module docstring), and a start in them."""
+        """Boxes of half-width k * s + 2 around the pilot for every count (module docstring)."""
+        self.count_k = np.full(self.pilot.shape, int(k), dtype=np.int64)
+        self._build_boxes()
+
+    def widen_counts(self, index) -> None:
+        """Double k for the counts ``index`` (pairs (leaf, cell)) alone and rebuild the boxes."""
+        index = np.asarray(index, dtype=np.int64).reshape(-1, 2)
+        leaf, cell = index[:, 0], index[:, 1]
+        if np.any((leaf < 0) | (leaf >= self.pilot.shape[0]) | (cell < 0) | (cell >= self.pilot.shape[1])):
+            raise ValueError(f"widen_counts: (leaf, cell) pairs must lie within {self.pilot.shape}")
+        self.count_k[leaf, cell] *= 2
+        self._build_boxes()
+
+    def counts_near_edges(self, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+        """(m, 2): the (leaf, cell) of the counts whose values ranged over ``low .. high``
+        (n_leaves, n_cells) and came within s (their pilot sd, at least 1) of an edge of their
+        box that the support does not impose, or reached it; a box of one value has none."""
+        g = self.window.gibbs
+        margin = np.maximum(np.ceil(self.scale), 1.0)
+        spread = g.box_hi > g.box_lo
+        near = spread & ((g.lo_open & (low - g.box_lo <= margin)) | (g.hi_open & (g.box_hi - high <= margin)))
+        return np.argwhere(near)
+
+    def _build_boxes(self) -> None:
+        """Boxes of half-width k * s + 2 around the pilot, each count its own k, and a start in them."""
         lower, upper = self.support
-        half = np.ceil(k * self.scale).astype(np.int64) + 2
+        half = np.ceil(self.count_k * self.scale).astype(np.int64) + 2
         centre = np.rint(self.pilot).astype(np.int64)
         lo = centre - half
         hi = centre + half
@@ -100,7 +132,9 @@ class NestedPlan:
         sums = self.sums
         if self.mixing_areas is not None:  # the group factors, at placeholder parameters
             sums, self.mixing_tables = sums.with_group_mixing(self.mixing_areas)
-        self.window = NestedBoxes(k, NestedGibbs(sums, lo, hi, support=self.support))
+        k = self.count_k
+        self.window = NestedBoxes(int(k.max()), NestedGibbs(sums, lo, hi, support=self.support),
+                                  int(np.count_nonzero(k > k.min())))
         self.start = start.reshape(-1)
 
 

@@ -386,13 +386,7 @@ class Stepper:
                  adapt_metric: bool = True, warm_start: int | None = None):
         self.model, self.state, self.tune, self.total = model, state, tune, tune + draws
         self.env = model.environment(state.counts)  # the model functions' view of the counts and the data
-        self.names, columns = stat_columns(blocks)
-        cells = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "cells")
-        totals = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "totals")
-        nested = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "nested")
-        self.cells = cells or (IndependentCells.placeholder(),)
-        self.totals = totals or (GroupTotals.placeholder(),)
-        self.nested = nested or None  # no nested block: the kernels' nested branch is pruned
+        self.use_blocks(blocks)
         self.row = np.zeros(len(self.names))
         self.grad = np.empty(model.n)
         self.window_ends = np.asarray((metric_windows(tune) if adapt_metric else []) or [-1], dtype=np.int64)
@@ -403,6 +397,17 @@ class Stepper:
         # spread: (centre, sd, every, burn) of held parameters drawn afresh (_sweeps), or None
         centre, sd, self.spread_every, self.spread_burn = spread or (np.zeros(model.n), np.zeros(model.n), 0, 0)
         self.spread = np.stack([np.asarray(centre, float), np.asarray(sd, float)])
+
+    def use_blocks(self, blocks) -> None:
+        """Draw the counts with ``blocks`` from the next iteration on (the same latents, in the
+        same order; wider boxes of a nested block, say): their kernels' data, fresh scratch."""
+        self.names, columns = stat_columns(blocks)
+        cells = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "cells")
+        totals = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "totals")
+        nested = tuple(b.native(c) for b, c in zip(blocks, columns) if b.kind == "nested")
+        self.cells = cells or (IndependentCells.placeholder(),)
+        self.totals = totals or (GroupTotals.placeholder(),)
+        self.nested = nested or None  # no nested block: the kernels' nested branch is pruned
 
     def advance(self, last: int) -> None:
         """Run iterations ``state.done`` .. ``last`` - 1 (raises :class:`SamplingError`)."""

@@ -312,8 +312,10 @@ def estimate_parameters(model, compiled, plans, *, chains: int, cores: int, rng:
                 for c in range(chains)]
     began = time.perf_counter()
     last = [began]
+    watch = BoxWatch(plans, compiled, steppers)
 
     def progress(iteration, phase, q, settled):
+        watch.look(iteration)
         now = time.perf_counter()
         if progressbar and now - last[0] >= 10.0:
             last[0] = now
@@ -322,10 +324,59 @@ def estimate_parameters(model, compiled, plans, *, chains: int, cores: int, rng:
                   "estimates within tolerance", file=sys.stderr, flush=True)
 
     try:
-        return empirical_bayes.estimate(steppers, q0, rng=rng.spawn(1)[0], cores=cores, progress=progress,
+        held = empirical_bayes.estimate(steppers, q0, rng=rng.spawn(1)[0], cores=cores, progress=progress,
                                         **options)
     except SamplingError as err:
         raise RuntimeError(f"dpinfer.sample: {err}") from err
+    held.widened = watch.widened
+    return held
+
+
+class BoxWatch:
+    """The boxes of nested count plans, watched while an empirical-Bayes estimate draws the
+    counts: each count's range over the chains' draws is kept, and every ``EVERY`` iterations
+    the counts whose range came within their pilot sd of an open edge of their box have their
+    boxes widened alone (:meth:`~dpinfer.inference.planning.nested.NestedPlan.counts_near_edges`,
+    :meth:`~dpinfer.inference.planning.nested.NestedPlan.widen_counts`) and the chains go on
+    with the wider boxes. The draws given the estimate then start with boxes the estimate's own
+    draws have tested (hundreds of draws a chain at a county's size), instead of learning after
+    all of their draws that a heavy-tailed count reached its box and fitting again. The
+    estimate's iterations before a widening drew the counts in the narrower boxes: a truncation
+    of a tail the draws had barely reached, which its later iterations no longer have. Same
+    seed, same iterations, same widenings: a resumed fit repeats them."""
+
+    EVERY = 10
+
+    def __init__(self, plans: list, compiled, steppers: list):
+        self.plans, self.compiled, self.steppers = plans, compiled, steppers
+        self.watched = [p for p in plans if p.kind == "nested"]
+        self.low = [None] * len(self.watched)
+        self.high = [None] * len(self.watched)
+        self.widened: dict = {}
+
+    def look(self, iteration: int) -> None:
+        """Note the chains' current counts; on every ``EVERY``-th iteration widen as above."""
+        if not self.watched:
+            return
+        for i, plan in enumerate(self.watched):
+            sl = self.compiled.latent_slices[plan.latent_name]
+            for s in self.steppers:
+                x = s.state.counts[sl].reshape(plan.pilot.shape)
+                self.low[i] = x.copy() if self.low[i] is None else np.minimum(self.low[i], x)
+                self.high[i] = x.copy() if self.high[i] is None else np.maximum(self.high[i], x)
+        if iteration % self.EVERY:
+            return
+        changed = False
+        for i, plan in enumerate(self.watched):
+            near = plan.counts_near_edges(self.low[i], self.high[i])
+            if near.size:
+                plan.widen_counts(near)
+                self.widened.setdefault(plan.latent_name, []).extend(near.tolist())
+                changed = True
+        if changed:
+            blocks = [count_block(plan, self.compiled) for plan in self.plans]
+            for s in self.steppers:
+                s.use_blocks(blocks)
 
 
 def _counts_per_sweep(counts_per_sweep: int | None, nuts_per_sweep: int) -> int:
@@ -399,7 +450,10 @@ def _nested_report(plan, idata, block) -> tuple[dict, float | None]:
     ``cells_at_box_edges``, their (leaf, cell) in ``cells_at_box_edges_index``): those on an
     edge in the stored draws or, when none is (an edge reached and left between two stored
     draws: a sweep makes many moves and ``counts_per_sweep`` sweeps run per stored draw), those
-    that came nearest one. With moves without mass (the law of a move, trimmed ``trim`` nats
+    that came nearest one. ``counts_near_box_edges`` lists every count whose stored draws
+    reached its box's edge or came within its pilot sd of one, the counts a widening widens
+    alone (:meth:`~dpinfer.inference.planning.nested.NestedPlan.counts_near_edges`; absent when
+    no stored draw came so near: the whole latent is widened). With moves without mass (the law of a move, trimmed ``trim`` nats
     below its peak, is zero at every value the equalities and bounds allow), ``exact_terms``
     lists the release's equalities and bounds
     (:meth:`~dpinfer.inference.planning.nested.NestedPlan.exact_terms_evidence`)."""
@@ -422,6 +476,9 @@ def _nested_report(plan, idata, block) -> tuple[dict, float | None]:
         index = [[int(k) for k in np.unravel_index(i, nearest.shape)] for i in order]
         entry["cells_at_box_edges"] = [plan.describe_count(leaf, cell, draws) for leaf, cell in index]
         entry["cells_at_box_edges_index"] = index
+        near = plan.counts_near_edges(draws.min(axis=0), draws.max(axis=0))
+        if near.size:
+            entry["counts_near_box_edges"] = near.tolist()
     if empty:
         entry["exact_terms"] = plan.exact_terms_evidence()
     if trimmed:
