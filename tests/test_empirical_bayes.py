@@ -4,6 +4,7 @@ all but ~1e-30 of them), and the counts' posterior given it matches the enumerat
 result names the approximation; refusals."""
 
 import json
+import re
 import warnings
 
 from types import SimpleNamespace
@@ -85,7 +86,7 @@ def test_the_estimate_is_the_mode_of_the_exact_marginal_posterior_and_the_counts
     assert verdict["subject"].startswith("counts given") and verdict["quantities"] == 2 * C
 
 
-def test_boxes_the_estimates_draws_near_are_widened_before_the_draws_given_it(monkeypatch):
+def test_boxes_the_estimates_draws_near_are_widened_before_the_draws_given_it(monkeypatch, capsys):
     """First boxes of 1 pilot sd: the estimate's own count draws come near some counts' box
     edges, so their boxes are widened while it runs (on the record, during the estimate), the
     draws given it reach no edge, and both the estimate and the counts given it are the exact
@@ -98,7 +99,8 @@ def test_boxes_the_estimates_draws_near_are_widened_before_the_draws_given_it(mo
                                     method="Nelder-Mead", options={"xatol": 1e-9, "fatol": 1e-12}).x
     with pytest.warns(dp.RecoveryWarning, match="estimate's count draws came within a pilot sd"):
         idata = dp.sample(model=nb_model(small_release()), draws=4000, tune=100, chains=2, random_seed=3,
-                          progressbar=False, inference="empirical-bayes")
+                          progressbar=True, inference="empirical-bayes")
+    assert re.search(r"empirical Bayes: iteration \d+: widened the boxes of \d+ counts of 'x'", capsys.readouterr().err)
     records = dp.recoveries_of(idata)
     assert [r.get("during") for r in records] == ["empirical-Bayes estimate"]
     assert 1 <= records[0]["counts_widened"]["x"] <= 2 * C

@@ -315,7 +315,11 @@ def estimate_parameters(model, compiled, plans, *, chains: int, cores: int, rng:
     watch = BoxWatch(plans, compiled, steppers)
 
     def progress(iteration, phase, q, settled):
-        watch.look(iteration)
+        widened = watch.look(iteration)
+        if progressbar and widened:
+            print(f"dpinfer: empirical Bayes: iteration {iteration}: widened the boxes of "
+                  + ", ".join(f"{len(pairs)} counts of {name!r}" for name, pairs in widened.items())
+                  + " (their draws came within a pilot sd of an edge)", file=sys.stderr, flush=True)
         now = time.perf_counter()
         if progressbar and now - last[0] >= 10.0:
             last[0] = now
@@ -354,10 +358,12 @@ class BoxWatch:
         self.high = [None] * len(self.watched)
         self.widened: dict = {}
 
-    def look(self, iteration: int) -> None:
-        """Note the chains' current counts; on every ``EVERY``-th iteration widen as above."""
+    def look(self, iteration: int) -> dict:
+        """Note the chains' current counts; on every ``EVERY``-th iteration widen as above.
+        Returns the counts widened now (name -> (leaf, cell) pairs), empty if none."""
+        now: dict = {}
         if not self.watched:
-            return
+            return now
         for i, plan in enumerate(self.watched):
             sl = self.compiled.latent_slices[plan.latent_name]
             for s in self.steppers:
@@ -365,18 +371,18 @@ class BoxWatch:
                 self.low[i] = x.copy() if self.low[i] is None else np.minimum(self.low[i], x)
                 self.high[i] = x.copy() if self.high[i] is None else np.maximum(self.high[i], x)
         if iteration % self.EVERY:
-            return
-        changed = False
+            return now
         for i, plan in enumerate(self.watched):
             near = plan.counts_near_edges(self.low[i], self.high[i])
             if near.size:
                 plan.widen_counts(near)
-                self.widened.setdefault(plan.latent_name, []).extend(near.tolist())
-                changed = True
-        if changed:
+                now[plan.latent_name] = near.tolist()
+                self.widened.setdefault(plan.latent_name, []).extend(now[plan.latent_name])
+        if now:
             blocks = [count_block(plan, self.compiled) for plan in self.plans]
             for s in self.steppers:
                 s.use_blocks(blocks)
+        return now
 
 
 def _counts_per_sweep(counts_per_sweep: int | None, nuts_per_sweep: int) -> int:
