@@ -297,6 +297,13 @@ def test_the_report_states_the_method_and_the_verdict_first(table, truth_long, t
     assert got == pytest.approx(want)
     verdict.update(converged=True, max_rhat=1.004, min_ess_bulk=812.0, min_ess_tail=700.0)
     assert verdict_text(verdict).startswith("Converged") and "1.0040" in verdict_text(verdict)
+    # parameters held at an estimate (none drawn), the counts judged as a family against their bound
+    verdict.update(converged=False, max_rhat=float("nan"), worst_rhat="",
+                   latent_rhat={"quantities": 146826, "rhat": 1.016, "bound": 1.03, "worst": "counts[1126, 17]",
+                                "ok": True, "alpha": 0.01})
+    line = verdict_text(verdict)
+    assert "nan" not in line and ("no parameters' R-hat, the 146,826 latents' R-hat within their bound for so "
+                                  "many (nearest it: counts[1126, 17] 1.0160, bound 1.0300)") in line
 
 
 def test_the_hyperparameters_share_of_variance_is_the_delta_method_with_its_bias_removed():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -41,9 +42,15 @@ def verdict_text(verdict: dict) -> str:
     the smallest bulk and tail ESS with the quantities they belong to, against the targets."""
     converged = verdict["converged"]
     unsettled = verdict.get("estimate_not_settled")
+    rhat = (f"max R-hat {verdict['max_rhat']:.4f} ({verdict['worst_rhat']})" if math.isfinite(verdict["max_rhat"])
+            else "no parameters' R-hat")
+    latent = verdict.get("latent_rhat")
+    if latent:  # the many latents judged as a family (dpinfer.inference.convergence.latent_rhat_bound)
+        rhat += (f", the {latent['quantities']:,} latents' R-hat {'within' if latent['ok'] else 'OVER'} their "
+                 f"bound for so many (nearest it: {latent['worst']} {latent['rhat']:.4f}, bound {latent['bound']:.4f})")
     text = ("Converged" if converged else "NOT CONVERGED: not a result yet") + (
         f" ({unsettled}; the draws given it)" if unsettled else "") + (
-        f": max R-hat {verdict['max_rhat']:.4f} ({verdict['worst_rhat']}), min bulk ESS "
+        f": {rhat}, min bulk ESS "
         f"{verdict['min_ess_bulk']:.0f} ({verdict['worst_ess']}), min tail ESS "
         f"{verdict.get('min_ess_tail', float('nan')):.0f} ({verdict.get('worst_ess_tail', '')}) over "
         f"{verdict['quantities']} {verdict.get('subject', 'parameters and counts')}, "
