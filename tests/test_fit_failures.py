@@ -14,7 +14,7 @@ import xarray as xr
 
 import dpinfer as dp
 from dpinfer.inference import planning
-from dpinfer.inference.engines.compiled.engine import _nested_report
+from dpinfer.inference.engines.compiled.engine import _nested_report, box_gaps
 from dpinfer.mechanisms.records import releases_of
 from test_noisy_measurements import HIST, synthetic_state
 
@@ -100,13 +100,17 @@ def test_a_count_widened_alone_keeps_every_other_box():
     plan.set_half_width(15)
     lo, hi = plan.window.gibbs.box_lo.copy(), plan.window.gibbs.box_hi.copy()
     start = plan.start.reshape(lo.shape)
-    assert plan.counts_near_edges(start, start).size == 0
+
+    def near(low, high):
+        return plan.counts_near_edges(box_gaps(plan.window.gibbs, np.stack([low, high]))[1])
+
+    assert near(start, start).size == 0
     high = start.copy()
     high[0, 1] = hi[0, 1] - int(np.ceil(plan.scale[0, 1]))  # exactly one pilot sd below its edge
     low = start.copy()
     low[1, 0] = lo[1, 0]  # on its lower edge: the support's end (0) or an open edge
-    near = plan.counts_near_edges(low, high).tolist()
-    assert [0, 1] in near and ([1, 0] in near) == bool(plan.window.gibbs.lo_open[1, 0])
+    found = near(low, high).tolist()
+    assert [0, 1] in found and ([1, 0] in found) == bool(plan.window.gibbs.lo_open[1, 0])
     plan.widen_counts([[0, 1]])
     g = plan.window.gibbs
     changed = (g.box_lo != lo) | (g.box_hi != hi)
@@ -121,8 +125,6 @@ def test_box_gaps_by_chunks_are_the_distances_to_the_open_edges():
     """Stored draws on an open box edge and each count's nearest approach, a few draws at a
     time: the same as the distances of every draw at once (a closed edge, a support's end, and
     a box of one value are never reached)."""
-    from dpinfer.inference.engines.compiled.engine import _box_gaps
-
     rng = np.random.default_rng(4)
     lo, hi = rng.integers(0, 5, size=(6, 4)), rng.integers(5, 9, size=(6, 4))
     hi[0, 0] = lo[0, 0]  # a box of one value
@@ -131,7 +133,7 @@ def test_box_gaps_by_chunks_are_the_distances_to_the_open_edges():
     room = hi > lo
     gap = np.minimum(np.where(g.lo_open & room, draws - lo, np.inf), np.where(g.hi_open & room, hi - draws, np.inf))
     for chunk_bytes in (8 * 24, 8 * 24 * 5, 1e9):  # one draw, five draws, all at once
-        stored, nearest = _box_gaps(g, draws, chunk_bytes=chunk_bytes)
+        stored, nearest = box_gaps(g, draws, chunk_bytes=chunk_bytes)
         assert stored == np.count_nonzero(np.any(gap == 0, axis=(1, 2))) > 0
         np.testing.assert_array_equal(nearest, gap.min(axis=0))
 

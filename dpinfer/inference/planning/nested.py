@@ -102,15 +102,12 @@ class NestedPlan:
         self.count_k[leaf, cell] *= 2
         self._build_boxes()
 
-    def counts_near_edges(self, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-        """(m, 2): the (leaf, cell) of the counts whose values ranged over ``low .. high``
-        (n_leaves, n_cells) and came within s (their pilot sd, at least 1) of an edge of their
-        box that the support does not impose, or reached it; a box of one value has none."""
-        g = self.window.gibbs
-        margin = np.maximum(np.ceil(self.scale), 1.0)
-        spread = g.box_hi > g.box_lo
-        near = spread & ((g.lo_open & (low - g.box_lo <= margin)) | (g.hi_open & (g.box_hi - high <= margin)))
-        return np.argwhere(near)
+    def counts_near_edges(self, gap: np.ndarray) -> np.ndarray:
+        """(m, 2): the (leaf, cell) of the counts whose smallest distance ``gap`` (n_leaves,
+        n_cells) to an edge of their box that the support does not impose (inf where there is
+        none: :func:`~dpinfer.inference.engines.compiled.engine.box_gaps`) is within s, their
+        pilot sd (at least 1), or 0."""
+        return np.argwhere(gap <= np.maximum(np.ceil(self.scale), 1.0))
 
     def _build_boxes(self) -> None:
         """Boxes of half-width k * s + 2 around the pilot, each count its own k, and a start in them."""

@@ -368,12 +368,15 @@ class BoxWatch:
             sl = self.compiled.latent_slices[plan.latent_name]
             for s in self.steppers:
                 x = s.state.counts[sl].reshape(plan.pilot.shape)
-                self.low[i] = x.copy() if self.low[i] is None else np.minimum(self.low[i], x)
-                self.high[i] = x.copy() if self.high[i] is None else np.maximum(self.high[i], x)
+                if self.low[i] is None:
+                    self.low[i], self.high[i] = x.copy(), x.copy()
+                np.minimum(self.low[i], x, out=self.low[i])
+                np.maximum(self.high[i], x, out=self.high[i])
         if iteration % self.EVERY:
             return now
         for i, plan in enumerate(self.watched):
-            near = plan.counts_near_edges(self.low[i], self.high[i])
+            _, gap = box_gaps(plan.window.gibbs, np.stack([self.low[i], self.high[i]]))
+            near = plan.counts_near_edges(gap)
             if near.size:
                 plan.widen_counts(near)
                 now[plan.latent_name] = near.tolist()
@@ -466,7 +469,7 @@ def _nested_report(plan, idata, block) -> tuple[dict, float | None]:
     trimmed, edges, empty = (int(idata.sample_stats[name].values.sum()) for name in block.stat_names)
     g = plan.window.gibbs
     draws = idata.posterior[plan.latent_name].values.reshape(-1, *g.box_lo.shape)
-    stored, nearest = _box_gaps(g, draws)
+    stored, nearest = box_gaps(g, draws)
     entry = window_entry(plan, METHODS["nested"], 0.0, math.inf)
     entry.update(box_half_width_sds=plan.window.half_width, box_edges_hit_after_tuning=edges,
                  stored_draws_on_box_edges=stored, trimmed_edges_hit_after_tuning=trimmed,
@@ -482,7 +485,7 @@ def _nested_report(plan, idata, block) -> tuple[dict, float | None]:
         index = [[int(k) for k in np.unravel_index(i, nearest.shape)] for i in order]
         entry["cells_at_box_edges"] = [plan.describe_count(leaf, cell, draws) for leaf, cell in index]
         entry["cells_at_box_edges_index"] = index
-        near = plan.counts_near_edges(draws.min(axis=0), draws.max(axis=0))
+        near = plan.counts_near_edges(nearest)
         if near.size:
             entry["counts_near_box_edges"] = near.tolist()
     if empty:
@@ -497,7 +500,7 @@ def _nested_report(plan, idata, block) -> tuple[dict, float | None]:
     return entry, (math.inf if edges or stored or empty else None)
 
 
-def _box_gaps(g, draws: np.ndarray, chunk_bytes: float = 5e7) -> tuple[int, np.ndarray]:
+def box_gaps(g, draws: np.ndarray, chunk_bytes: float = 5e7) -> tuple[int, np.ndarray]:
     """(how many stored draws have a count on an open edge of its box, each count's smallest
     distance to an open edge over the draws: inf where its box has none) for ``draws``
     (draws, leaves, cells) in boxes ``g`` (a box of one value, a structural zero, has no edge
