@@ -460,6 +460,17 @@ def tail_ess(values: np.ndarray) -> np.ndarray:
     return out
 
 
+def mean_se(values: np.ndarray) -> np.ndarray:
+    """Monte Carlo standard error of the mean of each column of one stationary sequence
+    ``values`` (n, k): its sd over sqrt(ESS), the ESS by Geyer's initial monotone sequence on
+    the values themselves (not rank-normalised: the error of the mean, as ``arviz.mcse``);
+    0 for a constant column."""
+    x = np.asarray(values, dtype=float)
+    sd = x.std(axis=0, ddof=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(sd > 0.0, sd / np.sqrt(_ess(np.ascontiguousarray(x.T)[:, None, :])), 0.0)
+
+
 def _ess(z: np.ndarray) -> np.ndarray:
     """ESS of each quantity of z (k, chains, draws) by Geyer's initial monotone sequence."""
     _, chains, n = z.shape
