@@ -254,14 +254,13 @@ def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_i
             if burned is not None:
                 at.append(q[estimated].copy())
                 scores.append(score)
+                D_sum, V_sum = D_sum + d, V_sum + var
             q[estimated] += step
             steps.append(step)
             if burned is None and t + 1 >= burn_in and _settled_drift(steps):
                 burned = t + 1
             elif burned is not None:
                 averaged.append(q[estimated].copy())
-            if burned is not None:
-                D_sum, V_sum = D_sum + d, V_sum + var
             marginal = _marginal_information(D, V, D_sum, V_sum, at, scores)
             mc_se = _root_se(at, scores, marginal) if len(averaged) >= MIN_AVERAGE else None
             sd = 1.0 / np.sqrt(marginal)
