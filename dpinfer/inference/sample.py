@@ -633,7 +633,8 @@ def _estimate_entry(compiled, held, spread) -> dict:
         method += ", then held there: the counts' posterior given them, which ignores the parameters' uncertainty"
     else:
         method += (f", then drawn every {spread['every']} stored draws from the normal law of that mode and the "
-                   f"approximate posterior sds (Louis's observed information, diagonal; {spread['burn']} count "
+                   "approximate posterior sds (Louis's observed information, or the iterates' secant where most "
+                   f"of it is missing; diagonal; {spread['burn']} count "
                    "draws after each): the counts' posterior averaged over that approximation of the parameters'")
     return {"method": method, "uncertainty": "normal" if spread is not None else "none", "drawn": drawn,
             "parameters": by_name(held.q), "mc_se": by_name(held.mc_se), "posterior_sd": by_name(held.posterior_sd),
