@@ -17,7 +17,7 @@ from dpinfer.inference.convergence import (
     check,
     diagnostics,
     draws_to_add,
-    latent_rhat_excess,
+    latent_diagnostics,
     tail_ess,
 )
 from dpinfer.mechanisms.geometric import DoubleGeometric
@@ -150,8 +150,24 @@ def test_the_latent_bound_holds_for_each_quantity_of_a_converged_chain(phi, coun
     if counts:  # Poisson-like counts around 2: ties
         x = np.clip(np.floor(2 + np.sqrt(2) * x), 0, None)
     assert np.median(diagnostics(x)[1]) > 400
-    share = np.mean(latent_rhat_excess(x, 1)[0] > 1.0)
+    share = np.mean(latent_diagnostics(x, 1)[2] > 1.0)
     assert share <= LATENT_ALPHA + 3 * np.sqrt(LATENT_ALPHA * (1 - LATENT_ALPHA) / k)
+
+
+def test_the_latents_diagnostics_from_one_ranking_are_those_of_diagnostics():
+    """latent_diagnostics' R-hat and bulk ESS equal diagnostics' exactly, counts with ties and a
+    constant quantity included, two chains and one."""
+    rng = np.random.default_rng(3)
+    x = np.clip(np.floor(2 + np.sqrt(2) * ar1(rng, 0.5, 2, 300, 40)), 0, None)
+    x[:, :, 7] = 3.0
+    for values in (x, x[:1]):
+        rhat, ess = latent_diagnostics(values, 40)[:2]
+        want_rhat, want_ess = diagnostics(values)
+        np.testing.assert_array_equal(rhat, want_rhat)
+        np.testing.assert_array_equal(ess, want_ess)
+    _, _, excess, judged, bound = latent_diagnostics(x, 40)
+    assert np.isnan(excess[7]) and np.all(np.isfinite(excess[:7])) and np.all(judged[:7] >= 1.0)
+    assert np.all(np.isnan(latent_diagnostics(x[:1], 40)[2]))
 
 
 def test_many_latents_of_a_converged_fit_pass_where_the_maximum_r_hat_fails():

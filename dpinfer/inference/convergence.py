@@ -57,7 +57,7 @@ def latent_rhat_bound(ess, n_latents: int, split_chains: int) -> np.ndarray:
     quantity's normal scores vary by about 1 / (ESS / m) around the within-chain variance W ~ 1,
     so m (n / tau) Var(means) / W ~ chi2_{m-1} and R-hat^2 = 1 + (F tau - 1) / n with F =
     chi2_{m-1} / (m - 1): R-hat - 1 ~ F m / (2 ESS). Over K latents and the two R-hats (bulk and
-    folded, each at its own ESS: :func:`latent_rhat_excess`) a Bonferroni quantile q = F^{-1}(1
+    folded, each at its own ESS: :func:`latent_diagnostics`) a Bonferroni quantile q = F^{-1}(1
     - alpha / 2K) gives the bound 1 + q m / (2 ESS), with ESS at least ESS_MIN: a latent whose
     chains disagree has a small ESS too, which must not widen its bound (it fails the ESS target
     anyway). The approximation is conservative: on AR(1) chains (phi 0, 0.5, 0.9; normal and
@@ -196,23 +196,24 @@ def check(idata, names: list, *, subject: str = "parameters and counts", latents
         chains, draws = values.shape[:2]
         flat = values.reshape(chains, draws, -1)
         labels = _labels(name, values.shape[2:])
-        rhats, esses = diagnostics(flat)
         tails = tail_ess(flat)
         count += flat.shape[2]
         if name in latents:
-            excess, rhats, bounds = latent_rhat_excess(flat, n_latents)
+            _, esses, excess, rhats, bounds = latent_diagnostics(flat, n_latents)
             if np.any(np.isfinite(excess)):
                 i = int(np.nanargmax(excess))
                 if excess[i] > nearest[0]:
                     nearest = (float(excess[i]), float(rhats[i]), float(bounds[i]), labels[i])
                     if excess[i] > 1.0:
                         worst_draws[1] = (labels[i], flat[:, :, i].astype(float))
-        elif np.any(np.isfinite(rhats)):
-            i = int(np.nanargmax(rhats))
-            if not rhats[i] <= worst_rhat[0]:  # also when worst_rhat is still NaN
-                worst_rhat = (float(rhats[i]), labels[i])
-                if rhats[i] > RHAT_MAX:
-                    worst_draws[0] = (labels[i], flat[:, :, i].astype(float))
+        else:
+            rhats, esses = diagnostics(flat)
+            if np.any(np.isfinite(rhats)):
+                i = int(np.nanargmax(rhats))
+                if not rhats[i] <= worst_rhat[0]:  # also when worst_rhat is still NaN
+                    worst_rhat = (float(rhats[i]), labels[i])
+                    if rhats[i] > RHAT_MAX:
+                        worst_draws[0] = (labels[i], flat[:, :, i].astype(float))
         worst_ess = _lower(worst_ess, esses, labels)
         worst_tail = _lower(worst_tail, tails, labels)
     stats = idata.get("sample_stats")
@@ -289,11 +290,12 @@ def draws_to_add(blocks, draws: int, seconds_per_draw: float, seconds_left: floa
     than 5% of the draws (and fewer than 10) are not worth a round."""
     rhat_missed, worst_ess = False, math.inf
     for values, family in itertools.chain(((v, False) for v in blocks), ((v, True) for v in latents)):
-        rhat, bulk = diagnostics(values)
         tail = tail_ess(values)
         if family:
-            rhat_missed |= bool(np.any(latent_rhat_excess(values, n_latents)[0] > 1.0))  # NaN: not a miss
+            _, bulk, excess, _, _ = latent_diagnostics(values, n_latents)
+            rhat_missed |= bool(np.any(excess > 1.0))  # NaN: not a miss
         else:
+            rhat, bulk = diagnostics(values)
             rhat_missed |= bool(np.any(rhat > RHAT_MAX))
         for ess in (bulk, tail):
             if np.any(np.isfinite(ess)):
@@ -335,11 +337,28 @@ def _split(values: np.ndarray) -> np.ndarray:
 @kernel()
 def _doubled_ranks(values):
     """Twice the 1-based rank of each entry of each row of ``values`` (k, S), ties given their
-    average rank (so the result is a whole number)."""
+    average rank (so the result is a whole number): 2 (entries below) + (entries equal) + 1. A
+    row of whole or half numbers spanning fewer than 4 S halves (counts, and their distances
+    from a median) is ranked by counting them, in O(S), else by sorting."""
     k, n = values.shape
     out = np.empty((k, n), np.int64)
     for j in range(k):
         row = values[j]
+        lo, hi, halves = row[0], row[0], True
+        for v in row:
+            lo, hi = min(lo, v), max(hi, v)
+            halves = halves and 2.0 * v == math.floor(2.0 * v)
+        if halves and 2.0 * (hi - lo) < 4.0 * n:
+            below = np.zeros(int(2.0 * (hi - lo)) + 2, np.int64)
+            for v in row:
+                below[int(2.0 * (v - lo)) + 1] += 1
+            equal = below[1:].copy()
+            for b in range(1, below.size):
+                below[b] += below[b - 1]
+            for i in range(n):
+                b = int(2.0 * (row[i] - lo))
+                out[j, i] = 2 * below[b] + equal[b] + 1
+            continue
         order = np.argsort(row, kind="mergesort")
         i = 0
         while i < n:
@@ -401,27 +420,34 @@ def diagnostics(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rhat, ess
 
 
-def latent_rhat_excess(values: np.ndarray, n_latents: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(excess, R-hat, bound) of each latent of ``values`` (chains, draws, k): the bulk and the
-    folded R-hat each against :func:`latent_rhat_bound` at its own ESS (the folded quantity
-    |x - median| of a NUTS chain often mixes far slower than the bulk, so the bulk ESS would
-    make the folded R-hat's bound too tight); excess = the larger (R-hat - 1) / (bound - 1),
-    over 1 a miss, and the R-hat and bound it comes from. NaN with one chain or a constant
-    quantity."""
+def latent_diagnostics(values: np.ndarray, n_latents: int) -> tuple[np.ndarray, ...]:
+    """(R-hat, bulk ESS, excess, R-hat judged, bound) of each latent of ``values`` (chains,
+    draws, k), from one ranking of the draws and one of their folds: the first two as
+    :func:`diagnostics` gives them; then the bulk and the folded R-hat each against
+    :func:`latent_rhat_bound` at its own ESS (the folded quantity |x - median| of a NUTS chain
+    often mixes far slower than the bulk, so the bulk ESS would make the folded R-hat's bound too
+    tight); excess = the larger (R-hat - 1) / (bound - 1), over 1 a miss, and the R-hat and bound
+    it comes from. The last three are NaN with one chain or for a constant quantity."""
     chains, draws, k = values.shape
-    out = np.full((3, k), np.nan)
-    if chains < 2 or draws < 4:
-        return out[0], out[1], out[2]
+    out = np.full((5, k), np.nan)
+    if draws < 4:
+        return tuple(out)
     for start in range(0, k, _BATCH):
         split = _split(values[:, :, start:start + _BATCH])
         part = slice(start, start + split.shape[0])
         flat = split.reshape(split.shape[0], -1)
-        folded = _z_scale(np.abs(split - np.median(flat, axis=1)[:, None, None]))
+        constant = np.ptp(flat, axis=1) < np.finfo(float).resolution
         z = _z_scale(split)
+        bulk = _ess(z)
+        out[1, part] = np.where(constant, flat.shape[1], bulk)
+        if chains < 2:
+            continue
+        folded = _z_scale(np.abs(split - np.median(flat, axis=1)[:, None, None]))
         best = None
-        for scores in (z, folded):
+        for scores, ess in ((z, bulk), (folded, _ess(folded))):
             rhat = _split_rhat(scores)
-            bound = latent_rhat_bound(_ess(scores), n_latents, split.shape[1])
+            out[0, part] = rhat if best is None else np.maximum(out[0, part], rhat)
+            bound = latent_rhat_bound(ess, n_latents, split.shape[1])
             with np.errstate(divide="ignore", invalid="ignore"):
                 excess = (rhat - 1.0) / (bound - 1.0)
             if best is None:
@@ -430,10 +456,9 @@ def latent_rhat_excess(values: np.ndarray, n_latents: int) -> tuple[np.ndarray, 
                 larger = excess > best[0]
                 for j, new in enumerate((excess, rhat, bound)):
                     best[j] = np.where(larger, new, best[j])
-        constant = np.ptp(flat, axis=1) < np.finfo(float).resolution
         for j in range(3):
-            out[j, part] = np.where(constant, np.nan, best[j])
-    return out[0], out[1], out[2]
+            out[2 + j, part] = np.where(constant, np.nan, best[j])
+    return tuple(out)
 
 
 def tail_ess(values: np.ndarray) -> np.ndarray:

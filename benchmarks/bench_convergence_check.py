@@ -1,0 +1,82 @@
+"""What judging latent counts costs after a fit: R-hat, bulk and tail ESS and the latents'
+family bound, as ``dpinfer.inference.convergence.check`` computes them for every latent count,
+on K synthetic counts (Poisson with gamma-spread means, so most are small whole numbers with
+ties) x 2 chains x 1,000 draws; median of 3 timings after a small warm-up call.
+
+With ``--baseline DIR`` (a checkout of an earlier dpinfer, e.g. ``git worktree add /tmp/base
+596eef4``) the same is timed there in a separate process and the ratio printed: there the
+latents were judged by ``diagnostics`` and ``latent_rhat_excess`` (two rankings each of the
+draws and of their folds) where now ``latent_diagnostics`` ranks each once, and ranks of whole
+and half numbers are counted rather than sorted.
+
+Run:  .venv/bin/python benchmarks/bench_convergence_check.py [--latents 20000] [--baseline DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def judge_seconds(k: int) -> float:
+    """Median of 3 timings of judging k latent counts (module docstring), in this process."""
+    from dpinfer.inference import convergence as cv
+
+    rng = np.random.default_rng(0)
+    values = rng.poisson(rng.gamma(0.5, 4.0, size=k), size=(2, 1000, k)).astype(float)
+
+    def judge(v):
+        if hasattr(cv, "latent_diagnostics"):
+            cv.latent_diagnostics(v, k)
+        else:  # before latent_diagnostics: both functions, each ranking the draws
+            cv.diagnostics(v)
+            cv.latent_rhat_excess(v, k)
+        cv.tail_ess(v)
+
+    judge(values[:, :, :64])
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        judge(values)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _in_process(path: Path, k: int) -> float:
+    env = dict(os.environ, PYTHONPATH=str(path))
+    out = subprocess.run([sys.executable, __file__, "--latents", str(k), "--only"], env=env, cwd=path,
+                         capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--latents", type=int, default=20000)
+    parser.add_argument("--baseline", type=Path, default=None)
+    parser.add_argument("--only", action="store_true", help=argparse.SUPPRESS)  # one timing, for a subprocess
+    args = parser.parse_args(argv)
+    if args.latents < 64:
+        parser.error(f"--latents must be at least 64, got {args.latents}")
+    if args.only:
+        print(judge_seconds(args.latents))
+        return
+    if args.baseline is not None and not (args.baseline / "dpinfer" / "__init__.py").is_file():
+        parser.error(f"--baseline {args.baseline} is not a dpinfer checkout (no dpinfer/__init__.py)")
+    now = _in_process(ROOT, args.latents)
+    per = now / (args.latents * 2000) * 1e9
+    print(f"judging {args.latents:,} latent counts x 2 chains x 1,000 draws: {now:.2f} s ({per:.0f} ns a value)")
+    if args.baseline is not None:
+        base = _in_process(args.baseline, args.latents)
+        print(f"baseline {args.baseline}: {base:.2f} s; now / baseline {now / base:.2f}")
+
+
+if __name__ == "__main__":
+    main()
