@@ -5,8 +5,10 @@ result names the approximation; refusals."""
 
 import json
 import re
+import sys
 import warnings
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,6 +21,9 @@ import dpinfer as dp
 from dpinfer.inference.convergence import ConvergenceWarning, diagnostics
 from test_nested_inference import small_release
 from test_nested_sums import C, enumerate_posterior
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validation"))
+import eb_missing_information  # noqa: E402
 
 SHAPE_PRIOR = 5.0  # alpha ~ HalfNormal(5)
 
@@ -419,26 +424,7 @@ def test_a_parameter_whose_information_is_mostly_missing_gets_its_marginal_sd_an
     the exact mode within 4 of its reported Monte Carlo errors (before, with a constant gain and
     batch means, it sat -0.32 sd off the mode on average over seeds 1-8, up to 2.9 of its
     reported errors; benchmarks/README.md)."""
-    rng = np.random.default_rng(4)
-    n, epsilon = 200, 0.05
-    mechanism = dp.DoubleGeometric(epsilon=epsilon)
-    release = mechanism.release(rng.poisson(7.0, size=n), rng=rng)
-    with pm.Model() as model:
-        m = pm.Normal("m", 2.0, 1.0)
-        x = pm.Poisson("x", mu=pm.math.exp(m), shape=n)
-        mechanism.observe("r", x, observed=release)
-    support = np.arange(0, 80)
-    noise = np.array([mechanism.log_likelihood(np.array([r]), np.array([v])) for r in release for v in support])
-    noise = noise.reshape(n, support.size)
-
-    def log_marginal(m):
-        return stats.norm.logpdf(m, 2.0, 1.0) + special.logsumexp(
-            stats.poisson.logpmf(support, np.exp(m))[None, :] + noise, axis=1).sum()
-
-    mode = scipy.optimize.minimize_scalar(lambda v: -log_marginal(v), bounds=(0.5, 3.5), method="bounded",
-                                          options={"xatol": 1e-10}).x
-    h = 1e-3
-    sd = 1.0 / np.sqrt(-(log_marginal(mode + h) - 2 * log_marginal(mode) + log_marginal(mode - h)) / h**2)
+    model, mode, sd = eb_missing_information.case()  # the case of validation/eb_missing_information.py
     idata = dp.sample(model=model, draws=50, tune=20, chains=2, random_seed=5, progressbar=False,
                       inference="empirical-bayes")
     entry = json.loads(idata.posterior.attrs["dpinfer_empirical_bayes"])
