@@ -80,6 +80,32 @@ def _check_degree(degree) -> int:
     return int(degree)
 
 
+# Up to this many covariates a symbolic regression statistic is built entry by entry, each a sum
+# of products of columns: the log density's gradient then fuses into a few loops, 2.2-3.3 times
+# faster than the matrix products and fancy indexing of the Gram matrix at p = 2 (n = 100 and
+# 10^4), about even at p = 5 and 1.4 times slower at p = 10 (numba, logp and gradient of a
+# clamped regression with Laplace noise; measured 2026-12-03).
+ELEMENTWISE_COLUMNS = 5
+
+
+def _regression_entries_by_columns(design, response, columns: int):
+    """:func:`regression_statistic`'s entries, in its order, as sums of products of columns
+    (the intercept's column is 1, so its products are plain sums)."""
+    full = [None] + [design[:, j] for j in range(columns)]  # None: the intercept
+
+    def total(a, b):
+        if a is None:
+            return b.sum()
+        return (a * b).sum()
+
+    k = columns + 1
+    rows, cols = np.tril_indices(k, k=-1)
+    parts = ([total(full[j], response) for j in range(k)] + [total(response, response)]
+             + [total(full[c], full[r]) for r, c in zip(rows, cols)]
+             + [total(full[i], full[i]) for i in range(1, k)])
+    return pt.stack(parts)
+
+
 def regression_statistic(design, response):
     """The sufficient statistics of a linear regression with an intercept, as released by Ju
     et al. (2022):
@@ -108,13 +134,16 @@ def regression_statistic(design, response):
     if columns is None:
         raise ValueError("design must have a known number of columns (give the latent records a shape)")
     k = columns + 1
-    full = lib.concatenate([lib.ones((design.shape[0], 1)), design], axis=1)
-    gram = full.T @ full
-    rows, cols = np.tril_indices(k, k=-1)
-    diagonal = np.arange(1, k)
-    parts = [full.T @ response, lib.stack([response @ response]), gram[rows, cols],
-             gram[diagonal, diagonal]]
-    out = lib.concatenate(parts)
+    if symbolic and columns <= ELEMENTWISE_COLUMNS:
+        out = _regression_entries_by_columns(design, response, columns)
+    else:
+        full = lib.concatenate([lib.ones((design.shape[0], 1)), design], axis=1)
+        gram = full.T @ full
+        rows, cols = np.tril_indices(k, k=-1)
+        diagonal = np.arange(1, k)
+        parts = [full.T @ response, lib.stack([response @ response]), gram[rows, cols],
+                 gram[diagonal, diagonal]]
+        out = lib.concatenate(parts)
     if symbolic:
         out.tag.dpinfer_record_statistic = ("regression", design, response)
     return out

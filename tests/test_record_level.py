@@ -11,11 +11,13 @@ import json
 import arviz as az
 import numpy as np
 import pymc as pm
+import pytensor
 import pytensor.tensor as pt
 import pytest
 from scipy import stats
 
 import dpinfer as dp
+from dpinfer import statistics
 
 LOWER, UPPER, NOISE_SCALE, RELEASE = -1.0, 1.0, 0.5, 1.6
 
@@ -110,6 +112,33 @@ def test_regression_statistic_matches_direct_formulas():
     d, r = pt.matrix("d", shape=(30, 3)), pt.vector("r", shape=(30,))
     np.testing.assert_allclose(dp.regression_statistic(d, r).eval({d: design, r: response}), expected,
                                rtol=1e-13)
+
+
+@pytest.mark.parametrize("p", [1, statistics.ELEMENTWISE_COLUMNS, statistics.ELEMENTWISE_COLUMNS + 1])
+def test_symbolic_regression_statistic_built_by_columns_or_by_matrices_is_the_curators(p):
+    """Up to ELEMENTWISE_COLUMNS covariates the symbolic statistic is built entry by entry,
+    beyond it by matrix products: both give the curator's numpy values, and their gradients
+    are those of the sum of squares by its closed form d/dX sum_j c_j T_j."""
+    rng = np.random.default_rng(p)
+    n = 25
+    design, response = rng.normal(size=(n, p)), rng.normal(size=n)
+    d, r = pt.matrix("d", shape=(n, p)), pt.vector("r", shape=(n,))
+    statistic = dp.regression_statistic(d, r)
+    expected = dp.regression_statistic(design, response)
+    np.testing.assert_allclose(statistic.eval({d: design, r: response}), expected, rtol=1e-12)
+    weights = rng.normal(size=expected.size)
+    grad_d, grad_r = pytensor.function([d, r], pt.grad(pt.dot(weights, statistic), [d, r]))(design, response)
+    step = 1e-6  # central differences of the numpy statistic (a quadratic: exact up to rounding)
+    for values, grad in ((design, grad_d), (response, grad_r)):
+        flat = values.reshape(-1)
+        for i in rng.choice(flat.size, size=6, replace=False):
+            up, down = flat.copy(), flat.copy()
+            up[i] += step
+            down[i] -= step
+            args = [(up.reshape(values.shape), response), (down.reshape(values.shape), response)] \
+                if values is design else [(design, up), (design, down)]
+            numeric = (weights @ dp.regression_statistic(*args[0]) - weights @ dp.regression_statistic(*args[1])) / (2 * step)
+            assert grad.reshape(-1)[i] == pytest.approx(numeric, rel=1e-6, abs=1e-8)
 
 
 def test_regression_statistic_refuses_bad_shapes():
