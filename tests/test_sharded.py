@@ -359,3 +359,79 @@ def test_groups_are_split_in_runs_of_nearly_equal_weight():
     assert _partition(list("abcd"), 2, [10, 1, 1, 1]) == [["a"], ["b", "c", "d"]]
     assert _partition(list("abc"), 3, [100, 1, 1]) == [["a"], ["b"], ["c"]]  # every shard a group
     assert _partition(list("abcde"), 1, None) == [list("abcde")]
+
+
+def nested_shard(groups):
+    """One group: a copy of tests/test_nested_inference.py's small nested release (2 leaves x
+    C cells, its root total exact), the counts' rate LAM e^m with m ~ N(mu0, 1), mu0 shared."""
+    from test_nested_inference import small_release
+    from test_nested_sums import LAM, C
+
+    assert len(groups) == 1, groups
+    with pm.Model() as model:
+        mu0 = pm.Data("mu0", 0.0)
+        m = pm.Normal("m", mu0, 1.0)
+        x = pm.Poisson("x", LAM * pm.math.exp(m), shape=(2, C))
+        small_release().observe("nmf", x)
+        pm.Deterministic("m_g", m[None])
+    return model
+
+
+def nested_shared_model():
+    """mu0 ~ N(0, 1) given the groups' m_g ~ N(mu0, 1)."""
+    with pm.Model() as model:
+        mu0 = pm.Normal("mu0", 0.0, 1.0)
+        m_g = pm.Data("m_g", np.zeros(2))
+        pm.Potential("groups", pm.logp(pm.Normal.dist(mu0, 1.0), m_g).sum())
+    return model
+
+
+def test_a_sharded_fit_widens_alone_the_counts_that_reach_their_boxes(monkeypatch):
+    """First boxes of 1 pilot sd on two shards of one nested release each: the first fit's draws
+    reach some counts' box edges, so the refit widens those counts alone in each shard that
+    missed (as dpinfer.sample does: the record says how many, per shard), and the posterior is
+    the enumeration's. The root total is exact, so the counts' posterior does not depend on
+    the rates and is each group's enumeration; (mu0, m_g) by quadrature."""
+    import dpinfer.inference.planning.nested as planning_nested
+    from dpinfer.inference.convergence import diagnostics
+    from test_nested_sums import LAM, TOTAL, C, enumerate_posterior
+
+    monkeypatch.setattr(planning_nested, "FIRST_K", 1)
+    with pytest.warns(dp.RecoveryWarning, match=r"only its \d+ counts at or near their boxes' edges"):
+        idata = dp.sample_sharded(nested_shard, nested_shared_model(), [0, 1], shards=2, draws=3000, tune=300,
+                                  chains=2, random_seed=11, progressbar=False)
+    widened = [r for r in dp.recoveries_of(idata) if r["kind"] == "windows widened"]
+    assert widened
+    for record in widened:
+        assert record["counts_widened"], record  # counts widened alone, not whole latents
+        for shard, counts in record["counts_widened"].items():
+            assert 1 <= counts["x"] <= 2 * C, record
+    states, logp = enumerate_posterior()
+    exact = np.tensordot(np.exp(logp), states, axes=1).reshape(-1)
+    draws = idata.posterior["x"].values  # (chain, draw, 4, C): group g's leaves at rows 2g, 2g + 1
+    for g in range(2):
+        group = draws[:, :, 2 * g:2 * g + 2].reshape(2, -1, 2 * C).astype(float)
+        _, ess = diagnostics(group)
+        flat = group.reshape(-1, 2 * C)
+        assert np.all(flat.sum(1) == TOTAL)
+        z = (flat.mean(0) - exact) / (flat.std(0) / np.sqrt(ess))
+        assert np.all(np.abs(z) < 5), (g, z)
+    # (mu0, m_g) by quadrature: m_g's factor from its counts is e^(m TOTAL - e^m sum(LAM))
+    mu0_grid, m_grid = np.linspace(-6.0, 6.0, 601), np.linspace(-6.0, 6.0, 1201)
+    kernel = stats.norm.logpdf(m_grid[None, :], mu0_grid[:, None]) + TOTAL * m_grid - np.sum(LAM) * np.exp(m_grid)
+    top = kernel.max()
+    w = np.exp(kernel - top)
+    mass = np.trapezoid(w, m_grid, axis=1)
+    m_given_mu0 = np.trapezoid(w * m_grid, m_grid, axis=1) / mass
+    post = stats.norm.pdf(mu0_grid) * mass**2
+    post /= np.trapezoid(post, mu0_grid)
+    import arviz as az
+
+    for name, draws, exact_mean in (("mu0", idata.posterior["mu0"], np.trapezoid(post * mu0_grid, mu0_grid)),
+                                    ("m", idata.posterior["m"], np.trapezoid(post * m_given_mu0, mu0_grid))):
+        for g in range(2) if name == "m" else [None]:
+            d = draws.transpose("chain", "draw", ...).values
+            d = d if g is None else d[..., g]  # a scalar of each shard: joined along 'shard'
+            assert abs(d.mean() - exact_mean) < 5 * float(az.mcse(d, method="mean")), (name, g, d.mean(), exact_mean)
+    report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
+    assert all(s["stored_draws_on_box_edges"] == 0 for s in report["shards"])

@@ -41,8 +41,9 @@ class Shard:
     ``probe`` are shared parameter values (name -> array): each chain's start, and a second
     point at which the terms a count block precomputes from the data are checked for a
     dependence on them. ``seeds``: an int per chain (its jittered start and its random
-    stream). ``widenings``: the failed latents (name -> bound) of each earlier fit of the
-    shard, whose windows are widened as ``dpinfer.sample`` widens them. ``restore``: a
+    stream). ``widenings``: (the failed latents: name -> bound, the counts of a nested latent
+    widened alone: name -> (leaf, cell) pairs) of each earlier fit of the shard, whose windows
+    are widened as ``dpinfer.sample`` widens them. ``restore``: a
     directory written by :meth:`save` to continue the chains from (the same shard of the same
     fit: its model hash is checked)."""
 
@@ -98,8 +99,8 @@ class Shard:
                                  f"has shape {shape}; its first axis must run over the shard's "
                                  f"{len(self.groups)} groups")
         planning.first_windows(self.plans, tol, exact_tails=True, at_least={})
-        for failed in widenings:  # an earlier fit's: dpinfer.sample's widening, replayed
-            planning.widen(self.plans, failed, tol)
+        for failed, counts in widenings:  # an earlier fit's: dpinfer.sample's widening, replayed
+            planning.widen(self.plans, failed, tol, counts)
         self._rehoist = []  # blocks whose grid-only terms depend on theta (found below)
         self.set_shared(probe)
         self.blocks = [compiled_engine.count_block(p, compiled) for p in self.plans]

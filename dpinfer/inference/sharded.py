@@ -187,13 +187,13 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
     fit = _Fit(driver, build_shard, parts, options, client=client, workers=workers, store=store,
                shard_seeds=[[int(s.generate_state(1)[0]) for s in seq.spawn(chains)] for seq in shard_seeds],
                driver_seeds=driver_seed.spawn(chains), starts_q=starts_q, progressbar=progressbar)
-    widenings = [[] for _ in parts]  # per shard, each refit's failed latents (name -> bound)
+    widenings = [[] for _ in parts]  # per shard, each refit's (failed latents: name -> bound, counts widened alone)
     rounds = store.widening_rounds() if resume is not None else []  # the stopped fit's, replayed
-    for failed in rounds:
+    for failed, counts in rounds:
         for k, f in failed.items():
-            widenings[k].append(f)
-        recovery.announce(fit.recoveries, "windows widened", _widening_message(parts, failed), warn=False,
-                          bounds=_bounds(parts, failed), replayed=True)
+            widenings[k].append((f, counts.get(k, {})))
+        recovery.announce(fit.recoveries, "windows widened", _widening_message(parts, failed, counts), warn=False,
+                          bounds=_bounds(parts, failed), replayed=True, counts_widened=_counted(parts, counts))
     for attempt in range(len(rounds), MAX_WIDENINGS + 1):
         sweep = store.latest() if resume is not None and attempt == len(rounds) else 0
         fit.start(widenings, sweep)
@@ -208,6 +208,7 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
         failed = {k: o["failed"] for k, o in enumerate(outputs) if o["failed"]}
         if not failed:
             break
+        counts = {k: near for k in failed if (near := _counts_near_edges(outputs[k]["report"], failed[k]))}
         where = "; ".join(f"{sorted(f)} of the groups {short(parts[k])}" for k, f in failed.items())
         if attempt == MAX_WIDENINGS:
             raise RuntimeError(
@@ -216,11 +217,11 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
                 "the counts' conditional law. Either the chains have not reached the posterior (raise "
                 "tune) or the model puts the counts far from the releases - check the model")
         for k, f in failed.items():
-            widenings[k].append(f)
+            widenings[k].append((f, counts.get(k, {})))
         if store is not None:
-            store.widened(failed)
-        recovery.announce(fit.recoveries, "windows widened", _widening_message(parts, failed),
-                          bounds=_bounds(parts, failed), replayed=False)
+            store.widened(failed, counts)
+        recovery.announce(fit.recoveries, "windows widened", _widening_message(parts, failed, counts),
+                          bounds=_bounds(parts, failed), replayed=False, counts_widened=_counted(parts, counts))
     idata = _datatree(driver, fit.steppers, outputs, tune=tune, chains=chains)
     recovery.record(idata, fit.recoveries)
     idata.sample_stats.attrs.update(
@@ -242,8 +243,26 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
     return idata
 
 
-def _widening_message(parts: list, failed: dict) -> str:
-    where = "; ".join(f"{sorted(f)} of the groups {short(parts[k])}" for k, f in failed.items())
+def _counts_near_edges(report: dict, failed: dict) -> dict:
+    """A shard's counts to widen alone (latent -> (leaf, cell) pairs), as ``dpinfer.sample``
+    takes them from its report: those of a nested latent whose draws reached or came near their
+    box edges; a failed latent without them is widened whole."""
+    return {name: report[name]["counts_near_box_edges"] for name in failed
+            if "counts_near_box_edges" in report.get(name, {})}
+
+
+def _counted(parts: list, counts: dict) -> dict:
+    """How many counts of each latent each shard widened alone (JSON), keyed by its groups."""
+    return {short(parts[k]): {name: len(c) for name, c in near.items()} for k, near in counts.items()}
+
+
+def _widening_message(parts: list, failed: dict, counts: dict) -> str:
+    def latents(k, f):
+        alone = counts.get(k, {})
+        return ", ".join(f"{name!r}" + (f" (only its {len(alone[name])} counts at or near their boxes' edges)"
+                                        if name in alone else "") for name in sorted(f))
+
+    where = "; ".join(f"{latents(k, f)} of the groups {short(parts[k])}" for k, f in failed.items())
     return f"dpinfer: the windows of {where} missed tol; widened them and fitted again"
 
 
@@ -465,14 +484,21 @@ class _SweepCheckpoints:
         with replaced_privately(self.path / "checkpoint.json") as tmp:
             tmp.write_text(json.dumps(self.identity, indent=1))
 
-    def widened(self, failed: dict) -> None:
-        """Note a widening (shard -> {latent: bound}) before the fit starts again."""
+    def widened(self, failed: dict, counts: dict) -> None:
+        """Note a widening before the fit starts again: shard -> {latent: bound}, and shard ->
+        {latent: the (leaf, cell) pairs widened alone}."""
         self.identity["widenings"].append({str(k): {n: float(b) for n, b in f.items()} for k, f in failed.items()})
+        self.identity.setdefault("widened_counts", []).append(
+            {str(k): {n: [[int(i) for i in pair] for pair in c] for n, c in near.items()} for k, near in counts.items()})
         self._write_identity()
 
-    def widening_rounds(self) -> list[dict]:
-        """The widenings made so far, in order (shard -> {latent: bound})."""
-        return [{int(k): f for k, f in failed.items()} for failed in self.identity["widenings"]]
+    def widening_rounds(self) -> list[tuple]:
+        """The widenings made so far, in order: (shard -> {latent: bound}, shard -> {latent:
+        counts widened alone})."""
+        rounds = self.identity["widenings"]
+        counts = self.identity.get("widened_counts", [{}] * len(rounds))
+        return [({int(k): f for k, f in failed.items()}, {int(k): c for k, c in near.items()})
+                for failed, near in zip(rounds, counts)]
 
     def _sweep_dir(self, sweep: int) -> Path:
         return self.path / f"sweep-{sweep:09d}"
