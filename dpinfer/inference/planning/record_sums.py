@@ -38,10 +38,11 @@ augmentation, and the report says why.
 ``records="auto"`` takes the law of the sum from ``CROSSOVER_RECORDS`` records, where its
 predicted error allows (:attr:`SummedRecords.predicted_error`): measured side by side
 (``benchmarks/bench_record_crossover.py``, dp.sample's defaults, a compiled structure), the
-law's effective draws per second of the parameters were 5-7 times data augmentation's on a
-regression from 10 records on, but half of it on a clamped mean and variance up to 100 records
-(the law's fixed cost of a second or two a fit against data augmentation's fraction of a
-second) and 3.3 times at 300; its quantiles agree with data augmentation's within Monte Carlo
+law's effective draws per second of the parameters were 1.5-1.8 times data augmentation's on
+a regression from 10 to 300 records (0.9 at 100; 5-7 times before the regression statistic of
+latent records was built entry by entry) and 24 times at 1,000, but half of it on a clamped
+mean and variance up to 100 records (the law's fixed cost of a second or two a fit against
+data augmentation's fraction of a second) and 3.3 times at 300; its quantiles agree with data augmentation's within Monte Carlo
 error at 100, 300 and 1,000 records wherever data augmentation gave a usable reference
 (``validation/results/record_sums_vs_augmentation*.md``). Above
 the crossover no latent records are sampled, so data augmentation's mirror trap cannot arise
