@@ -63,6 +63,25 @@ def test_tail_ess_equals_arviz_at_the_5_and_95_percent_quantiles(phi, chains, dr
     np.testing.assert_allclose(tail_ess(x), expected, rtol=1e-10)
 
 
+def test_ess_by_direct_lags_is_the_ffts_and_the_fft_serves_the_slow_quantities():
+    """Autocovariances summed lag by lag (quantities that mix) and by FFT (those whose
+    truncation needs more than DIRECT_LAGS lags) give the same ESS to rounding, constants NaN."""
+    from dpinfer.inference import convergence
+
+    rng = np.random.default_rng(8)
+    for chains in (1, 2, 4):
+        z = np.concatenate([ar1(rng, phi, chains, 1000, 20) for phi in (0.0, 0.5, 0.9, 0.995)], axis=2)
+        z[..., 0] = 2.5
+        z = np.ascontiguousarray(z.transpose(2, 0, 1))  # (quantity, chain, draw)
+        centred = np.ascontiguousarray(z - z.mean(axis=2, keepdims=True))
+        between = np.var(z.mean(axis=2), axis=1, ddof=1) if chains > 1 else np.zeros(len(z))
+        _, direct = convergence._ess_by_lags(centred, between, convergence.DIRECT_LAGS)
+        assert direct[:40].all() and not direct[60:].any()  # white noise and phi 0.5; phi 0.995
+        got, fft = convergence._ess(z), convergence._ess_by_fft(centred, between)
+        assert np.isnan(got[0]) and np.isnan(fft[0])
+        np.testing.assert_allclose(got[1:], fft[1:], rtol=1e-12)
+
+
 def test_many_quantities_are_done_in_batches():
     x = ar1(np.random.default_rng(3), 0.5, 2, 100, 5000)
     rhat, ess = diagnostics(x)
