@@ -81,7 +81,7 @@ def _leapfrog(f, data, q, p, g, eps, inv_mass):
     return lp
 
 
-@kernel(nogil=True)
+@kernel(nogil=True, fastmath={"reassoc"})  # sums vectorised: rounding only
 def _kinetic(p, inv_mass):
     k = 0.0
     for i in range(p.shape[0]):
@@ -101,7 +101,7 @@ def _momentum(inv_mass, rng):
     return p
 
 
-@kernel(nogil=True)
+@kernel(nogil=True, fastmath={"reassoc"})  # sums vectorised: rounding only
 def _turned(ps_minus, ps_plus, rho):
     """The generalized no-U-turn criterion fails (the trajectory has turned)."""
     a = 0.0
@@ -112,7 +112,7 @@ def _turned(ps_minus, ps_plus, rho):
     return not (a > 0.0 and b > 0.0)
 
 
-@kernel(nogil=True)
+@kernel(nogil=True, fastmath={"reassoc"})  # sums vectorised: rounding only
 def _turned_extended(ps_minus, ps_plus, rho, p_extra):
     """_turned with rho + p_extra (the criterion across a merge of two subtrees)."""
     a = 0.0
