@@ -435,3 +435,25 @@ def test_a_sharded_fit_widens_alone_the_counts_that_reach_their_boxes(monkeypatc
             assert abs(d.mean() - exact_mean) < 5 * float(az.mcse(d, method="mean")), (name, g, d.mean(), exact_mean)
     report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
     assert all(s["stored_draws_on_box_edges"] == 0 for s in report["shards"])
+
+
+def test_a_resumed_sharded_fit_replays_the_counts_widened_alone(monkeypatch, tmp_path):
+    """The nested fit above, checkpointed: resumed from its last checkpoint, it replays each
+    shard's widening of the same counts alone (recorded as replayed, with their number) and
+    ends with the draws of the uninterrupted fit."""
+    import dpinfer.inference.planning.nested as planning_nested
+
+    monkeypatch.setattr(planning_nested, "FIRST_K", 1)
+    options = dict(shards=2, draws=400, tune=200, chains=2, random_seed=11, progressbar=False)
+    with pytest.warns(dp.RecoveryWarning):
+        first = dp.sample_sharded(nested_shard, nested_shared_model(), [0, 1], checkpoint=tmp_path / "fit",
+                                  checkpoint_every=150, **options)
+    made = [r for r in dp.recoveries_of(first) if r["kind"] == "windows widened"]
+    assert made and all(r["counts_widened"] for r in made)
+    resumed = dp.sample_sharded(nested_shard, nested_shared_model(), [0, 1], resume=tmp_path / "fit",
+                                checkpoint_every=150, **options)
+    replayed = [r for r in dp.recoveries_of(resumed) if r["kind"] == "windows widened"]
+    assert [r["counts_widened"] for r in replayed] == [r["counts_widened"] for r in made]
+    assert all(r["replayed"] for r in replayed)
+    for name in ("mu0", "m", "x"):
+        np.testing.assert_array_equal(first.posterior[name].values, resumed.posterior[name].values)
