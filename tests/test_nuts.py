@@ -68,7 +68,8 @@ def test_one_transition_preserves_the_banana(eps, inv_mass, min_depth):
 
 
 def test_metric_windows_double_and_end_at_the_terminal_buffer():
-    assert metric_windows(1000) == [49, 99, 199, 399, 949]
+    assert metric_windows(1000) == [49, 99, 199, 399, 899]  # terminal buffer tune / 10
+    assert metric_windows(2000) == [49, 99, 199, 399, 799, 1799]
     assert metric_windows(500) == [49, 99, 199, 449]
     assert metric_windows(100) == [49]
     assert metric_windows(60) == [53]  # 15 % initial buffer, 10 % terminal, one window
