@@ -75,7 +75,7 @@ def test_ess_by_direct_lags_is_the_ffts_and_the_fft_serves_the_slow_quantities()
         z = np.ascontiguousarray(z.transpose(2, 0, 1))  # (quantity, chain, draw)
         centred = np.ascontiguousarray(z - z.mean(axis=2, keepdims=True))
         between = np.var(z.mean(axis=2), axis=1, ddof=1) if chains > 1 else np.zeros(len(z))
-        _, direct = convergence._ess_by_lags(centred, between, convergence.DIRECT_LAGS)
+        _, direct = convergence._geyer(centred, np.empty((0, 0)), between, convergence.DIRECT_LAGS)
         assert direct[:40].all() and not direct[60:].any()  # white noise and phi 0.5; phi 0.995
         got, fft = convergence._ess(z), convergence._ess_by_fft(centred, between)
         assert np.isnan(got[0]) and np.isnan(fft[0])

@@ -524,13 +524,13 @@ DIRECT_LAGS = 64  # autocovariances summed directly up to this lag, by FFT for q
 def _ess(z: np.ndarray) -> np.ndarray:
     """ESS of each quantity of z (k, chains, draws) by Geyer's initial monotone sequence. The
     autocovariances are summed lag by lag as Geyer's truncation asks for them, which stops
-    within a few dozen lags for a quantity that mixes (O(draws) a lag); a quantity that needs
-    more than ``DIRECT_LAGS`` has all of them by FFT (O(draws log draws)). Both give the same
-    sums up to rounding."""
+    within a few lags for a quantity that mixes (O(draws) a lag); a quantity that needs more
+    than ``DIRECT_LAGS`` has all of them by FFT (O(draws log draws)). Both give the same sums
+    up to rounding."""
     k, chains, n = z.shape
     centred = np.ascontiguousarray(z - z.mean(axis=2, keepdims=True))
     between = np.var(z.mean(axis=2), axis=1, ddof=1) if chains > 1 else np.zeros(k)
-    out, done = _ess_by_lags(centred, between, DIRECT_LAGS)
+    out, done = _geyer(centred, np.empty((0, 0)), between, DIRECT_LAGS)
     rest = np.flatnonzero(~done)
     if rest.size:
         out[rest] = _ess_by_fft(centred[rest], between[rest])
@@ -540,17 +540,15 @@ def _ess(z: np.ndarray) -> np.ndarray:
 def _ess_by_fft(centred: np.ndarray, between: np.ndarray) -> np.ndarray:
     """:func:`_ess` of centred chains (k, chains, draws) with every autocovariance by FFT;
     ``between``: the variance of the chains' means (0 with one chain)."""
-    _, chains, n = centred.shape
+    n = centred.shape[2]
     size = 1 << int(math.ceil(math.log2(2 * n)))
     spectrum = np.fft.rfft(centred, n=size, axis=2)
     acov = np.fft.irfft(spectrum * np.conjugate(spectrum), n=size, axis=2)[:, :, :n] / n
     mean_acov = np.ascontiguousarray(acov.mean(axis=1))  # (k, n)
-    mean_var = mean_acov[:, 0] * n / (n - 1.0)
-    var_plus = mean_var * (n - 1.0) / n + between
-    return _geyer(mean_acov, mean_var, var_plus, chains * n)
+    return _geyer(centred, mean_acov, between, n)[0]
 
 
-@kernel(fastmath=True)  # the sum reassociated (vectorised): rounding only
+@kernel(fastmath={"reassoc"})  # the sum reassociated (vectorised): rounding only
 def _mean_autocovariance(centred, j, t):
     """Lag-t autocovariance of quantity j's centred chains, averaged over the chains (the
     FFT's sum_i c_i c_(i+t) / draws)."""
@@ -563,19 +561,31 @@ def _mean_autocovariance(centred, j, t):
     return total / n / chains
 
 
+@kernel()
+def _acov(centred, mean_acov, j, t):
+    """Quantity j's lag-t autocovariance averaged over its chains: from ``mean_acov`` (k,
+    draws) when given, else summed from ``centred``."""
+    if mean_acov.shape[0] > 0:
+        return mean_acov[j, t]
+    return _mean_autocovariance(centred, j, t)
+
+
 @kernel(error_model="numpy")  # 0/0 is NaN (constant quantities)
-def _ess_by_lags(centred, between, max_lag):
-    """:func:`_geyer` on autocovariances summed directly, each lag when the truncation asks for
-    it: (ESS, done) per quantity, done False where the truncation needed a lag beyond
-    ``max_lag`` (its ESS is then left for the FFT)."""
+def _geyer(centred, mean_acov, between, max_lag):
+    """Stan's (and ArviZ's) truncated autocorrelation sum per quantity of ``centred`` (k,
+    chains, draws): (ESS, done). The autocovariances come from ``mean_acov`` (k, draws) when it
+    has rows, else each is summed when the truncation asks for it; ``done`` is False where the
+    truncation needed a lag beyond ``max_lag`` (the ESS is then NaN, for the caller to compute
+    otherwise). ``between``: the variance of the chains' means."""
     k, chains, n = centred.shape
     out = np.full(k, np.nan)
     done = np.zeros(k, np.bool_)
-    acov = np.zeros(max_lag + 3)
-    rho = np.zeros(max_lag + 3)
+    size = min(n, max_lag + 3)
+    acov = np.zeros(size)
+    rho = np.zeros(size)
     for j in range(k):
-        acov[0] = _mean_autocovariance(centred, j, 0)
-        acov[1] = _mean_autocovariance(centred, j, 1) if n > 1 else 0.0
+        acov[0] = _acov(centred, mean_acov, j, 0)
+        acov[1] = _acov(centred, mean_acov, j, 1) if n > 1 else 0.0
         mean_var = acov[0] * n / (n - 1.0)
         var_plus = mean_var * (n - 1.0) / n + between[j]
         rho[:] = 0.0
@@ -589,8 +599,8 @@ def _ess_by_lags(centred, between, max_lag):
             if t + 2 > max_lag:
                 too_far = True
                 break
-            acov[t + 1] = _mean_autocovariance(centred, j, t + 1)
-            acov[t + 2] = _mean_autocovariance(centred, j, t + 2)
+            acov[t + 1] = _acov(centred, mean_acov, j, t + 1)
+            acov[t + 2] = _acov(centred, mean_acov, j, t + 2)
             even = 1.0 - (mean_var - acov[t + 1]) / var_plus
             odd = 1.0 - (mean_var - acov[t + 2]) / var_plus
             if even + odd >= 0:
@@ -613,38 +623,3 @@ def _ess_by_lags(centred, between, max_lag):
         out[j] = np.nan if np.isnan(rho).any() else chains * n / tau
         done[j] = True
     return out, done
-
-
-@kernel(error_model="numpy")  # 0/0 is NaN (constant quantities)
-def _geyer(mean_acov, mean_var, var_plus, total):
-    """Stan's (and ArviZ's) truncated autocorrelation sum, per quantity: the ESS."""
-    k, n = mean_acov.shape
-    out = np.empty(k)
-    rho = np.zeros(n)
-    for j in range(k):
-        rho[:] = 0.0
-        even = 1.0
-        rho[0] = even
-        odd = 1.0 - (mean_var[j] - mean_acov[j, 1]) / var_plus[j]
-        rho[1] = odd
-        t = 1
-        while t < n - 3 and even + odd > 0.0:
-            even = 1.0 - (mean_var[j] - mean_acov[j, t + 1]) / var_plus[j]
-            odd = 1.0 - (mean_var[j] - mean_acov[j, t + 2]) / var_plus[j]
-            if even + odd >= 0:
-                rho[t + 1] = even
-                rho[t + 2] = odd
-            t += 2
-        max_t = t - 2
-        if even > 0:
-            rho[max_t + 1] = even
-        t = 1
-        while t <= max_t - 2:  # the initial monotone sequence
-            if rho[t + 1] + rho[t + 2] > rho[t - 1] + rho[t]:
-                rho[t + 1] = 0.5 * (rho[t - 1] + rho[t])
-                rho[t + 2] = rho[t + 1]
-            t += 2
-        tau = -1.0 + 2.0 * np.sum(rho[:max_t + 1]) + np.sum(rho[max_t + 1:max_t + 2])
-        tau = max(tau, 1.0 / math.log10(total))
-        out[j] = np.nan if np.isnan(rho).any() else total / tau
-    return out
