@@ -365,7 +365,7 @@ def nmf_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("nmf")
     dp.write_synthetic_nmf(root, n_counties=1, tracts_per_county=2, block_groups_per_tract=(2, 2),
                            blocks_per_block_group=(2, 3), aian_tracts=0,
-                           levels=("US", "State", "County", "Tract", "Block_Group"))
+                           levels=NMF_LEVELS)
     return root
 
 
@@ -375,7 +375,19 @@ def _state_19(x) -> bool:
             and items[0] in (19, "19"))
 
 
-NMF_ARGUMENTS = {"states": (19, _state_19), "levels": (None, lambda x: x is None),
+NMF_LEVELS = ("US", "State", "County", "Tract", "Block_Group")  # the fixture's
+
+
+def _levels_written(x) -> bool:
+    """None, or a level name or a non-empty sequence of them, each among the fixture's: what
+    read_nmf must take (its docstring)."""
+    if x is None:
+        return True
+    chosen = [x] if isinstance(x, str) else list(x) if isinstance(x, (list, tuple)) else []
+    return bool(chosen) and all(isinstance(v, str) and v in NMF_LEVELS for v in chosen)
+
+
+NMF_ARGUMENTS = {"states": (19, _state_19), "levels": (None, _levels_written),
                  "product": (None, lambda x: x is None)}
 
 
@@ -495,6 +507,7 @@ NESTED_FOUND = [  # each was a raw error from inside, or junk silently cast
     dict(argument="areas", junk=[0, None, 2]),  # int()'s TypeError
     dict(argument="sigma2", junk=[1.0, 2.0]),  # numpy's "operands could not be broadcast"
     dict(argument="summed", junk=10**30),  # OverflowError
+    dict(argument="sigma2", junk=3.3e16),  # a noise table of billions of values: killed for memory
     dict(argument="cell_names", junk=5),  # "object of type 'int' has no len()"
 ]
 NESTED = dict(argument=st.sampled_from(sorted(NESTED_TREE) + sorted(NESTED_TERMS)),
@@ -802,3 +815,12 @@ def test_dpinfer_areas_refuses_bad_input_by_name(stored_fit, tmp_path, capsys):
             ([str(store), "--tabulation", "nope"], ["tabulation"]),
             ([str(store)], ["plan"])):
         _cli_refuses(["areas", *argv, *out], names, capsys)
+
+
+def test_a_variance_too_large_for_its_noise_table_is_refused_by_name():
+    """Found by the long fuzz run: sigma2 = 3.3e16 asked for a noise table of billions of values
+    and the process was killed for memory; it is refused, naming sigma2 and its largest value."""
+    nested = dp.NestedMeasurements([-1, 0, 0], [1, 2], 2)
+    with pytest.raises(ValueError, match=r"m: sigma2 = 3\.3e\+16 .* sigma2 must be at most 2\.2439e\+10"):
+        nested.measure("m", [0, 1, 2], [[0], [1]], np.ones((3, 2), int), 3.3e16)
+    nested.measure("m", [0, 1, 2], [[0], [1]], np.ones((3, 2), int), 2.2e10)  # the largest is taken

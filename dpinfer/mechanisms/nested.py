@@ -143,8 +143,11 @@ class NestedMeasurements:
         if np.any(summed < 1) or np.any(summed > MAX_SUMMED):
             raise ValueError(f"{name}: summed must be 1 .. {MAX_SUMMED} (published counts added up) for every "
                              "query cell")
-        tables = np.array([[self.tables.add_discrete_gaussian(s, m) for m in summed] for s in sigma2],
-                          dtype=np.int64).reshape(areas.size, k)
+        try:
+            tables = np.array([[self.tables.add_discrete_gaussian(s, m) for m in summed] for s in sigma2],
+                              dtype=np.int64).reshape(areas.size, k)
+        except ValueError as err:  # a variance too large for its noise table
+            raise ValueError(f"{name}: {err}") from None
         self._add(name, areas, cells, values, tables, cell_names)
         self.releases.append({"name": name, "sigma2": sigma2.copy(), "summed": summed.copy(),
                               "areas": areas.size, "query_cells": k})

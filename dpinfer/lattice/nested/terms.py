@@ -56,6 +56,9 @@ QUADRATIC_TOLERANCE = 1e-12
 
 # Half-width of a summed discrete Gaussian's table in standard deviations (e^-98 at the edge).
 _TABLE_SDS = 14.0
+# The widest table a noise may have (half-width; 4.2 million values, 34 MB): a variance whose
+# table would be wider (sd above about 150,000 persons) is refused, not allocated.
+MAX_TABLE_HALF = 2**21
 
 
 class TermTables:
@@ -108,6 +111,11 @@ class TermTables:
             raise ValueError(f"sigma2 must be a finite positive variance, got {sigma2!r}")
         if m < 1:
             raise ValueError(f"m (the number of summed noises) must be >= 1, got {m!r}")
+        if _TABLE_SDS * math.sqrt(m * sigma2) + 2 > MAX_TABLE_HALF:
+            largest = ((MAX_TABLE_HALF - 2) / _TABLE_SDS) ** 2 / m
+            raise ValueError(f"sigma2 = {sigma2!r} (summed over {m} counts) is too large a variance: its noise "
+                             f"table would hold more than {2 * MAX_TABLE_HALF + 1:,} values; sigma2 must be at "
+                             f"most {largest:.6g} here")
         if ("dg", sigma2, m) in self._keys:  # every term of one query and level shares its table
             return self._keys[("dg", sigma2, m)]
         log_w = summed_discrete_gaussian_log_pmf(sigma2, m)
