@@ -768,6 +768,7 @@ SUMMARISE_FOUND = [
     dict(argument="area_column", junk=np.array([1.0, 2.0])),  # numpy's "truth value ... ambiguous"
     dict(argument="draws", junk=5),  # AttributeError: no posterior
     dict(argument="name", junk=None),  # "the fit has no draws None": named no argument
+    dict(argument="plan", junk="\x00"),  # "embedded null byte": named no argument
 ]
 SUMMARISE = dict(argument=st.sampled_from(sorted(SUMMARISE_ARGUMENTS)),
                  junk=st.one_of(JUNK, st.sampled_from(["pop > 3", "share_vap_hisp >", "x", ["pop > 3", 5]])))
@@ -781,9 +782,15 @@ def _summarise_areas_refuses_junk_by_name(stored_fit, argument, junk):
     names = {"draws": ("draws", "stored"), "plan": ("plan",),
              "probabilities": ("probabilit",)}.get(argument, (argument,))
     try:
-        dp.summarise_areas(kwargs.pop("draws"), kwargs.pop("plan"), **kwargs)
+        summary = dp.summarise_areas(kwargs.pop("draws"), kwargs.pop("plan"), **kwargs)
     except (ValueError, TypeError, FileNotFoundError) as err:
         assert any(n in str(err) for n in names), f"the error does not name {argument!r}: {err}"
+        return
+    events = [junk] if isinstance(junk, str) else junk
+    if argument == "probabilities" and isinstance(events, (list, tuple)) and all(isinstance(e, str) for e in events):
+        # an event or a list of them is the argument's type (its docstring): taken, each must be reported
+        reported = set(summary.probabilities["event"])
+        assert all(e in reported for e in events), (events, reported)
         return
     pytest.fail(f"summarise_areas accepted {argument}={junk!r}")
 

@@ -90,6 +90,8 @@ def read_plan(plan, *, geoid_column: str | None = None, area_column: str | None 
             raise FileNotFoundError(f"plan {source}: no such file") from None
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
             raise ValueError(f"plan {source}: not a readable CSV ({err})") from None
+        except (ValueError, OSError) as err:  # not a path the system takes (an embedded NUL, a directory, ...)
+            raise ValueError(f"plan {source!r}: cannot be read as a CSV file ({err})") from None
     if isinstance(plan, pd.Series) or hasattr(plan, "items") and not isinstance(plan, pd.DataFrame):
         series = pd.Series(plan, dtype=object) if not isinstance(plan, pd.Series) else plan
         frame = pd.DataFrame({"block": series.index.astype(str), "area": series.to_numpy()})
