@@ -55,11 +55,12 @@ def build_shard(groups, release=RELEASE):
     return model
 
 
-def shared_model(scale=1.0):
-    """The shared conditional (scale=1); another scale is a wrong one (for the refusal)."""
+def shared_model(scale=1.0, n_groups=len(GROUPS)):
+    """mu0 ~ N(0, 1) given the groups' m_g ~ N(mu0, 1): the shared conditional (scale=1);
+    another scale is a wrong one (for the refusal)."""
     with pm.Model() as model:
         mu0 = pm.Normal("mu0", 0.0, 1.0)
-        m_g = pm.Data("m_g", np.zeros(len(GROUPS)))
+        m_g = pm.Data("m_g", np.zeros(n_groups))
         pm.Potential("groups", scale * pm.logp(pm.Normal.dist(mu0, 1.0), m_g).sum())
     return model
 
@@ -377,15 +378,6 @@ def nested_shard(groups):
     return model
 
 
-def nested_shared_model():
-    """mu0 ~ N(0, 1) given the groups' m_g ~ N(mu0, 1)."""
-    with pm.Model() as model:
-        mu0 = pm.Normal("mu0", 0.0, 1.0)
-        m_g = pm.Data("m_g", np.zeros(2))
-        pm.Potential("groups", pm.logp(pm.Normal.dist(mu0, 1.0), m_g).sum())
-    return model
-
-
 def test_a_sharded_fit_widens_alone_the_counts_that_reach_their_boxes(monkeypatch):
     """First boxes of 1 pilot sd on two shards of one nested release each: the first fit's draws
     reach some counts' box edges, so the refit widens those counts alone in each shard that
@@ -398,7 +390,7 @@ def test_a_sharded_fit_widens_alone_the_counts_that_reach_their_boxes(monkeypatc
 
     monkeypatch.setattr(planning_nested, "FIRST_K", 1)
     with pytest.warns(dp.RecoveryWarning, match=r"only its \d+ counts at or near their boxes' edges"):
-        idata = dp.sample_sharded(nested_shard, nested_shared_model(), [0, 1], shards=2, draws=3000, tune=300,
+        idata = dp.sample_sharded(nested_shard, shared_model(n_groups=2), [0, 1], shards=2, draws=3000, tune=300,
                                   chains=2, random_seed=11, progressbar=False)
     widened = [r for r in dp.recoveries_of(idata) if r["kind"] == "windows widened"]
     assert widened
@@ -446,11 +438,11 @@ def test_a_resumed_sharded_fit_replays_the_counts_widened_alone(monkeypatch, tmp
     monkeypatch.setattr(planning_nested, "FIRST_K", 1)
     options = dict(shards=2, draws=400, tune=200, chains=2, random_seed=11, progressbar=False)
     with pytest.warns(dp.RecoveryWarning):
-        first = dp.sample_sharded(nested_shard, nested_shared_model(), [0, 1], checkpoint=tmp_path / "fit",
+        first = dp.sample_sharded(nested_shard, shared_model(n_groups=2), [0, 1], checkpoint=tmp_path / "fit",
                                   checkpoint_every=150, **options)
     made = [r for r in dp.recoveries_of(first) if r["kind"] == "windows widened"]
     assert made and all(r["counts_widened"] for r in made)
-    resumed = dp.sample_sharded(nested_shard, nested_shared_model(), [0, 1], resume=tmp_path / "fit",
+    resumed = dp.sample_sharded(nested_shard, shared_model(n_groups=2), [0, 1], resume=tmp_path / "fit",
                                 checkpoint_every=150, **options)
     replayed = [r for r in dp.recoveries_of(resumed) if r["kind"] == "windows widened"]
     assert [r["counts_widened"] for r in replayed] == [r["counts_widened"] for r in made]
