@@ -45,7 +45,9 @@ def clamp(values, lower, upper, *, scale: bool = False):
     symbolic = _is_symbolic(values)
     clamped = (pt.clip(values, lower, upper) if symbolic
                else np.clip(np.asarray(values, dtype=np.float64), lower, upper))
-    out = (2.0 * clamped - (lower + upper)) / (upper - lower) if scale else clamped
+    # multiplied by the reciprocal of the width, not divided by it: in a model's log density
+    # the bounds are data and the division would be paid per record per gradient
+    out = 2.0 / (upper - lower) * clamped - (lower + upper) / (upper - lower) if scale else clamped
     if symbolic:
         out.tag.dpinfer_clamp = (values, lower, upper, bool(scale))
     return out

@@ -142,6 +142,22 @@ def test_loaded_functions_compute_the_new_models_own_log_density(cache_dir):
                     stats.binom.logpmf(v, n, theta), rel=1e-12)
 
 
+def test_the_literal_scalars_travel_packed_in_one_vector_a_dtype(cache_dir):
+    """Beta(3.5, 2)'s parameters and Binomial's n = 200 reach the native functions as the
+    entries of one float64 and one int64 vector (a native function pays for each input it
+    takes), read from the model's own literals; a model with others fills the same vectors."""
+    from dpinfer.inference.engines.compiled.engine import compiled_model_for
+
+    forget()
+    for a, b, n in ((3.5, 2.0, 200), (10.0, 10.0, 1000)):
+        model = beta_binomial(a, b, n, 0.5, 120)
+        compiled = compiled_model_for(model, [model["x"]], [model["release"]])
+        data = {v.name: value for v, value in zip(compiled.data_inputs, compiled.data.values)}
+        assert sorted(data) == ["literals_float64", "literals_int64"]
+        assert sorted(data["literals_float64"]) == sorted([a, b])
+        np.testing.assert_array_equal(data["literals_int64"], [n])
+
+
 def test_a_fresh_process_loads_every_function(cache_dir):
     script = textwrap.dedent("""
         import json, numpy as np, pymc as pm

@@ -604,25 +604,42 @@ def _feeds_graph_op(fg, v) -> bool:
     return False
 
 
+PACKED_DTYPES = ("float64", "int64")  # the literal scalars of these dtypes travel in one vector each
+
+
 def lift_data(outputs: list, sources: dict) -> tuple:
     """(outputs with their data as inputs, the inputs, their positions in ``sources``): every
     shared variable in ``sources`` that the outputs use becomes an input of its value's shape
     and dtype, in the order the graph first uses it (``sources`` as :func:`thaw_literals`
-    returns it)."""
+    returns it), except the literal scalars (``sources[v]`` None, 0-d) of a dtype in
+    ``PACKED_DTYPES``: those of one dtype are the entries of one vector input, its position a
+    tuple of theirs. A native function pays for each input it takes (B3's log density and
+    gradient took 2.7 us with its 13 literal scalars as inputs, 2.4 us with them packed and 2.0
+    us with them folded as constants, which would make a model structure per value)."""
     import pytensor.tensor as pt
     from pytensor.graph.replace import clone_replace
 
     position = {v: i for i, v in enumerate(sources)}
     replacements, inputs, index = {}, [], []
+    packed = {}  # dtype -> [its literal scalars]
     for node in io_toposort([], outputs):
         for v in node.inputs:
             if v in replacements or v not in sources:
                 continue
             value = np.asarray(v.get_value())
+            if sources[v] is None and value.ndim == 0 and value.dtype.name in PACKED_DTYPES:
+                packed.setdefault(value.dtype.name, []).append(v)
+                replacements[v] = None  # set below, once the vector's length is known
+                continue
             new = pt.tensor(dtype=value.dtype, shape=value.shape, name=f"data{len(inputs)}")
             replacements[v] = new
             inputs.append(new)
             index.append(position[v])
+    for dtype, scalars in packed.items():
+        vector = pt.tensor(dtype=dtype, shape=(len(scalars),), name=f"literals_{dtype}")
+        replacements.update({v: vector[i] for i, v in enumerate(scalars)})
+        inputs.append(vector)
+        index.append(tuple(position[v] for v in scalars))
     if not replacements:
         return list(outputs), [], []
     return clone_replace(list(outputs), replacements), inputs, index

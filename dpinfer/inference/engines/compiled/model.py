@@ -94,7 +94,7 @@ class Structure:
     expand_fn: object  # PyTensor function (q batch, counts batch, *data) -> named values
     expand_names: list
     start_fn: object  # PyTensor function (*jitters, *data) -> transformed initial point
-    data_index: list  # the model's data (thaw_literals order) handed to the functions
+    data_index: list  # the model's data (thaw_literals order; a tuple: literal scalars packed) handed over
     data_inputs: list = field(repr=False, default_factory=list)
     value_graphs: tuple = field(repr=False, default=())  # (q, counts, the expand_names' values: graphs)
     key: str | None = None  # the model cache's structure key (None: not cacheable)
@@ -377,13 +377,18 @@ class ModelData:
         shared = list(sources)
         values, origins = [], []
         for j, i in enumerate(structure.data_index):
-            value = np.array(shared[i].get_value(), order="C")
             expected = structure.data_inputs[j].type
+            if isinstance(i, tuple):  # literal scalars packed in one vector (lift_data)
+                value = np.array([shared[k].get_value() for k in i], dtype=expected.dtype)
+                origin = None
+            else:
+                value = np.array(shared[i].get_value(), order="C")
+                origin = sources[shared[i]]
             if value.shape != expected.shape or value.dtype != expected.dtype:
                 raise AssertionError(f"data {j} of a structure: {value.dtype}{value.shape}, "
                                      f"compiled for {expected}")  # one key, one structure
             values.append(value)
-            origins.append(sources[shared[i]])
+            origins.append(origin)
         return cls(values, origins)
 
     def refresh(self) -> None:
