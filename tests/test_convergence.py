@@ -92,6 +92,43 @@ def test_many_quantities_are_done_in_batches():
                                rtol=1e-10)
 
 
+def test_quantities_judged_on_several_threads_are_judged_as_on_one(monkeypatch):
+    """The batches spread over the cores give exactly what one thread gives, quantity by
+    quantity (ties, a constant quantity, chains that disagree): 300 quantities on 2 cores in
+    2 parts of 150, on 7 cores in 4 parts of 75 (at least 64 a thread), and 9 quantities on
+    one thread however many cores."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dpinfer.inference import convergence
+
+    rng = np.random.default_rng(11)
+    x = ar1(rng, 0.7, 2, 400, 300)
+    x[..., :40] = np.round(x[..., :40] * 2)
+    x[..., 40] = 3.0
+    x[1, :, 41] += 2.0
+    splits = []
+
+    class Recorded(ThreadPoolExecutor):
+        def map(self, function, parts):
+            parts = list(parts)
+            splits.append([p.stop - p.start for p in parts])
+            return super().map(function, parts)
+
+    monkeypatch.setattr(convergence, "ThreadPoolExecutor", Recorded)
+
+    def judged(cores):
+        monkeypatch.setattr(convergence.os, "sched_getaffinity", lambda pid: set(range(cores)))
+        return (*diagnostics(x), *latent_diagnostics(x, 300), tail_ess(x), tail_ess(x[..., :9]))
+
+    single = judged(1)
+    assert splits == []
+    for cores, split in ((2, [150] * 2), (7, [75] * 4)):
+        splits.clear()
+        for got, expected in zip(judged(cores), single, strict=True):
+            np.testing.assert_array_equal(got, expected)
+        assert splits == [split] * 3  # diagnostics, latent_diagnostics, tail_ess of the 300
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
 def test_integer_counts_are_judged_as_their_floats_without_a_float_copy(dtype):
     """check() passes integer draws on as they are (a state's counts as floats would be ~1 GB);

@@ -28,10 +28,12 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import os
 import statistics
 import sys
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +45,7 @@ ESS_MIN = 400
 # the chance that a converged fit's many latents (counts, records) fail their R-hat bound
 LATENT_ALPHA = 0.01
 _BATCH = 2048  # quantities per FFT batch (memory: 2 x draws x batch doubles)
+_PER_THREAD = 64  # fewer quantities than this a core are judged on one thread
 
 
 class ConvergenceWarning(UserWarning):
@@ -347,7 +350,7 @@ def _doubled_ranks(values: np.ndarray) -> np.ndarray:
     return out
 
 
-@kernel()
+@kernel(nogil=True)
 def _ranks_by_counting(values, out):
     """:func:`_doubled_ranks` of the rows of whole or half numbers spanning fewer than 4 S
     halves, by counting, into ``out``; True for each row so ranked."""
@@ -374,7 +377,7 @@ def _ranks_by_counting(values, out):
     return done
 
 
-@kernel()
+@kernel(nogil=True)
 def _ranks_from_order(values, order, rows, out):
     """:func:`_doubled_ranks` of rows ``rows`` of ``values`` into ``out``, from ``order``
     (row r's sorting permutation in ``order[r]``): a run of equal values shares its average."""
@@ -427,18 +430,20 @@ def diagnostics(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if draws < 4:
         return np.full(k, np.nan), np.full(k, np.nan)
     rhat, ess = np.empty(k), np.empty(k)
-    for start in range(0, k, _BATCH):
-        split = _split(values[:, :, start:start + _BATCH])
-        part = slice(start, start + split.shape[0])
+
+    def judge(part):
+        split = _split(values[:, :, part])
         z = _z_scale(split)
         flat = split.reshape(split.shape[0], -1)
         constant = np.ptp(flat, axis=1) < np.finfo(float).resolution
         ess[part] = np.where(constant, flat.shape[1], _ess(z))
         if chains < 2:
             rhat[part] = np.nan
-            continue
+            return
         folded = np.abs(split - np.median(flat, axis=1)[:, None, None])
         rhat[part] = np.maximum(_split_rhat(z), _split_rhat(_z_scale(folded)))
+
+    _in_batches(k, judge)
     return rhat, ess
 
 
@@ -454,16 +459,16 @@ def latent_diagnostics(values: np.ndarray, n_latents: int) -> tuple[np.ndarray, 
     out = np.full((5, k), np.nan)
     if draws < 4:
         return tuple(out)
-    for start in range(0, k, _BATCH):
-        split = _split(values[:, :, start:start + _BATCH])
-        part = slice(start, start + split.shape[0])
+
+    def judge(part):
+        split = _split(values[:, :, part])
         flat = split.reshape(split.shape[0], -1)
         constant = np.ptp(flat, axis=1) < np.finfo(float).resolution
         z = _z_scale(split)
         bulk = _ess(z)
         out[1, part] = np.where(constant, flat.shape[1], bulk)
         if chains < 2:
-            continue
+            return
         folded = _z_scale(np.abs(split - np.median(flat, axis=1)[:, None, None]))
         best = None
         for scores, ess in ((z, bulk), (folded, _ess(folded))):
@@ -480,6 +485,8 @@ def latent_diagnostics(values: np.ndarray, n_latents: int) -> tuple[np.ndarray, 
                     best[j] = np.where(larger, new, best[j])
         for j in range(3):
             out[2 + j, part] = np.where(constant, np.nan, best[j])
+
+    _in_batches(k, judge)
     return tuple(out)
 
 
@@ -494,17 +501,39 @@ def tail_ess(values: np.ndarray) -> np.ndarray:
     if draws < 4:
         return np.full(k, np.nan)
     out = np.empty(k)
-    for start in range(0, k, _BATCH):
-        part = values[:, :, start:start + _BATCH]
-        quantiles = np.quantile(part.reshape(chains * draws, -1), [0.05, 0.95], axis=0)
+
+    def judge(part):
+        batch = values[:, :, part]
+        quantiles = np.quantile(batch.reshape(chains * draws, -1), [0.05, 0.95], axis=0)
         esses = []
         for q in quantiles:
-            split = _split((part <= q).astype(float))
+            split = _split((batch <= q).astype(float))
             flat = split.reshape(split.shape[0], -1)
             constant = np.ptp(flat, axis=1) < np.finfo(float).resolution
             esses.append(np.where(constant, flat.shape[1], _ess(split)))
-        out[start:start + part.shape[2]] = np.minimum(*esses)
+        out[part] = np.minimum(*esses)
+
+    _in_batches(k, judge)
     return out
+
+
+def _in_batches(k: int, judge) -> None:
+    """``judge(part)`` for slices ``part`` of the k quantities, at most _BATCH each, spread over
+    the cores this process may use (at least _PER_THREAD quantities a core): numpy's sorts,
+    quantiles and FFTs and the kernels below release the GIL. Each call writes its own part."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # platforms without sched_getaffinity
+        cores = os.cpu_count() or 1
+    threads = max(1, min(cores, k // _PER_THREAD))
+    size = max(1, min(_BATCH, -(-k // threads)))
+    parts = [slice(start, min(k, start + size)) for start in range(0, k, size)]
+    if threads == 1:
+        for part in parts:
+            judge(part)
+        return
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(judge, parts))  # raises the first error of any part
 
 
 def mean_se(values: np.ndarray) -> np.ndarray:
@@ -548,7 +577,7 @@ def _ess_by_fft(centred: np.ndarray, between: np.ndarray) -> np.ndarray:
     return _geyer(centred, mean_acov, between, n)[0]
 
 
-@kernel(fastmath={"reassoc"})  # the sum reassociated (vectorised): rounding only
+@kernel(nogil=True, fastmath={"reassoc"})  # the sum reassociated (vectorised): rounding only
 def _mean_autocovariance(centred, j, t):
     """Lag-t autocovariance of quantity j's centred chains, averaged over the chains (the
     FFT's sum_i c_i c_(i+t) / draws)."""
@@ -561,7 +590,7 @@ def _mean_autocovariance(centred, j, t):
     return total / n / chains
 
 
-@kernel()
+@kernel(nogil=True)
 def _acov(centred, mean_acov, j, t):
     """Quantity j's lag-t autocovariance averaged over its chains: from ``mean_acov`` (k,
     draws) when given, else summed from ``centred``."""
@@ -570,7 +599,7 @@ def _acov(centred, mean_acov, j, t):
     return _mean_autocovariance(centred, j, t)
 
 
-@kernel(error_model="numpy")  # 0/0 is NaN (constant quantities)
+@kernel(nogil=True, error_model="numpy")  # 0/0 is NaN (constant quantities)
 def _geyer(centred, mean_acov, between, max_lag):
     """Stan's (and ArviZ's) truncated autocorrelation sum per quantity of ``centred`` (k,
     chains, draws): (ESS, done). The autocovariances come from ``mean_acov`` (k, draws) when it
