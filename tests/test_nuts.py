@@ -1,5 +1,5 @@
 """The compiled NUTS transition (dpinfer.inference.engines.compiled.nuts) leaves its target invariant, and the
-compiled chain's adaptation finds the scales of badly scaled targets.
+compiled chain's diagonal metric is the one documented.
 
 Invariance is tested the direct way: N independent exact draws of a non-Gaussian target, one
 transition each, and the N results must again be exact draws (a wrong weight in the
@@ -74,3 +74,17 @@ def test_metric_windows_double_and_end_at_the_terminal_buffer():
     assert metric_windows(100) == [49]
     assert metric_windows(60) == [53]  # 15 % initial buffer, 10 % terminal, one window
     assert metric_windows(10) == []
+
+
+def test_the_metric_sits_a_quarter_of_the_way_from_nutpies_to_stans():
+    """Var q^(5/8) / Var grad^(3/8): for a Gaussian coordinate independent of the others (Var
+    grad = 1 / Var q) its variance, as nutpie's and Stan's; for one of marginal variance 4 and
+    conditional variance 1 (Var grad = 1) 2^(5/4), between nutpie's 2 and Stan's 4; Var q where
+    the gradient does not vary. (m2: sums of squared deviations of 101 points.)"""
+    from dpinfer.inference.engines.compiled.chains import METRIC_TOWARD_DRAWS, _metric_variance
+
+    assert METRIC_TOWARD_DRAWS == 0.25
+    assert _metric_variance(400.0, 25.0, 101.0) == pytest.approx(4.0, rel=1e-14)
+    assert _metric_variance(100.0 * 0.09, 100.0 / 0.09, 101.0) == pytest.approx(0.09, rel=1e-14)
+    assert _metric_variance(400.0, 100.0, 101.0) == pytest.approx(2.0 ** 1.25, rel=1e-14)
+    assert _metric_variance(400.0, 0.0, 101.0) == 4.0
