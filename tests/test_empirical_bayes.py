@@ -18,6 +18,7 @@ import scipy.optimize
 from scipy import special, stats
 
 import dpinfer as dp
+from dpinfer import NestedMeasurements
 from dpinfer.inference.convergence import ConvergenceWarning, diagnostics
 from test_nested_inference import small_release
 from test_nested_sums import C, enumerate_posterior
@@ -74,6 +75,7 @@ def test_the_estimate_is_the_mode_of_the_exact_marginal_posterior_and_the_counts
                       progressbar=False, inference="empirical-bayes")
     entry = json.loads(idata.posterior.attrs["dpinfer_empirical_bayes"])
     assert entry["method"].startswith("empirical Bayes") and entry["settled"]
+    assert entry["copies"] == 0 and entry["rao_blackwellised"] == []  # m and alpha: every cell's counts
     estimate = np.array([entry["parameters"]["m"], entry["parameters"]["alpha_log__"]])
     mc_se = np.array([entry["mc_se"]["m"], entry["mc_se"]["alpha_log__"]])
     posterior_sd = np.array([entry["posterior_sd"]["m"], entry["posterior_sd"]["alpha_log__"]])
@@ -226,6 +228,9 @@ def test_refusals():
         dp.sample(model=model, inference="empirical-bayes", method="marginal", progressbar=False)
     with pytest.raises(ValueError, match="burn_in must be between 1 and max_iterations"):
         dp.sample(model=model, inference="empirical-bayes", empirical_bayes={"burn_in": 0}, progressbar=False)
+    for copies in (-1, True, 2.5, "16"):
+        with pytest.raises(ValueError, match=r"copies must be a whole number >= 0 \(0: no Rao-Blackwell"):
+            dp.sample(model=model, inference="empirical-bayes", empirical_bayes={"copies": copies}, progressbar=False)
 
 
 def test_auto_runs_full_bayes_where_it_fits_the_time_and_says_why(monkeypatch):
@@ -349,6 +354,74 @@ def test_an_unsettled_estimate_says_by_how_much_and_what_to_raise():
     line = _estimate_line(held, layout)
     assert "0.5000 of its parameter's approximate posterior sd, 2 of 3 parameters over the tolerance 0.2 " \
            "(tau_log__, split[0, 0]); " in line
+
+
+LOOSE_WEIGHTS = np.array([[1.0, 0.6], [1.6, 0.8]])
+LOOSE_CELLS = np.array([[9, 2], [11, 7]])  # each leaf's cells, released
+LOOSE_TOTAL, LOOSE_SIGMA2 = 24, 30.0  # the root's total, released; every noise's variance
+
+
+def loose_model():
+    """Two leaves x two cells, each count and the root's total released with discrete Gaussian
+    noise of variance 30 (so a cell's counts given the other's are far from pinned), x[l, c] ~
+    NegativeBinomial(mean exp(m[c]) w[l, c], shape 3), m[c] ~ N(1.5, 1): each m[c]'s score is a
+    function of the counts of cell c alone (the Rao-Blackwell average's domain)."""
+    nm = NestedMeasurements([-1, 0, 0], [1, 2], 2, area_names=["root", "leaf0", "leaf1"])
+    nm.measure("leaf/cell", [1, 2], [[0], [1]], LOOSE_CELLS.tolist(), LOOSE_SIGMA2)
+    nm.measure("root/total", [0], [[0, 1]], [[LOOSE_TOTAL]], LOOSE_SIGMA2)
+    with pm.Model() as model:
+        m = pm.Normal("m", 1.5, 1.0, shape=2)
+        x = pm.NegativeBinomial("x", mu=pm.math.exp(m)[None, :] * LOOSE_WEIGHTS, alpha=3.0, shape=(2, 2))
+        nm.observe("nmf", x)
+    return model
+
+
+def loose_log_marginal(m) -> float:
+    """log p(m | y) + const of loose_model, by exact sums: each count's prior times its own
+    measurement on 0..80 (the negative binomial's mass beyond is below 1e-9), convolved into the
+    law of the total, times the total's measurement (no dpinfer code)."""
+    k = np.arange(-600, 601)
+    log_norm = special.logsumexp(-k * k / (2 * LOOSE_SIGMA2))
+
+    def noise(e):
+        return -np.asarray(e, float) ** 2 / (2 * LOOSE_SIGMA2) - log_norm
+
+    x = np.arange(81)
+    law, log_scale = np.array([1.0]), 0.0
+    for (leaf, cell), y in np.ndenumerate(LOOSE_CELLS):
+        mu = np.exp(m[cell]) * LOOSE_WEIGHTS[leaf, cell]
+        f = stats.nbinom.logpmf(x, 3.0, 3.0 / (3.0 + mu)) + noise(y - x)
+        log_scale += f.max()
+        law = np.convolve(law, np.exp(f - f.max()))
+    total = np.sum(law * np.exp(noise(LOOSE_TOTAL - np.arange(law.size))))
+    return float(stats.norm.logpdf(m, 1.5, 1.0).sum() + log_scale + np.log(total))
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_scores_averaged_over_each_cell_redrawn_alone_keep_the_exact_mode_in_fewer_iterations(seed):
+    """loose_model: every m[c]'s score is averaged over 16 redrawings of its cell (module
+    docstring of dpinfer.inference.empirical_bayes, said in the report); the estimate is the
+    exact marginal posterior mode within its Monte Carlo error, and settles (to a twentieth of
+    the sd) in fewer iterations than with copies=0, which averages nothing (98 and 71 against
+    234 and 259 at these seeds; copies drawn at parameters 0.5 off put it 9-11 errors away)."""
+    exact = scipy.optimize.minimize(lambda m: -loose_log_marginal(m), np.full(2, 1.5), method="Nelder-Mead",
+                                    options={"xatol": 1e-10, "fatol": 1e-13}).x
+    iterations = {}
+    for copies in (16, 0):
+        with warnings.catch_warnings():  # the estimate is judged here, not the few draws given it
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            idata = dp.sample(model=loose_model(), draws=20, tune=20, chains=2, random_seed=seed, progressbar=False,
+                              inference="empirical-bayes",
+                              empirical_bayes={"copies": copies, "tolerance": 0.05, "max_iterations": 3000})
+        entry = json.loads(idata.posterior.attrs["dpinfer_empirical_bayes"])
+        assert entry["copies"] == copies and entry["rao_blackwellised"] == (["m"] if copies else [])
+        assert ("averaged over 16 redrawings of that cell (Rao-Blackwell)" in entry["method"]) == bool(copies)
+        estimate, mc_se = np.array(entry["parameters"]["m"]), np.array(entry["mc_se"]["m"])
+        assert entry["settled"] and np.all(
+            np.abs(estimate - exact) <= 4 * mc_se + 0.02 * np.array(entry["posterior_sd"]["m"])), (
+            copies, estimate, exact, mc_se)
+        iterations[copies] = entry["iterations"]
+    assert iterations[16] < iterations[0], iterations
 
 
 def test_parameters_drawn_with_the_counts_leave_the_others_at_their_mode_integrated_over_them():

@@ -12,8 +12,8 @@ from scipy import stats
 
 from dpinfer._random_stream import new_stream
 from dpinfer.lattice.nested.directions import sweep_products
-from dpinfer.lattice.nested.kernel import (DEFAULT_TRIM, DENSE_CELLS, draw_direction, log_mass_ratio,
-                                           quadratic_forms, workspace)
+from dpinfer.lattice.nested.kernel import (DEFAULT_TRIM, DENSE_CELLS, cells_redrawn_alone, draw_direction,
+                                           log_mass_ratio, quadratic_forms, workspace)
 from dpinfer.lattice.nested.sampler import NestedGibbs
 from dpinfer.lattice.nested.structure import NestedSums
 from dpinfer.lattice.nested.terms import TermTables, quadratic_tables, term_log
@@ -284,6 +284,54 @@ def test_one_move_draws_the_exact_conditional(posterior, direction):
     check_one_move(sums, g, prior, sums.tables.arrays()[2], states, p, direction, 1)
 
 
+def check_cells_redrawn_alone(sums, g, prior, values, states, p, seed):
+    """From the posterior's mode x0, 2,500 calls of 4 copies: each cell's column in the copies
+    has the enumerated posterior's law restricted to the states a move along that cell alone
+    reaches (chi-square), two copies of one call are independent (chi-square of the pairs of
+    cell 0 against the product of that law), and x0 and its sums are left as they were."""
+    x0 = states[np.argmax(p)]
+    S0, t0 = sums.area_sums(x0), sums.term_sums(x0)
+    x, S, t = x0.copy(), S0.copy(), t0.copy()
+    meta, inv2v, _ = sums.tables.arrays()
+    rng = new_stream(np.random.default_rng(seed))
+    calls, copies = 2500, 4
+    draws = np.empty((calls, copies) + x0.shape, np.int64)
+    for i in range(calls):
+        assert cells_redrawn_alone(x, S, t, g.box_lo, g.box_hi, prior, g.prior_start, sums.order, sums.child_ptr,
+                                   sums.child_area, sums.area_leaf, sums.term_ptr, sums.term_cells, sums.term_value,
+                                   sums.term_table, meta, inv2v, values, DEFAULT_TRIM, rng, draws[i])
+    assert np.array_equal(x, x0) and np.array_equal(S, S0) and np.array_equal(t, t0)
+    index = {s.tobytes(): i for i, s in enumerate(states)}
+    for c in range(C):
+        reach = reachable(states, x0, np.array([c]), np.array([1]))
+        target = p * reach
+        target /= target.sum()
+        state = x0.copy()
+        drawn = np.empty((calls, copies), np.int64)
+        for i, j in itertools.product(range(calls), range(copies)):
+            state[:, c] = draws[i, j, :, c]
+            drawn[i, j] = index[state.tobytes()]
+        counts = np.bincount(drawn.ravel(), minlength=len(states)).astype(float)
+        assert counts[~reach].sum() == 0
+        assert _chi2_pvalue(counts, target) > 1e-3
+        if c == 0:
+            support = np.flatnonzero(target * calls >= 20)
+            pairs = np.zeros((support.size, support.size))
+            kept = np.isin(drawn[:, 0], support) & np.isin(drawn[:, 1], support)
+            np.add.at(pairs, (np.searchsorted(support, drawn[kept, 0]), np.searchsorted(support, drawn[kept, 1])), 1)
+            law = target[support] / target[support].sum()
+            assert support.size >= 3 and _chi2_pvalue(pairs.ravel(), np.outer(law, law).ravel()) > 1e-3
+
+
+def test_cells_redrawn_alone_are_independent_exact_conditionals(posterior):
+    """The copies of cells_redrawn_alone (the empirical-Bayes score's Rao-Blackwell average)
+    against the enumeration (check_cells_redrawn_alone)."""
+    sums, _ = small_table()
+    g, prior = gibbs(sums)
+    states, p, _ = posterior
+    check_cells_redrawn_alone(sums, g, prior, sums.tables.arrays()[2], states, p, 2)
+
+
 @pytest.mark.parametrize("direction", [([0], [1]), ([2], [1]), ([1, 3], [1, -1]), ([0, 1], [1, -1])])
 def test_log_mass_ratio_is_the_enumerated_mass_along_the_direction(posterior, direction):
     """The upward pass's normaliser: log (mass of the states a move reaches / the state's)
@@ -503,6 +551,14 @@ def test_a_move_with_group_mixing_draws_the_exact_conditional(grouped_posterior,
     mixed, g, prior, values = grouped_table()
     states, p, logp = grouped_posterior
     check_one_move(mixed, g, prior, values, states, p, direction, 4)
+
+
+def test_cells_redrawn_alone_with_group_mixing(grouped_posterior):
+    """As test_cells_redrawn_alone_are_independent_exact_conditionals, with the mixing factor
+    at the mid area."""
+    mixed, g, prior, values = grouped_table()
+    states, p, _ = grouped_posterior
+    check_cells_redrawn_alone(mixed, g, prior, values, states, p, 5)
 
 
 @pytest.mark.parametrize("direction", [([0], [1]), ([1, 3], [1, -1])])

@@ -60,7 +60,8 @@ METHODS = ("auto", "marginal", "fibre", "nutpie")
 INFERENCES = ("full-bayes", "empirical-bayes", "auto")
 UNCERTAINTIES = ("none", "normal")
 EMPIRICAL_BAYES = {"uncertainty": "none", "every": 5, "burn": 5, "tune": 20, "drawn": []}  # empirical_bayes= defaults
-EMPIRICAL_BAYES_KEYS = ("burn_in", "max_iterations", "tolerance", *EMPIRICAL_BAYES)
+ESTIMATE_KEYS = ("burn_in", "max_iterations", "tolerance", "copies")  # empirical_bayes.estimate's
+EMPIRICAL_BAYES_KEYS = (*ESTIMATE_KEYS, *EMPIRICAL_BAYES)
 ESTIMATE_SHARE = 0.25  # of the time left under max_minutes, at most, for the empirical-Bayes estimate
 TIMED_MAX_ITERATIONS = 10_000  # the estimate's max_iterations under max_minutes (its time box bounds it)
 CONTINUOUS_METHOD = ("NUTS on the continuous latent with the release observed (its exact "
@@ -159,7 +160,7 @@ def sample(
         the draws every chain has made by then (fewer than ``draws`` if time ran out first: the
         verdict judges what there is). None (the default): ``draws`` draws, however long.
     empirical_bayes
-        Settings of the estimate (``burn_in``, ``max_iterations``, ``tolerance``:
+        Settings of the estimate (``burn_in``, ``max_iterations``, ``tolerance``, ``copies``:
         :func:`dpinfer.inference.empirical_bayes.estimate`; with ``max_minutes`` the estimate
         stops when settled or at a quarter of the time left, ``max_iterations`` 10,000 unless
         given) and of what follows it:
@@ -590,7 +591,7 @@ def _estimate_and_choose(fitted, compiled, plans, inference: str, settings: dict
         fitted, compiled, plans, chains=chains, cores=cores, rng=rng, progressbar=progressbar,
         initvals=sample_kwargs.get("initvals"), drawn=settings["drawn"],
         **({"max_iterations": TIMED_MAX_ITERATIONS} if deadline is not None else {})
-        | {k: settings[k] for k in ("burn_in", "max_iterations", "tolerance") if k in settings}, **timing)
+        | {k: settings[k] for k in ESTIMATE_KEYS if k in settings}, **timing)
     if checkpoint is not None:
         checkpoint.decided("estimate_iterations", held.iterations)
     if progressbar:
@@ -629,6 +630,10 @@ def _estimate_entry(compiled, held, spread) -> dict:
         method = method.replace("the continuous parameters' marginal posterior mode (counts summed out;",
                                 f"the continuous parameters' marginal posterior mode (counts and {', '.join(drawn)} "
                                 "summed out, drawn with the counts by NUTS in each E-step;")
+    if held.copies:
+        method = method.replace("with the exact count draws,", f"with the exact count draws, each score of "
+                                f"one nested cell's counts averaged over {held.copies} redrawings of that cell "
+                                "(Rao-Blackwell),")
     if spread is None:
         method += ", then held there: the counts' posterior given them, which ignores the parameters' uncertainty"
     else:
@@ -640,7 +645,9 @@ def _estimate_entry(compiled, held, spread) -> dict:
             "parameters": by_name(held.q), "mc_se": by_name(held.mc_se), "posterior_sd": by_name(held.posterior_sd),
             "conditional_sd": by_name(held.conditional_sd),
             "settled": held.settled, "tolerance": held.tolerance, "burn_in": held.burn_in,
-            "iterations": held.iterations, "seconds": held.seconds}
+            "iterations": held.iterations, "seconds": held.seconds, "copies": held.copies,
+            "rao_blackwellised": [name for name, sl in zip(compiled.names, compiled.slices)
+                                  if held.rao_blackwellised[sl].any()]}
 
 
 def _estimate_line(held, compiled=None) -> str:

@@ -804,6 +804,40 @@ def draw_direction(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open,
 
 
 @kernel(nogil=True)
+def cells_redrawn_alone(x, S, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area, area_leaf,
+                        term_ptr, term_cells, term_value, term_table, meta, inv2v, values, trim, rng, out):
+    """Copies of the counts with every cell redrawn alone given the others, the counts left
+    as they are: for each cell c, one upward pass along c (the direction of the cell alone,
+    module docstring) and then ``out.shape[0]`` independent downward passes, so that
+    out[m, :, c] is an exact draw of the column x[:, c] given every other column (and the
+    parameters the prior table ``prior`` was filled for), the copies m independent given x.
+    Copy m mixes cells each drawn given the *current* others, so it is not a draw of the
+    joint law; a function of one column alone has the same conditional expectation given the
+    others on x[:, c] and on out[m, :, c] (the Rao-Blackwell average of
+    :mod:`dpinfer.inference.empirical_bayes`). S and tsum must be those of x (as after a sweep
+    or :func:`current_sums`). Returns False if a cell's law has no mass."""
+    work = workspace(order, child_area, term_ptr, term_cells, term_value, term_table, meta, inv2v, values, box_lo, box_hi)
+    ac_ptr, ac_terms, quadratic, hq, pattern, yq, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area = work
+    cells = np.zeros(1, np.int64)
+    signs = np.ones(1, np.int64)
+    for c in range(x.shape[1]):
+        cells[0] = c
+        if _up_growing(cells, signs, x, S, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area,
+                       area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, work,
+                       False) == -np.inf:
+            return False
+        for m in range(out.shape[0]):
+            if not _down(buf[0], order, child_ptr, child_area, area_leaf, mstart, mlen, mlo, pstart, plen, plo,
+                         s_area, rng):
+                return False
+            for v in range(area_leaf.size):
+                leaf = area_leaf[v]
+                if leaf >= 0:
+                    out[m, leaf, c] = x[leaf, c] + s_area[v]
+    return True
+
+
+@kernel(nogil=True)
 def current_sums(x, S, tsum, order, child_ptr, child_area, area_leaf, term_cells, term_area):
     """Fill S (every area's sums of x) and tsum (every term's sum) from the counts x."""
     area_sums(x, S, order, child_ptr, child_area, area_leaf)

@@ -73,7 +73,7 @@ from dpinfer.inference.engines.compiled.nuts import (
     reasonable_step_size,
 )
 from dpinfer.lattice.nested.directions import sweep_products
-from dpinfer.lattice.nested.kernel import current_sums
+from dpinfer.lattice.nested.kernel import cells_redrawn_alone, current_sums
 
 MAX_TREE_DEPTH = 10
 NUTS_STATS = ("lp", "tree_depth", "n_steps", "acceptance_rate", "diverging", "energy",
@@ -469,6 +469,40 @@ class Stepper:
                             self.state.stream, self.row, True):
             raise SamplingError("a count block's window holds no mass (a release far outside "
                                 "its window without exact tails)")
+
+    def cells_redrawn_alone(self, q: np.ndarray, out: np.ndarray) -> bool:
+        """Copies of the chain's counts (the rows of ``out``, (copies, counts)) with every cell
+        of every nested count block redrawn alone given the others at the parameters ``q``
+        (:func:`~dpinfer.lattice.nested.kernel.cells_redrawn_alone`; the other blocks' counts
+        as they are), from the chain's random stream; the chain's counts are left as they
+        were. Returns False if a cell's law has no mass."""
+        out[:] = self.state.counts
+        for b in self.nested or ():
+            nested_tables(b, q, self.state.counts, self.env)
+            (flat, hoisted, offset, grid, rows, prior_start, table, x, S, tsum, box_lo, box_hi, lo_open, hi_open,
+             order, child_ptr, child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
+             term_area, meta, inv2v, values, *_, trim, cell_shape, stats, column) = b
+            if grid.shape[0] == 0:
+                continue
+            n_leaves, n_cells = x.shape
+            copies = np.empty((out.shape[0], n_leaves, n_cells), np.int64)
+            if not cells_redrawn_alone(x, S, tsum, box_lo, box_hi, table, prior_start, order, child_ptr, child_area,
+                                       area_leaf, term_ptr, term_cells, term_value, term_table, meta, inv2v, values,
+                                       trim, self.state.stream, copies):
+                return False
+            out[:, offset:offset + n_leaves * n_cells] = copies.reshape(out.shape[0], -1)
+        return True
+
+    def nested_columns(self) -> list:
+        """Each nested count block's cells, as the positions of their counts in the chain's
+        count vector: a list per block of one index array per cell."""
+        columns = []
+        for b in self.nested or ():
+            offset, x = b[2], b[7]
+            n_leaves, n_cells = x.shape
+            at = offset + np.arange(n_leaves * n_cells).reshape(n_leaves, n_cells)
+            columns.append([at[:, c] for c in range(n_cells)])
+        return columns
 
     def result(self, seconds: float) -> ChainResult:
         """The chain's stored draws and statistics (after its last iteration)."""
