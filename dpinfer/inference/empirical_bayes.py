@@ -374,6 +374,15 @@ def _set_metric(steppers: list, points: list, drawn: np.ndarray, estimated: np.n
     return curvature, coupling
 
 
+def _redrawn(stepper, point: np.ndarray, copies: int) -> np.ndarray:
+    """``copies`` copies of the chain's counts, each nested cell redrawn alone given the others
+    at ``point`` (:meth:`~dpinfer.inference.engines.compiled.chains.Stepper.cells_redrawn_alone`)."""
+    copy = np.empty((copies, stepper.state.counts.size), np.int64)
+    if not stepper.cells_redrawn_alone(point, copy):
+        raise RuntimeError("empirical Bayes: a nested cell's law has no mass at the current estimate")
+    return copy
+
+
 def _one_cell_components(stepper, point: np.ndarray, estimated: np.ndarray, copies: int) -> np.ndarray:
     """Which estimated parameters' scores are functions of one nested cell's counts (and the
     parameters) alone, the Rao-Blackwell average's domain (module docstring): each cell's
@@ -384,9 +393,7 @@ def _one_cell_components(stepper, point: np.ndarray, estimated: np.ndarray, copi
     copies, which is exact in the measure that its column hardly moves given the others.)"""
     counts = stepper.state.counts
     saved = counts.copy()
-    copy = np.empty((copies, counts.size), np.int64)
-    if not stepper.cells_redrawn_alone(point, copy):
-        raise RuntimeError("empirical Bayes: a nested cell's law has no mass at the current estimate")
+    copy = _redrawn(stepper, point, copies)
     grad = np.empty(point.size)
     _finite(stepper.log_density(point, grad), "at the current estimate")
     base = grad[estimated].copy()
@@ -409,9 +416,7 @@ def _averaged_score(stepper, point: np.ndarray, estimated: np.ndarray, copies: i
     chain's counts are left as they were."""
     counts = stepper.state.counts
     saved = counts.copy()
-    copy = np.empty((copies, counts.size), np.int64)
-    if not stepper.cells_redrawn_alone(point, copy):
-        raise RuntimeError("empirical Bayes: a nested cell's law has no mass at the current estimate")
+    copy = _redrawn(stepper, point, copies)
     grad = np.empty(point.size)
     total = np.zeros(estimated.size)
     try:
