@@ -478,12 +478,12 @@ class Stepper:
         were. Returns False if a cell's law has no mass."""
         out[:] = self.state.counts
         for b in self.nested or ():
-            nested_tables(b, q, self.state.counts, self.env)
             (flat, hoisted, offset, grid, rows, prior_start, table, x, S, tsum, box_lo, box_hi, lo_open, hi_open,
              order, child_ptr, child_area, area_leaf, term_ptr, term_cells, term_value, term_table,
              term_area, meta, inv2v, values, *_, trim, cell_shape, stats, column) = b
-            if grid.shape[0] == 0:
+            if grid.shape[0] == 0:  # no counts in the block: nothing to fill or redraw (as _draw_blocks)
                 continue
+            nested_tables(b, q, self.state.counts, self.env)
             n_leaves, n_cells = x.shape
             copies = np.empty((out.shape[0], n_leaves, n_cells), np.int64)
             if not cells_redrawn_alone(x, S, tsum, box_lo, box_hi, table, prior_start, order, child_ptr, child_area,
