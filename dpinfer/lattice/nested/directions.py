@@ -86,28 +86,14 @@ def _interaction(subset, cell_shape, rng, cells, signs):
 
 
 @kernel(nogil=True)
-def sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_start, order, child_ptr,
-                   child_area, area_leaf, term_ptr, term_cells, term_value, term_table, meta,
-                   inv2v, values, trim, cell_shape, rng, stats, pairs=2, larger=2):
-    """One sweep (module docstring); returns the number of moves that found no mass. ``pairs``
-    x ceil(n_cells / 2) pairs per axis and ceil(n_cells / (``larger`` 2^|S|)) directions per
+def sweep_directions(n_cells, cell_shape, rng, pairs=2, larger=2):
+    """The directions of one sweep (module docstring), drawn from ``rng``: (ptr, cells, signs),
+    direction i the cells cells[ptr[i]:ptr[i + 1]] with their signs. ``pairs`` x
+    ceil(n_cells / 2) pairs per axis and ceil(n_cells / (``larger`` 2^|S|)) directions per
     larger S (0: none; the defaults; ``benchmarks/bench_sweep_directions.py`` compares others)."""
-    n_cells = x.shape[1]
     ndim = cell_shape.size
-    work = workspace(order, child_area, term_ptr, term_cells, term_value, term_table, meta, inv2v, values, box_lo, box_hi)
-    failed = 0
-    one = np.ones(1, np.int64)
-    single = np.zeros(1, np.int64)
-    perm = np.arange(n_cells)
-    _shuffle(perm, rng)
-    for c in perm:
-        single[0] = c
-        if not move(single, one, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_start, order, child_ptr,
-                    child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim,
-                    rng, stats, work):
-            failed += 1
-    cells = np.empty(1 << ndim, np.int64)
-    signs = np.empty(1 << ndim, np.int64)
+    counts = np.zeros(1 << ndim, np.int64)
+    counts[0] = n_cells
     for subset in range(1, 1 << ndim):
         size = 0
         usable = True
@@ -116,14 +102,48 @@ def sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_st
                 size += 1
                 if cell_shape[k] < 2:
                     usable = False
-        if not usable:
-            continue
-        moves = pairs * ((n_cells + 1) >> 1) if size == 1 else -(-n_cells // (larger << size)) if larger else 0
-        for _ in range(moves):
-            n = _interaction(subset, cell_shape, rng, cells, signs)
-            if not move(cells[:n], signs[:n], x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_start, order,
-                        child_ptr, child_area, area_leaf, term_cells, term_value, term_table, meta, inv2v,
-                        values, trim, rng, stats, work):
-                failed += 1
+        if usable:
+            counts[subset] = pairs * ((n_cells + 1) >> 1) if size == 1 else -(-n_cells // (larger << size)) if larger else 0
+    total = 0
+    width = 0
+    for subset in range(1 << ndim):
+        total += counts[subset]
+        size = 0
+        for k in range(ndim):
+            size += subset >> k & 1
+        width += counts[subset] << size
+    ptr = np.zeros(total + 1, np.int64)
+    cells = np.empty(width, np.int64)
+    signs = np.empty(width, np.int64)
+    perm = np.arange(n_cells)
+    _shuffle(perm, rng)
+    for i in range(n_cells):
+        cells[i] = perm[i]
+        signs[i] = 1
+        ptr[i + 1] = i + 1
+    i = n_cells
+    for subset in range(1, 1 << ndim):
+        for _ in range(counts[subset]):
+            at = ptr[i]
+            n = _interaction(subset, cell_shape, rng, cells[at:], signs[at:])
+            ptr[i + 1] = at + n
+            i += 1
+    return ptr, cells, signs
+
+
+@kernel(nogil=True)
+def sweep_products(x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, prior_start, order, child_ptr,
+                   child_area, area_leaf, term_ptr, term_cells, term_value, term_table, meta,
+                   inv2v, values, trim, cell_shape, rng, stats, pairs=2, larger=2):
+    """One sweep (module docstring) along :func:`sweep_directions`; returns the number of
+    moves that found no mass."""
+    work = workspace(order, child_area, term_ptr, term_cells, term_value, term_table, meta, inv2v, values, box_lo, box_hi)
+    ptr, cells, signs = sweep_directions(x.shape[1], cell_shape, rng, pairs, larger)
+    failed = 0
+    for i in range(ptr.size - 1):
+        if not move(cells[ptr[i]:ptr[i + 1]], signs[ptr[i]:ptr[i + 1]], x, S, tsum, box_lo, box_hi, lo_open, hi_open,
+                    prior, prior_start, order, child_ptr, child_area, area_leaf, term_cells, term_value, term_table,
+                    meta, inv2v, values, trim, rng, stats, work):
+            failed += 1
     settle_term_sums(tsum, S, term_ptr, term_cells, work[2])
     return failed

@@ -517,7 +517,7 @@ def _compact(buf, to, kept):
 @kernel(nogil=True)
 def _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area, area_leaf,
         ac_ptr, ac_terms, S, hq, pattern, yq, term_cells, term_value, term_table, meta, inv2v, values, trim, buf, mstart,
-        mlen, mlo, cut, pstart, plen, plo, want_scale):
+        mlen, mlo, cut, pstart, plen, plo, want_scale, injected):
     """The upward pass: every area's message (mstart, mlen, mlo: where it lies in ``buf`` and
     the sum its first entry stands for) and the partial convolutions of every area's first
     children (pstart, plen, plo, by child position), all as weights scaled to a maximum of 1,
@@ -527,13 +527,24 @@ def _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, chil
     ``buf`` is too small; with ``want_scale`` the log scale is the sum of the logs of every
     scale divided out, so that log sum_z p(z) (the unnormalised law of the module docstring,
     up to the entries the trim cut) = log scale + log of the sum of the root's message (else
-    0: a move does not need it)."""
+    0: a move does not need it). ``injected`` = (weights, start, length, first sum), each
+    leaf's message given rather than computed (a shard's root message, :func:`with_injected`;
+    no log scale), or empty arrays."""
+    inj_w, inj_start, inj_len, inj_lo = injected
     kept = np.zeros(4, np.int64)
     used = 0
     log_scale = 0.0
     for v in order:
         leaf = area_leaf[v]
-        if leaf >= 0:
+        if leaf >= 0 and inj_len.size > 0:
+            n = inj_len[leaf]
+            if used + n > buf.size:
+                return _FULL, log_scale
+            buf[used:used + n] = inj_w[inj_start[leaf]:inj_start[leaf] + n]
+            kept[0], kept[1], kept[2], kept[3] = used, n, False, False  # the shard counts its own cuts
+            lo = inj_lo[leaf]
+            used += n
+        elif leaf >= 0:
             lo, n, scale = _leaf_message(leaf, v, dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start,
                                          ac_ptr, ac_terms, S, hq, pattern, yq, term_cells, term_value, term_table, meta, inv2v,
                                          values, trim, buf, used, kept)
@@ -604,12 +615,14 @@ def _sample(buf, start, n, rng):
 
 @kernel(nogil=True)
 def _down(buf, order, child_ptr, child_area, area_leaf, mstart, mlen, mlo, pstart, plen, plo,
-          s_area, rng):
-    """The downward pass: s_area[v] for every area, the root's from its message, each area's
-    split among its children from the last. Returns False if a split has no mass."""
+          s_area, rng, draw_root):
+    """The downward pass: s_area[v] for every area, the root's from its message (or, if not
+    ``draw_root``, as the caller set it), each area's split among its children from the
+    last. Returns False if a split has no mass."""
     n_areas = order.size
     root = order[n_areas - 1]
-    s_area[root] = mlo[root] + _sample(buf, mstart[root], mlen[root], rng)
+    if draw_root:
+        s_area[root] = mlo[root] + _sample(buf, mstart[root], mlen[root], rng)
     for idx in range(n_areas - 1, -1, -1):
         v = order[idx]
         if area_leaf[v] >= 0:
@@ -685,7 +698,8 @@ def workspace(order, child_area, term_ptr, term_cells, term_value, term_table, m
     (:func:`~dpinfer.lattice.nested.terms.quadratic_tables`) apart, the message buffer (in a
     one-element list: :func:`move` replaces it by one twice as long when it is short; first 4
     entries per area and box width), per area a message's start, length, first sum and cut flags, per child position
-    a partial convolution's start, length and first sum, and the drawn sums."""
+    a partial convolution's start, length and first sum, the drawn sums, and the leaves'
+    injected messages (none: :func:`_up`; :func:`with_injected` sets them)."""
     n_areas, n_children = order.size, child_area.size
     if term_cells.shape[1] <= DENSE_CELLS:
         quadratic = quadratic_tables(meta, inv2v, values)[term_table]
@@ -700,7 +714,8 @@ def workspace(order, child_area, term_ptr, term_cells, term_value, term_table, m
     buf = [np.empty(max(4 * n_areas * widest, 1024))]
     return (ac_ptr, ac_terms, quadratic, hq, pattern, yq, buf, np.zeros(n_areas, np.int64), np.zeros(n_areas, np.int64),
             np.zeros(n_areas, np.int64), np.zeros((n_areas, 2), np.bool_), np.zeros(n_children, np.int64),
-            np.zeros(n_children, np.int64), np.zeros(n_children, np.int64), np.zeros(n_areas, np.int64))
+            np.zeros(n_children, np.int64), np.zeros(n_children, np.int64), np.zeros(n_areas, np.int64),
+            (np.empty(0), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)))
 
 
 @kernel(nogil=True)
@@ -708,12 +723,12 @@ def _up_growing(dcells, dsigns, x, S, tsum, box_lo, box_hi, prior, prior_start, 
                 area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, work, want_scale):
     """The upward pass (:func:`_up`) in ``work``'s buffer, doubled until it fits. Returns -inf
     if the law has no mass, else log sum_z p(z) with ``want_scale``, else 0."""
-    ac_ptr, ac_terms, quadratic, hq, pattern, yq, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area = work
+    ac_ptr, ac_terms, quadratic, hq, pattern, yq, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area, injected = work
     while True:
         status, log_scale = _up(dcells, dsigns, x, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr,
                                 child_area, area_leaf, ac_ptr, ac_terms, S, hq, pattern, yq, term_cells, term_value, term_table,
                                 meta, inv2v, values, trim, buf[0], mstart, mlen, mlo, cut, pstart, plen, plo,
-                                want_scale)
+                                want_scale, injected)
         if status != _FULL:
             break
         buf[0] = np.empty(2 * buf[0].size)
@@ -774,17 +789,64 @@ def move(dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, prior, pr
     sums in ``tsum`` of the quadratic terms are left as they were: they are read from S
     (:func:`_add_terms`), and :func:`settle_term_sums` brings them up to date after the last
     move."""
-    ac_ptr, ac_terms, quadratic, hq, pattern, yq, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area = work
+    ac_ptr, ac_terms, quadratic, hq, pattern, yq, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area, injected = work
     if _up_growing(dcells, dsigns, x, S, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area,
                    area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, work,
                    False) == -np.inf:
         return False
     if not _down(buf[0], order, child_ptr, child_area, area_leaf, mstart, mlen, mlo, pstart, plen, plo,
-                 s_area, rng):
+                 s_area, rng, True):
         return False
     _update(dcells, dsigns, x, S, tsum, lo_open, hi_open, box_lo, box_hi, area_leaf, ac_ptr, ac_terms,
             term_cells, mlo, mlen, cut, s_area, stats)
     return True
+
+
+@kernel(nogil=True)
+def root_message(dcells, dsigns, x, S, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area,
+                 area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, work):
+    """A shard's first half of a move along (dcells, dsigns) when the tree is split
+    (:meth:`~dpinfer.lattice.nested.structure.NestedSums.split`): the upward pass over the
+    shard's areas, kept in ``work`` for :func:`move_from_root`. Returns the root's message
+    (weights scaled to a maximum of 1; empty if the law has no mass) and the sum its first
+    entry stands for. The tree's upper areas (the driver's) take it as one leaf's message
+    (:func:`with_injected`), so the root's sum is drawn from the same law as in the whole
+    tree's pass: the message is the sum over the shard's z with s_root fixed of the shard's
+    factors, whichever areas hold them."""
+    if _up_growing(dcells, dsigns, x, S, tsum, box_lo, box_hi, prior, prior_start, order, child_ptr, child_area,
+                   area_leaf, term_cells, term_value, term_table, meta, inv2v, values, trim, work,
+                   False) == -np.inf:
+        return np.empty(0), 0
+    buf, mstart, mlen, mlo = work[6][0], work[7], work[8], work[9]
+    root = order[order.size - 1]
+    return buf[mstart[root]:mstart[root] + mlen[root]].copy(), mlo[root]
+
+
+@kernel(nogil=True)
+def move_from_root(root_sum, dcells, dsigns, x, S, tsum, box_lo, box_hi, lo_open, hi_open, order, child_ptr,
+                   child_area, area_leaf, term_cells, rng, stats, work):
+    """A shard's second half of the move :func:`root_message` began: its root's sum along the
+    direction given (``root_sum``, drawn by the upper areas), split down the shard's tree from
+    the messages ``work`` kept; x, S and tsum updated (quadratic terms: as :func:`move`).
+    Returns False if a split has no mass."""
+    ac_ptr, ac_terms, quadratic, hq, pattern, yq, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area, injected = work
+    s_area[order[order.size - 1]] = root_sum
+    if not _down(buf[0], order, child_ptr, child_area, area_leaf, mstart, mlen, mlo, pstart, plen, plo,
+                 s_area, rng, False):
+        return False
+    _update(dcells, dsigns, x, S, tsum, lo_open, hi_open, box_lo, box_hi, area_leaf, ac_ptr, ac_terms,
+            term_cells, mlo, mlen, cut, s_area, stats)
+    return True
+
+
+def with_injected(work, messages) -> tuple:
+    """``work`` (:func:`workspace`) with its leaves' messages given: ``messages``, one
+    (weights, first sum) per leaf in leaf order (:func:`root_message`'s), for :func:`move`
+    on the upper areas of a split tree, whose leaves are the shards' roots."""
+    lengths = np.array([w.size for w, _ in messages], np.int64)
+    start = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    weights = np.concatenate([w for w, _ in messages]) if messages else np.empty(0)
+    return work[:15] + ((weights, start, lengths, np.array([lo for _, lo in messages], np.int64)),)
 
 
 @kernel(nogil=True)
@@ -817,7 +879,7 @@ def cells_redrawn_alone(x, S, tsum, box_lo, box_hi, prior, prior_start, order, c
     :mod:`dpinfer.inference.empirical_bayes`). S and tsum must be those of x (as after a sweep
     or :func:`current_sums`). Returns False if a cell's law has no mass."""
     work = workspace(order, child_area, term_ptr, term_cells, term_value, term_table, meta, inv2v, values, box_lo, box_hi)
-    ac_ptr, ac_terms, quadratic, hq, pattern, yq, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area = work
+    ac_ptr, ac_terms, quadratic, hq, pattern, yq, buf, mstart, mlen, mlo, cut, pstart, plen, plo, s_area, injected = work
     cells = np.zeros(1, np.int64)
     signs = np.ones(1, np.int64)
     for c in range(x.shape[1]):
@@ -828,7 +890,7 @@ def cells_redrawn_alone(x, S, tsum, box_lo, box_hi, prior, prior_start, order, c
             return False
         for m in range(out.shape[0]):
             if not _down(buf[0], order, child_ptr, child_area, area_leaf, mstart, mlen, mlo, pstart, plen, plo,
-                         s_area, rng):
+                         s_area, rng, True):
                 return False
             for v in range(area_leaf.size):
                 leaf = area_leaf[v]

@@ -138,6 +138,72 @@ class NestedSums:
                           np.concatenate([self.term_name, names]), self.cell_shape)
         return sums, index
 
+    def split(self, parts) -> "SplitSums":
+        """The tree cut into shards and the upper areas that join them (:class:`SplitSums`).
+
+        ``parts`` lists, for each shard, areas whose subtrees it holds (e.g. counties), all
+        children of one area (a part of several gets a root of its own above them, with no
+        terms); the parts' subtrees must be disjoint and cover every leaf. Each shard keeps its
+        areas' terms; the upper areas (every area above the parts) keep theirs and have one leaf
+        per shard, whose counts are the shard root's sums. A move along a direction is then a
+        shard's upward pass (:func:`~dpinfer.lattice.nested.kernel.root_message`), the upper
+        areas' move with those messages as their leaves'
+        (:func:`~dpinfer.lattice.nested.kernel.with_injected`), and each shard's split of the
+        sum it was given (:func:`~dpinfer.lattice.nested.kernel.move_from_root`): the same law
+        as the whole tree's move (the sum tree's passes, regrouped)."""
+        parts = [np.atleast_1d(np.asarray(part, dtype=np.int64)) for part in parts]
+        if not parts or any(part.size == 0 for part in parts):
+            raise ValueError("parts must be a non-empty list of non-empty lists of areas")
+        n = self.n_areas
+        for part in parts:
+            if np.any((part < 0) | (part >= n)):
+                raise ValueError(f"parts hold areas out of range (0 .. {n - 1}): {part.tolist()}")
+            if np.unique(self.parent[part]).size != 1 or self.parent[part[0]] < 0:
+                raise ValueError(f"the areas of a part must be children of one area (not the root); "
+                                 f"{part.tolist()} have parents {np.unique(self.parent[part]).tolist()}")
+        owner = np.full(n, -1, dtype=np.int64)  # the shard an area belongs to
+        for k, part in enumerate(parts):
+            for v in part:
+                if owner[v] >= 0:
+                    raise ValueError(f"area {int(v)} is in two parts")
+                owner[v] = k
+        for v in self.order[::-1]:  # parents before children: inherit the part's shard
+            p = self.parent[v]
+            if p >= 0 and owner[p] >= 0:
+                if owner[v] >= 0 and owner[v] != owner[p]:
+                    raise ValueError(f"area {int(v)} is in a part and under another part's area {int(p)}")
+                owner[v] = owner[p]
+        if np.any(owner[self.leaf_area] < 0):
+            bad = np.flatnonzero(owner[self.leaf_area] < 0)[:5]
+            raise ValueError(f"parts must cover every leaf; leaves {bad.tolist()} lie under none")
+        shards, shard_leaves = [], []
+        for k, part in enumerate(parts):
+            areas = np.flatnonzero(owner == k)
+            extra = part.size > 1  # a root of its own above the part's areas
+            index = np.full(n, -1, dtype=np.int64)
+            index[areas] = np.arange(areas.size)
+            parent = np.where(np.isin(areas, part), areas.size if extra else -1, index[self.parent[areas]])
+            if extra:
+                parent = np.append(parent, -1)
+            leaves = np.flatnonzero(owner[self.leaf_area] == k)
+            shards.append(self._restricted(parent, index[self.leaf_area[leaves]], index, owner == k))
+            shard_leaves.append(leaves)
+        upper = np.flatnonzero(owner < 0)
+        index = np.full(n, -1, dtype=np.int64)
+        index[upper] = np.arange(upper.size)
+        joins = np.array([self.parent[part[0]] for part in parts], dtype=np.int64)
+        parent = np.concatenate([np.where(self.parent[upper] < 0, -1, index[self.parent[upper]]), index[joins]])
+        top = self._restricted(parent, upper.size + np.arange(len(parts)), index, owner < 0)
+        return SplitSums(top, shards, shard_leaves)
+
+    def _restricted(self, parent, leaf_area, index, keep) -> "NestedSums":
+        """The structure of the areas ``keep`` (bool per area), renumbered by ``index``, with
+        the tree ``parent`` and leaves ``leaf_area``, and their terms."""
+        rows = keep[self.term_area]
+        return NestedSums(parent, leaf_area, self.n_cells, index[self.term_area[rows]], self.term_cells[rows],
+                          self.term_value[rows], self.term_table[rows], self.tables, self.term_name[rows],
+                          self.cell_shape)
+
     def area_sums(self, x: np.ndarray) -> np.ndarray:
         """S (n_areas, n_cells): every area's sums of the counts x (n_leaves, n_cells)."""
         x = np.asarray(x, dtype=np.int64).reshape(self.n_leaves, self.n_cells)
@@ -174,6 +240,31 @@ class NestedSums:
                         raise ValueError(
                             f"equalities at one area must sum disjoint or nested sets of cells; "
                             f"{self.term_name[rows[i]]!r} and another equality there overlap partly")
+
+
+@dataclass(frozen=True)
+class SplitSums:
+    """A :class:`NestedSums` cut by :meth:`NestedSums.split`: ``top``, the upper areas, whose
+    leaf k stands for shard k's root (its counts are that root's sums); ``shards``, each a
+    structure of its own; ``shard_leaves[k]``, the rows of the whole tree's counts that are
+    shard k's leaves, in its order."""
+
+    top: NestedSums
+    shards: list
+    shard_leaves: list
+
+    def pieces(self, x: np.ndarray) -> tuple:
+        """(the upper areas' counts, each shard's counts) of the whole tree's counts x."""
+        xs = [np.ascontiguousarray(x[leaves], dtype=np.int64) for leaves in self.shard_leaves]
+        top = np.array([shard.area_sums(xk)[shard.order[-1]] for shard, xk in zip(self.shards, xs)], dtype=np.int64)
+        return top.reshape(len(xs), -1), xs
+
+    def whole(self, shard_counts, n_leaves: int) -> np.ndarray:
+        """The whole tree's counts (n_leaves, n_cells) from each shard's."""
+        x = np.empty((n_leaves, self.top.n_cells), dtype=np.int64)
+        for leaves, xk in zip(self.shard_leaves, shard_counts):
+            x[leaves] = xk
+        return x
 
 
 def as_sums(release) -> "NestedSums":

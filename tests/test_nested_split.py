@@ -1,0 +1,130 @@
+"""Nested sums split into shards and the upper areas that join them (dpinfer.lattice.nested.split):
+the split sweeps against the exhaustive enumeration of test_nested_sums's multi-level table
+(root 0, mid 1, leaves 2 and 3; measurements at every level, an equality at the root), for
+each way of cutting that tree."""
+
+import numpy as np
+import pytest
+from scipy import stats
+from test_nested_sums import C, LAM, TOTAL, _chi2_pvalue, check_chain_means, enumerate_posterior, small_table
+
+from dpinfer._random_stream import new_stream
+from dpinfer.lattice.nested.split import SplitGibbs
+
+PARTS = {"each leaf a shard": [[2], [3]], "both leaves one shard": [[2, 3]], "the mid's subtree": [[1]]}
+
+
+@pytest.fixture(scope="module")
+def posterior():
+    states, logp = enumerate_posterior()
+    return states, np.exp(logp), logp
+
+
+def split_gibbs(parts):
+    sums, _ = small_table()
+    hi = TOTAL + 1 + np.arange(LAM.size).reshape(LAM.shape) % 3  # as test_nested_sums.gibbs
+    g = SplitGibbs(sums.split(parts), 0, hi)
+    priors = [stats.poisson.logpmf(s.grid(), LAM[leaves].reshape(-1)[s.rows()])
+              for s, leaves in zip(g.shards, g.split.shard_leaves)]
+    return sums, g, priors
+
+
+@pytest.mark.parametrize("parts", PARTS.values(), ids=PARTS.keys())
+def test_the_pieces_hold_every_term_and_give_back_the_counts(posterior, parts):
+    sums, _ = small_table()
+    split = sums.split(parts)
+    states = posterior[0]
+    assert split.top.term_value.size + sum(s.term_value.size for s in split.shards) == sums.term_value.size
+    for x in states[[0, 17, 300]]:
+        x_top, xs = split.pieces(x)
+        np.testing.assert_array_equal(split.whole(xs, 2), x)
+        # every term's sum, read on the piece that holds it, is the whole tree's
+        whole = sorted(zip(sums.term_name, sums.term_sums(x)))
+        pieces = sorted(list(zip(split.top.term_name, split.top.term_sums(x_top)))
+                        + [t for s, xk in zip(split.shards, xs) for t in zip(s.term_name, s.term_sums(xk))])
+        assert pieces == whole
+        assert split.top.log_weight(x_top) + sum(s.log_weight(xk) for s, xk in zip(split.shards, xs)) \
+            == pytest.approx(sums.log_weight(x))
+
+
+@pytest.mark.parametrize("parts", PARTS.values(), ids=PARTS.keys())
+def test_a_split_sweep_keeps_the_posterior(posterior, parts):
+    """6,000 chains started at exact posterior draws, one split sweep each: again the posterior
+    (chi-square on every count's marginal and on the first leaf's total, Bonferroni at 1e-3);
+    the pieces' sums stay their counts'."""
+    assert min(one_split_sweep_pvalues(posterior, parts, 6000)) > 1e-3 / 9
+
+
+def one_split_sweep_pvalues(posterior, parts, n_starts) -> list:
+    """p-values of chi-squares of every count's marginal and the first leaf's total, after one
+    split sweep from each of ``n_starts`` exact posterior draws, against the enumeration."""
+    _, g, priors = split_gibbs(parts)
+    states, p, _ = posterior
+    rng = np.random.default_rng(2)
+    starts = rng.choice(len(states), size=n_starts, p=p)
+    out = np.empty((starts.size, 2, C), np.int64)
+    split, top = g.split, g.split.top
+    streams = [new_stream(rng) for _ in range(len(g.shards) + 1)]
+    works = g.workspaces()
+    stat = np.zeros(3, np.int64)
+    for i, s in enumerate(starts):
+        x_top, xs = split.pieces(states[s])
+        Ss = [shard.area_sums(xk) for shard, xk in zip(split.shards, xs)]
+        ts = [shard.term_sums(xk) for shard, xk in zip(split.shards, xs)]
+        S_top, t_top = top.area_sums(x_top), top.term_sums(x_top)
+        assert g.sweep(x_top, S_top, t_top, xs, Ss, ts, priors, streams, stat, works) == 0
+        if i < 50:  # the sums the sweep keeps
+            np.testing.assert_array_equal(S_top, top.area_sums(x_top))
+            np.testing.assert_array_equal(t_top, top.term_sums(x_top))
+            for shard, xk, Sk, tk in zip(split.shards, xs, Ss, ts):
+                np.testing.assert_array_equal(Sk, shard.area_sums(xk))
+                np.testing.assert_array_equal(tk, shard.term_sums(xk))
+            np.testing.assert_array_equal(x_top, split.pieces(split.whole(xs, 2))[0])
+        out[i] = split.whole(xs, 2)
+    pvalues = [_chi2_pvalue(np.bincount(out[:, leaf, c], minlength=TOTAL + 1).astype(float),
+                            np.bincount(states[:, leaf, c], weights=p, minlength=TOTAL + 1))
+               for leaf in range(2) for c in range(C)]
+    pvalues.append(_chi2_pvalue(np.bincount(out.sum(2)[:, 0], minlength=TOTAL + 1).astype(float),
+                                np.bincount(states.sum(2)[:, 0], weights=p, minlength=TOTAL + 1)))
+    return pvalues
+
+
+@pytest.mark.validation
+@pytest.mark.parametrize("parts", PARTS.values(), ids=PARTS.keys())
+def test_a_long_split_chain_reaches_the_posterior_from_a_bad_start(posterior, parts):
+    """20,000 split sweeps from a start in the tail: every count's mean within 5 batch-means
+    standard errors of the enumeration; every draw keeps the equality and the bound."""
+    _, g, priors = split_gibbs(parts)
+    states, p, _ = posterior
+    draws = check_chain_means(g, np.array([[6, 0, 0, 0], [0, 0, 0, 4]]), priors, states, p, 3)
+    assert np.all(draws.sum((1, 2)) == TOTAL)
+    assert np.all(draws[:, :, :2].sum((1, 2)) <= 6)
+
+
+def test_a_split_move_that_breaks_the_law_is_caught(posterior, monkeypatch):
+    """The checks fail when the upper areas ignore the shards' messages (each root's sum drawn
+    from the upper terms alone): the tests above can fail."""
+    import dpinfer.lattice.nested.split as split_module
+
+    flat = split_module.with_injected
+
+    def ignore_messages(work, messages):
+        return flat(work, [(np.ones_like(w), lo) for w, lo in messages])
+
+    monkeypatch.setattr(split_module, "with_injected", ignore_messages)
+    assert min(one_split_sweep_pvalues(posterior, PARTS["each leaf a shard"], 1000)) < 1e-6
+
+
+@pytest.mark.parametrize("parts,message", [
+    ([[2], [1]], "under another part"),
+    ([[2]], "cover every leaf"),
+    ([[0]], "children of one area"),
+    ([[1, 2]], "children of one area"),
+    ([[2], [2, 3]], "in two parts"),
+    ([], "non-empty"),
+    ([[7]], "out of range"),
+])
+def test_bad_parts_are_refused(parts, message):
+    sums, _ = small_table()
+    with pytest.raises(ValueError, match=message):
+        sums.split(parts)
