@@ -24,8 +24,8 @@ def split_gibbs(parts):
     sums, _ = small_table()
     hi = TOTAL + 1 + np.arange(LAM.size).reshape(LAM.shape) % 3  # as test_nested_sums.gibbs
     g = SplitGibbs(sums.split(parts), 0, hi)
-    priors = [stats.poisson.logpmf(s.grid(), LAM[leaves].reshape(-1)[s.rows()])
-              for s, leaves in zip(g.shards, g.split.shard_leaves)]
+    priors = [stats.poisson.logpmf(grid, LAM[leaves].reshape(-1)[rows])
+              for (grid, rows), leaves in zip(g.shard_grids(), g.split.shard_leaves)]
     return sums, g, priors
 
 
@@ -64,23 +64,22 @@ def one_split_sweep_pvalues(posterior, parts, n_starts) -> list:
     starts = rng.choice(len(states), size=n_starts, p=p)
     out = np.empty((starts.size, 2, C), np.int64)
     split, top = g.split, g.split.top
-    streams = [new_stream(rng) for _ in range(len(g.shards) + 1)]
-    works = g.workspaces()
-    stat = np.zeros(3, np.int64)
+    shards = g.start(states[starts[0]], priors, rng)
+    work, stream, stat = g.top_workspace(), new_stream(rng), np.zeros(3, np.int64)
     for i, s in enumerate(starts):
         x_top, xs = split.pieces(states[s])
-        Ss = [shard.area_sums(xk) for shard, xk in zip(split.shards, xs)]
-        ts = [shard.term_sums(xk) for shard, xk in zip(split.shards, xs)]
-        S_top, t_top = top.area_sums(x_top), top.term_sums(x_top)
-        assert g.sweep(x_top, S_top, t_top, xs, Ss, ts, priors, streams, stat, works) == 0
+        for shard, xk in zip(shards, xs):
+            shard.set_counts(xk)
+        state = (x_top, top.area_sums(x_top), top.term_sums(x_top))
+        assert g.sweep(shards, state, work, stream, stat) == 0
         if i < 50:  # the sums the sweep keeps
-            np.testing.assert_array_equal(S_top, top.area_sums(x_top))
-            np.testing.assert_array_equal(t_top, top.term_sums(x_top))
-            for shard, xk, Sk, tk in zip(split.shards, xs, Ss, ts):
-                np.testing.assert_array_equal(Sk, shard.area_sums(xk))
-                np.testing.assert_array_equal(tk, shard.term_sums(xk))
-            np.testing.assert_array_equal(x_top, split.pieces(split.whole(xs, 2))[0])
-        out[i] = split.whole(xs, 2)
+            np.testing.assert_array_equal(state[1], top.area_sums(x_top))
+            np.testing.assert_array_equal(state[2], top.term_sums(x_top))
+            for shard in shards:
+                np.testing.assert_array_equal(shard.S, shard.gibbs.sums.area_sums(shard.x))
+                np.testing.assert_array_equal(shard.t, shard.gibbs.sums.term_sums(shard.x))
+            np.testing.assert_array_equal(x_top, split.pieces(split.whole([sh.x for sh in shards], 2))[0])
+        out[i] = split.whole([sh.x for sh in shards], 2)
     pvalues = [_chi2_pvalue(np.bincount(out[:, leaf, c], minlength=TOTAL + 1).astype(float),
                             np.bincount(states[:, leaf, c], weights=p, minlength=TOTAL + 1))
                for leaf in range(2) for c in range(C)]
@@ -128,3 +127,15 @@ def test_bad_parts_are_refused(parts, message):
     sums, _ = small_table()
     with pytest.raises(ValueError, match=message):
         sums.split(parts)
+
+
+def test_shards_on_dask_workers_draw_what_they_draw_in_this_process(posterior, client):
+    """Each shard a Dask actor on a 2-worker LocalCluster: the same draws as the shards in this
+    process from the same seed (each shard and the driver draw from their own streams)."""
+    _, g, priors = split_gibbs(PARTS["each leaf a shard"])
+    x0 = posterior[0][np.argmax(posterior[1])]
+    here, info_here = g.run(x0, priors, 30, np.random.default_rng(5))
+    there, info_there = g.run(x0, priors, 30, np.random.default_rng(5), client=client)
+    np.testing.assert_array_equal(here, there)
+    assert info_here == info_there and info_here["moves"] > 0
+    assert np.any(here != x0)

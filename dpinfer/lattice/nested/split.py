@@ -12,9 +12,12 @@ the split tree has the same law as :func:`~dpinfer.lattice.nested.directions.swe
 on the whole tree (tested against enumeration), and only the messages and the sums cross between
 the shards and the driver: two numbers an entry per shard and direction.
 
-:class:`SplitGibbs` runs such sweeps in one process given each shard's prior table, the shards
-one after another: the unit the sharded engine places on workers, and the reference it is tested
-against.
+:class:`ShardCounts` is one shard: its counts and its halves of each move. :class:`SplitGibbs`
+is the driver: it holds the upper areas, draws each sweep's directions and the roots' sums, and
+runs its shards in this process or as Dask actors (``client=``), one call per shard and
+direction (a shard splits the last direction's sum and passes up along the next in one call).
+Each shard draws from its own random stream and the driver from its own, so the draws are the
+same wherever the shards run.
 """
 
 from __future__ import annotations
@@ -22,30 +25,102 @@ from __future__ import annotations
 import numpy as np
 
 from dpinfer._random_stream import new_stream
+from dpinfer._validation import check_count
 from dpinfer.lattice.nested.directions import sweep_directions
 from dpinfer.lattice.nested.kernel import (DEFAULT_TRIM, move, move_from_root, root_message, settle_term_sums,
                                            with_injected, workspace)
 from dpinfer.lattice.nested.sampler import NestedGibbs
-from dpinfer.lattice.nested.structure import SplitSums
+from dpinfer.lattice.nested.structure import NestedSums, SplitSums
+
+
+class ShardCounts:
+    """One shard of a split tree: the counts ``x0`` (its leaves, n_cells) of the structure
+    ``sums`` on the boxes ``box_lo .. box_hi``, with the flat prior table ``prior`` (on
+    ``self.gibbs.grid()``, :class:`~dpinfer.lattice.nested.sampler.NestedGibbs`), and its
+    halves of each move (:func:`~dpinfer.lattice.nested.kernel.root_message`,
+    :func:`~dpinfer.lattice.nested.kernel.move_from_root`), its random stream from ``seed``.
+    Built where it runs (a Dask actor's constructor arguments are its whole state)."""
+
+    def __init__(self, sums: NestedSums, box_lo, box_hi, x0, prior, seed: int, *, support=(0, None),
+                 trim: float = DEFAULT_TRIM):
+        self.gibbs = g = NestedGibbs(sums, box_lo, box_hi, support=support, trim=trim)
+        self.set_counts(x0)
+        self.set_prior(prior)
+        self.stream = new_stream(np.random.default_rng(seed))
+        self.stats = np.zeros(3, np.int64)
+        self._tables = sums.tables.arrays()
+        meta, inv2v, values = self._tables
+        self.work = workspace(sums.order, sums.child_area, sums.term_ptr, sums.term_cells, sums.term_value,
+                              sums.term_table, meta, inv2v, values, g.box_lo, g.box_hi)
+
+    def set_counts(self, x) -> None:
+        """Replace the counts (e.g. from a checkpoint); they must lie in the boxes and meet every term."""
+        self.x = self.gibbs.check_start(x)
+        sums = self.gibbs.sums
+        self.S, self.t = sums.area_sums(self.x), sums.term_sums(self.x).astype(np.int64)
+
+    def set_prior(self, prior) -> None:
+        """Replace the flat prior table (e.g. at new parameters)."""
+        prior = np.ascontiguousarray(prior, dtype=float)
+        if prior.shape != (self.gibbs.prior_start[-1],):
+            raise ValueError(f"prior must be the shard's flat table on grid(), shape "
+                             f"{(int(self.gibbs.prior_start[-1]),)}, got {prior.shape}")
+        self.prior = prior
+
+    def root_sums(self) -> np.ndarray:
+        """The root's sums (n_cells,): the upper areas' counts of this shard's leaf."""
+        return self.S[self.gibbs.sums.order[-1]].copy()
+
+    def message(self, dcells, dsigns) -> tuple:
+        """The root's message along the direction (weights, first sum); empty if no mass."""
+        g, sums = self.gibbs, self.gibbs.sums
+        meta, inv2v, values = self._tables
+        return root_message(dcells, dsigns, self.x, self.S, self.t, g.box_lo, g.box_hi, self.prior, g.prior_start,
+                            sums.order, sums.child_ptr, sums.child_area, sums.area_leaf, sums.term_cells,
+                            sums.term_value, sums.term_table, meta, inv2v, values, g.trim, self.work)
+
+    def split_then_message(self, root_sum, dcells, dsigns, next_cells=None, next_signs=None):
+        """Split ``root_sum`` (the root's sum drawn along (dcells, dsigns), whose message this
+        shard sent last; None: the move was not made) down the tree, then the message along
+        the next direction (None if there is none)."""
+        if root_sum is not None:
+            g, sums = self.gibbs, self.gibbs.sums
+            if not move_from_root(root_sum, dcells, dsigns, self.x, self.S, self.t, g.box_lo, g.box_hi, g.lo_open,
+                                  g.hi_open, sums.order, sums.child_ptr, sums.child_area, sums.area_leaf,
+                                  sums.term_cells, self.stream, self.stats, self.work):
+                raise RuntimeError(f"a shard could not split the sum {root_sum} its root's message allowed")
+        return None if next_cells is None else self.message(next_cells, next_signs)
+
+    def end_sweep(self) -> np.ndarray:
+        """Settle the quadratic terms' sums (:func:`~dpinfer.lattice.nested.kernel.settle_term_sums`)
+        and return the trimmed edges and open box edges hit since the last call."""
+        sums = self.gibbs.sums
+        settle_term_sums(self.t, self.S, sums.term_ptr, sums.term_cells, self.work[2])
+        hits, self.stats[:] = self.stats[1:].copy(), 0
+        return hits
+
+    def counts(self) -> np.ndarray:
+        return self.x.copy()
+
+
+def _results(calls) -> list:
+    """The values of shard calls: a Dask actor's are futures, this process's values."""
+    return [r.result() if hasattr(r, "result") else r for r in calls]
 
 
 class SplitGibbs:
     """Sweeps of the counts of a split tree (:meth:`~dpinfer.lattice.nested.structure.NestedSums.split`)
-    on the boxes ``box_lo .. box_hi`` of the whole tree's counts (n_leaves, n_cells), as
-    :class:`~dpinfer.lattice.nested.sampler.NestedGibbs`'s on the whole tree. Each shard has a
-    :class:`NestedGibbs` of its own (``shards``: its boxes, its prior table's layout)."""
+    on the boxes ``box_lo .. box_hi`` of the whole tree's counts (n_leaves, n_cells), the same
+    law as :class:`~dpinfer.lattice.nested.sampler.NestedGibbs`'s sweeps of the whole tree."""
 
     def __init__(self, split: SplitSums, box_lo, box_hi, *, support=(0, None), trim: float = DEFAULT_TRIM):
         if not isinstance(split, SplitSums):
             raise TypeError(f"split must be a SplitSums (NestedSums.split), got {type(split).__name__}")
         self.split = split
-        n_leaves = sum(leaves.size for leaves in split.shard_leaves)
-        shape = (n_leaves, split.top.n_cells)
-        lo, hi = (np.broadcast_to(np.asarray(b, dtype=np.int64), shape) for b in (box_lo, box_hi))
-        self.shards = [NestedGibbs(shard, lo[leaves], hi[leaves], support=support, trim=trim)
-                       for shard, leaves in zip(split.shards, split.shard_leaves)]
-        self.n_leaves = n_leaves
-        self.trim = self.shards[0].trim
+        self.n_leaves = sum(leaves.size for leaves in split.shard_leaves)
+        shape = (self.n_leaves, split.top.n_cells)
+        self.box_lo, self.box_hi = (np.broadcast_to(np.asarray(b, dtype=np.int64), shape) for b in (box_lo, box_hi))
+        self.support, self.trim = support, trim
         top = split.top
         # the upper areas' leaves are the shards' roots: their messages are given, so their boxes
         # and prior are never read, and no edge of theirs is a box's
@@ -55,76 +130,87 @@ class SplitGibbs:
         self._top_prior_start = np.zeros(top.n_leaves * top.n_cells + 1, np.int64)
         self._tables = top.tables.arrays()
 
-    def run(self, x0, priors, n_sweeps: int, rng: np.random.Generator):
+    def shard_grids(self) -> list:
+        """Each shard's (grid, rows) of its flat prior table, in the layout :class:`ShardCounts`
+        uses (:meth:`NestedGibbs.grid`, :meth:`NestedGibbs.rows`; rows index the shard's counts)."""
+        out = []
+        for sums, leaves in zip(self.split.shards, self.split.shard_leaves):
+            g = NestedGibbs(sums, self.box_lo[leaves], self.box_hi[leaves], support=self.support, trim=self.trim)
+            out.append((g.grid(), g.rows()))
+        return out
+
+    def start(self, x0, priors, rng: np.random.Generator, client=None) -> list:
+        """The shards (:class:`ShardCounts`) at the whole tree's counts x0 with their prior
+        tables ``priors``: in this process, or each a Dask actor on ``client``'s workers (round
+        robin). Each shard's seed is drawn from ``rng``."""
+        split = self.split
+        if len(priors) != len(split.shards):
+            raise ValueError(f"priors must be one flat table per shard ({len(split.shards)}), got {len(priors)}")
+        x = np.asarray(x0, dtype=np.int64).reshape(self.n_leaves, split.top.n_cells)
+        seeds = rng.integers(0, 2**63, size=len(split.shards))
+        args = [(sums, self.box_lo[leaves], self.box_hi[leaves], x[leaves], prior, int(seed))
+                for sums, leaves, prior, seed in zip(split.shards, split.shard_leaves, priors, seeds)]
+        options = {"support": self.support, "trim": self.trim}
+        if client is None:
+            return [ShardCounts(*a, **options) for a in args]
+        workers = sorted(client.scheduler_info()["workers"])
+        futures = [client.submit(ShardCounts, *a, **options, actor=True, workers=[workers[k % len(workers)]],
+                                 allow_other_workers=False, pure=False) for k, a in enumerate(args)]
+        return [f.result() for f in futures]
+
+    def run(self, x0, priors, n_sweeps: int, rng: np.random.Generator, client=None):
         """(draws (n_sweeps, n_leaves, n_cells) of the whole tree's counts, stats) from
         ``n_sweeps`` sweeps from x0 with each shard's fixed flat prior table ``priors[k]`` (on
-        ``shards[k].grid()``). stats as :meth:`NestedGibbs.run`'s."""
-        split, top = self.split, self.split.top
-        if len(priors) != len(self.shards):
-            raise ValueError(f"priors must be one flat table per shard ({len(self.shards)}), got {len(priors)}")
-        x_top, xs = split.pieces(np.asarray(x0, dtype=np.int64).reshape(self.n_leaves, top.n_cells))
-        xs = [g.check_start(xk) for g, xk in zip(self.shards, xs)]
-        priors = [np.ascontiguousarray(p, dtype=float) for p in priors]
-        S_top, t_top = top.area_sums(x_top), top.term_sums(x_top).astype(np.int64)
-        Ss = [g.sums.area_sums(xk) for g, xk in zip(self.shards, xs)]
-        ts = [g.sums.term_sums(xk).astype(np.int64) for g, xk in zip(self.shards, xs)]
-        streams = [new_stream(rng) for _ in range(len(self.shards) + 1)]  # the driver's first
+        its grid, :meth:`shard_grids`), the shards in this process or on ``client``
+        (:meth:`start`). Every draw is gathered from the shards (tests and small fits). stats
+        as :meth:`NestedGibbs.run`'s."""
+        n_sweeps = check_count("n_sweeps", n_sweeps, 1)
+        shards = self.start(x0, priors, rng, client)
+        top = self.split.top
+        x_top = np.array(_results([sh.root_sums() for sh in shards]), dtype=np.int64).reshape(len(shards), -1)
+        state = (x_top, top.area_sums(x_top), top.term_sums(x_top).astype(np.int64))
+        work = self.top_workspace()
+        stream = new_stream(rng)
         stats = np.zeros(3, np.int64)
         failed = 0
         draws = np.empty((n_sweeps, self.n_leaves, top.n_cells), dtype=np.int64)
-        works = self.workspaces()
         for i in range(n_sweeps):
-            failed += self.sweep(x_top, S_top, t_top, xs, Ss, ts, priors, streams, stats, works)
-            draws[i] = split.whole(xs, self.n_leaves)
+            failed += self.sweep(shards, state, work, stream, stats)
+            draws[i] = self.split.whole(_results([sh.counts() for sh in shards]), self.n_leaves)
         return draws, {"moves": int(stats[0]), "trimmed_edges_hit": int(stats[1]),
                        "open_box_edges_hit": int(stats[2]), "moves_without_mass": int(failed)}
 
-    def workspaces(self) -> tuple:
-        """(the upper areas' workspace, each shard's) for :meth:`sweep`
-        (:func:`~dpinfer.lattice.nested.kernel.workspace`: made once, reused by every sweep)."""
-        top = self.split.top
-        meta, inv2v, values = top.tables.arrays()
-        return (workspace(top.order, top.child_area, top.term_ptr, top.term_cells, top.term_value, top.term_table,
-                          meta, inv2v, values, self._top_box, self._top_box),
-                [workspace(g.sums.order, g.sums.child_area, g.sums.term_ptr, g.sums.term_cells, g.sums.term_value,
-                           g.sums.term_table, meta, inv2v, values, g.box_lo, g.box_hi) for g in self.shards])
-
-    def sweep(self, x_top, S_top, t_top, xs, Ss, ts, priors, streams, stats, workspaces) -> int:
-        """One sweep in place (the upper areas' counts, sums and term sums, then each shard's);
-        the directions drawn by the driver's stream ``streams[0]``, shard k's splits by
-        ``streams[k + 1]``; ``workspaces`` from :meth:`workspaces`. Returns the number of moves
-        that found no mass."""
+    def top_workspace(self) -> tuple:
+        """The upper areas' workspace for :meth:`sweep` (:func:`~dpinfer.lattice.nested.kernel.workspace`)."""
         top = self.split.top
         meta, inv2v, values = self._tables
-        top_work, works = workspaces
-        ptr, cells, signs = sweep_directions(top.n_cells, np.array(top.cell_shape, np.int64), streams[0])
-        roots = top.leaf_area  # shard k's root is the upper areas' leaf k
-        shard_stats = np.zeros(3, np.int64)  # a move is counted once, by the driver
+        return workspace(top.order, top.child_area, top.term_ptr, top.term_cells, top.term_value, top.term_table,
+                         meta, inv2v, values, self._top_box, self._top_box)
+
+    def sweep(self, shards, state, work, stream, stats) -> int:
+        """One sweep: ``state`` = (the upper areas' counts, area sums, term sums), updated in
+        place, and the shards'; ``work`` the upper areas' workspace; directions and the roots'
+        sums drawn from ``stream``. One call per shard and direction. Returns the number of
+        moves that found no mass."""
+        top = self.split.top
+        x_top, S_top, t_top = state
+        meta, inv2v, values = self._tables
+        ptr, cells, signs = sweep_directions(top.n_cells, np.array(top.cell_shape, np.int64), stream)
+        direction = [(cells[ptr[i]:ptr[i + 1]], signs[ptr[i]:ptr[i + 1]]) for i in range(ptr.size - 1)]
+        messages = _results([sh.message(*direction[0]) for sh in shards])
         failed = 0
-        for i in range(ptr.size - 1):
-            d, s = cells[ptr[i]:ptr[i + 1]], signs[ptr[i]:ptr[i + 1]]
-            messages = []
-            for g, xk, Sk, tk, prior, work in zip(self.shards, xs, Ss, ts, priors, works):
-                sums = g.sums
-                messages.append(root_message(d, s, xk, Sk, tk, g.box_lo, g.box_hi, prior, g.prior_start, sums.order,
-                                             sums.child_ptr, sums.child_area, sums.area_leaf, sums.term_cells,
-                                             sums.term_value, sums.term_table, meta, inv2v, values, self.trim, work))
-            if any(w.size == 0 for w, _ in messages) or not move(
-                    d, s, x_top, S_top, t_top, self._top_box, self._top_box, self._top_open, self._top_open,
-                    self._top_prior, self._top_prior_start, top.order, top.child_ptr, top.child_area, top.area_leaf,
-                    top.term_cells, top.term_value, top.term_table, meta, inv2v, values, self.trim, streams[0], stats,
-                    with_injected(top_work, messages)):
-                failed += 1
-                continue
-            drawn = top_work[14][roots]
-            for k, (g, xk, Sk, tk, work) in enumerate(zip(self.shards, xs, Ss, ts, works)):
-                sums = g.sums
-                if not move_from_root(drawn[k], d, s, xk, Sk, tk, g.box_lo, g.box_hi, g.lo_open, g.hi_open,
-                                      sums.order, sums.child_ptr, sums.child_area, sums.area_leaf, sums.term_cells,
-                                      streams[k + 1], shard_stats, work):
-                    raise RuntimeError(f"shard {k} could not split the sum {drawn[k]} its root's message allowed")
-        stats[1:] += shard_stats[1:]
-        settle_term_sums(t_top, S_top, top.term_ptr, top.term_cells, top_work[2])
-        for g, Sk, tk, work in zip(self.shards, Ss, ts, works):
-            settle_term_sums(tk, Sk, g.sums.term_ptr, g.sums.term_cells, work[2])
+        for i, (d, s) in enumerate(direction):
+            moved = all(w.size > 0 for w, _ in messages) and move(
+                d, s, x_top, S_top, t_top, self._top_box, self._top_box, self._top_open, self._top_open,
+                self._top_prior, self._top_prior_start, top.order, top.child_ptr, top.child_area, top.area_leaf,
+                top.term_cells, top.term_value, top.term_table, meta, inv2v, values, self.trim, stream, stats,
+                with_injected(work, messages))
+            failed += not moved
+            drawn = work[14][top.leaf_area] if moved else [None] * len(shards)  # shard k's root: leaf k
+            following = direction[i + 1] if i + 1 < len(direction) else (None, None)
+            messages = _results([sh.split_then_message(None if r is None else int(r), d, s, *following)
+                                 for sh, r in zip(shards, drawn)])
+        for hits in _results([sh.end_sweep() for sh in shards]):
+            stats[1:] += hits
+        settle_term_sums(t_top, S_top, top.term_ptr, top.term_cells, work[2])
         return failed
