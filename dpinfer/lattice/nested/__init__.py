@@ -22,5 +22,7 @@ counts never leave the equalities and bounds.
 * :mod:`~dpinfer.lattice.nested.structure`: the tree, the leaves and the terms as arrays;
 * :mod:`~dpinfer.lattice.nested.kernel`: the exact moves and the sweep;
 * :mod:`~dpinfer.lattice.nested.sampler`: sweeps given the prior's table (tests, and the unit
-  the compiled engine runs).
+  the compiled engine runs);
+* :mod:`~dpinfer.lattice.nested.split`: the same sweeps with the tree cut into shards (a state's
+  counties) joined by the upper areas, the shards in this process or on Dask workers.
 """

@@ -14,8 +14,9 @@ the shards and the driver: two numbers an entry per shard and direction.
 
 :class:`ShardCounts` is one shard: its counts and its halves of each move. :class:`SplitGibbs`
 is the driver: it holds the upper areas, draws each sweep's directions and the roots' sums, and
-runs its shards in this process or as Dask actors (``client=``), one call per shard and
-direction (a shard splits the last direction's sum and passes up along the next in one call).
+runs its shards in this process or as Dask actors (``client=``): the sweep's directions go to
+every shard once, then one call per shard and direction (a shard splits the last direction's
+sum and passes up along the next in one call; a sum and an index in, a message out).
 Each shard draws from its own random stream and the driver from its own, so the draws are the
 same wherever the shards run.
 """
@@ -71,25 +72,32 @@ class ShardCounts:
         """The root's sums (n_cells,): the upper areas' counts of this shard's leaf."""
         return self.S[self.gibbs.sums.order[-1]].copy()
 
-    def message(self, dcells, dsigns) -> tuple:
-        """The root's message along the direction (weights, first sum); empty if no mass."""
+    def begin_sweep(self, ptr, cells, signs) -> tuple:
+        """Take the sweep's directions (:func:`~dpinfer.lattice.nested.directions.sweep_directions`:
+        direction i the cells cells[ptr[i]:ptr[i + 1]] with their signs; sent once a sweep, then
+        named by index) and return the root's message along the first."""
+        self.directions = [(cells[ptr[i]:ptr[i + 1]], signs[ptr[i]:ptr[i + 1]]) for i in range(len(ptr) - 1)]
+        return self.message(0)
+
+    def message(self, i: int) -> tuple:
+        """The root's message along direction ``i`` (weights, first sum); empty if no mass."""
         g, sums = self.gibbs, self.gibbs.sums
         meta, inv2v, values = self._tables
-        return root_message(dcells, dsigns, self.x, self.S, self.t, g.box_lo, g.box_hi, self.prior, g.prior_start,
-                            sums.order, sums.child_ptr, sums.child_area, sums.area_leaf, sums.term_cells,
-                            sums.term_value, sums.term_table, meta, inv2v, values, g.trim, self.work)
+        return root_message(*self.directions[i], self.x, self.S, self.t, g.box_lo, g.box_hi, self.prior,
+                            g.prior_start, sums.order, sums.child_ptr, sums.child_area, sums.area_leaf,
+                            sums.term_cells, sums.term_value, sums.term_table, meta, inv2v, values, g.trim, self.work)
 
-    def split_then_message(self, root_sum, dcells, dsigns, next_cells=None, next_signs=None):
-        """Split ``root_sum`` (the root's sum drawn along (dcells, dsigns), whose message this
+    def split_then_message(self, root_sum, i: int):
+        """Split ``root_sum`` (the root's sum drawn along direction ``i``, whose message this
         shard sent last; None: the move was not made) down the tree, then the message along
-        the next direction (None if there is none)."""
+        direction i + 1 (None after the last)."""
         if root_sum is not None:
             g, sums = self.gibbs, self.gibbs.sums
-            if not move_from_root(root_sum, dcells, dsigns, self.x, self.S, self.t, g.box_lo, g.box_hi, g.lo_open,
-                                  g.hi_open, sums.order, sums.child_ptr, sums.child_area, sums.area_leaf,
+            if not move_from_root(root_sum, *self.directions[i], self.x, self.S, self.t, g.box_lo, g.box_hi,
+                                  g.lo_open, g.hi_open, sums.order, sums.child_ptr, sums.child_area, sums.area_leaf,
                                   sums.term_cells, self.stream, self.stats, self.work):
                 raise RuntimeError(f"a shard could not split the sum {root_sum} its root's message allowed")
-        return None if next_cells is None else self.message(next_cells, next_signs)
+        return self.message(i + 1) if i + 1 < len(self.directions) else None
 
     def end_sweep(self) -> np.ndarray:
         """Settle the quadratic terms' sums (:func:`~dpinfer.lattice.nested.kernel.settle_term_sums`)
@@ -196,10 +204,10 @@ class SplitGibbs:
         x_top, S_top, t_top = state
         meta, inv2v, values = self._tables
         ptr, cells, signs = sweep_directions(top.n_cells, np.array(top.cell_shape, np.int64), stream)
-        direction = [(cells[ptr[i]:ptr[i + 1]], signs[ptr[i]:ptr[i + 1]]) for i in range(ptr.size - 1)]
-        messages = _results([sh.message(*direction[0]) for sh in shards])
+        messages = _results([sh.begin_sweep(ptr, cells, signs) for sh in shards])
         failed = 0
-        for i, (d, s) in enumerate(direction):
+        for i in range(ptr.size - 1):
+            d, s = cells[ptr[i]:ptr[i + 1]], signs[ptr[i]:ptr[i + 1]]
             moved = all(w.size > 0 for w, _ in messages) and move(
                 d, s, x_top, S_top, t_top, self._top_box, self._top_box, self._top_open, self._top_open,
                 self._top_prior, self._top_prior_start, top.order, top.child_ptr, top.child_area, top.area_leaf,
@@ -207,8 +215,7 @@ class SplitGibbs:
                 with_injected(work, messages))
             failed += not moved
             drawn = work[14][top.leaf_area] if moved else [None] * len(shards)  # shard k's root: leaf k
-            following = direction[i + 1] if i + 1 < len(direction) else (None, None)
-            messages = _results([sh.split_then_message(None if r is None else int(r), d, s, *following)
+            messages = _results([sh.split_then_message(None if r is None else int(r), i)
                                  for sh, r in zip(shards, drawn)])
         for hits in _results([sh.end_sweep() for sh in shards]):
             stats[1:] += hits
