@@ -379,9 +379,10 @@ def test_published_leaf_sizes_at_blocks_warn_with_the_measured_coverage(tmp_path
 
 def test_empirical_bayes_at_blocks_draws_the_leaf_sizes_with_the_counts(tmp_path, monkeypatch):
     """Issue 38: at Block leaves with estimated leaf sizes, dpinfer nmf's empirical Bayes draws the
-    leaf sizes (one a block) with the counts instead of estimating them as hyperparameters
-    (estimated, they missed full Bayes on 174 of 2,095 targets on 55 blocks; drawn, 2-3:
-    validation/results/eb_vs_full_bayes-blocks-estimated-sizes.md); at block-group leaves they stay
+    leaf sizes (one a block) and their scale with the counts instead of estimating them as
+    hyperparameters (estimated, the sizes missed full Bayes on 174 of 2,095 targets on 55 blocks;
+    drawn, 2-3: validation/results/eb_vs_full_bayes-blocks-estimated-sizes.md; the scale estimated
+    was the estimate's slowest coordinate at 5,063 blocks); at block-group leaves they stay
     estimated, and full Bayes gets no empirical-Bayes settings (the fit is stubbed: what
     dp.sample was asked is recorded)."""
     from dpinfer.io.nmf import fit as nmf_fit
@@ -402,5 +403,6 @@ def test_empirical_bayes_at_blocks_draws_the_leaf_sizes_with_the_counts(tmp_path
     for leaves, inference in (("Block", "auto"), ("Block_Group", "empirical-bayes"), ("Block", "full-bayes")):
         with pytest.raises(Stop):
             nmf_fit.fit_nmf(root, 19, leaves=leaves, inference=inference, out=tmp_path / leaves, log=io.StringIO())
-    assert asked == [{"uncertainty": "normal", "drawn": ["leaf_effect_z"]}, {"uncertainty": "normal", "drawn": []},
+    assert asked == [{"uncertainty": "normal", "drawn": ["leaf_effect_z", "sd_leaf"]},
+                     {"uncertainty": "normal", "drawn": []},
                      None]

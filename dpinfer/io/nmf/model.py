@@ -95,12 +95,14 @@ def census_model(table: CensusTable, *, name: str = "counts", leaf_sizes: str = 
 def empirical_bayes_settings(model, leaves: str, uncertainty: str) -> dict:
     """``dp.sample``'s ``empirical_bayes=`` for a :func:`census_model` fitted at ``leaves``: the
     hyperparameters' ``uncertainty``, and at Block leaves with estimated leaf sizes the leaf
-    sizes (``leaf_effect_z``, one a block) **drawn with the counts** rather than estimated
-    (:mod:`dpinfer.inference.empirical_bayes`): thousands of per-block quantities, each informed
-    by its block's counts, are not hyperparameters; estimated as if they were, the estimate
-    drifted along the leaf sizes' scale and missed full Bayes at the blocks
-    (``benchmarks/README.md``, "Blocks as leaves")."""
-    drawn = ["leaf_effect_z"] if leaves == "Block" and "leaf_effect_z" in model.named_vars else []
+    sizes (``leaf_effect_z``, one a block) and their scale (``sd_leaf``) **drawn with the
+    counts** rather than estimated (:mod:`dpinfer.inference.empirical_bayes`): thousands of
+    per-block quantities, each informed by its block's counts, are not hyperparameters;
+    estimated as if they were, the estimate drifted along the leaf sizes' scale and missed full
+    Bayes at the blocks; and their scale, whose information all flows through them, is the
+    estimate's slowest coordinate when it is estimated while they are drawn one NUTS
+    transition an iteration (``benchmarks/README.md``, "Blocks as leaves")."""
+    drawn = ["leaf_effect_z", "sd_leaf"] if leaves == "Block" and "leaf_effect_z" in model.named_vars else []
     return {"uncertainty": uncertainty, "drawn": drawn}
 
 
