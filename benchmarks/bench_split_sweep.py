@@ -33,7 +33,7 @@ benchmarks/README.md) projects the shards' work to that size (times S over this 
 whole-tree sweep; the synchronisation does not grow with the counts).
 
 Run:  .venv/bin/python benchmarks/bench_split_sweep.py [--counties 12] [--shards 4] [--workers 2]
-      [--sweeps 5] [--rounds 3] [--scale 31]
+      [--sweeps 5] [--rounds 3] [--scale 31 --directions 126]
 """
 
 from __future__ import annotations
@@ -184,11 +184,12 @@ def sync_ms(row: dict, shards: int) -> float:
     return row["sync ms/direction (measured)"] * (one + per_shard * (shards - 1)) / every
 
 
-def project(per_shard, workers: int, row: dict, scale: float) -> float:
+def project(per_shard, workers: int, row: dict, scale: float, directions: int) -> float:
     """T(W), one shard a worker, at ``scale`` times this run's shards' work cut into W equal
-    shares times this run's imbalance (its largest shard over its mean)."""
+    shares times this run's imbalance (its largest shard over its mean), with ``directions``
+    directions a sweep."""
     imbalance = per_shard.max() / per_shard.mean()
-    return per_shard.sum() * scale / workers * imbalance + (row["directions/sweep"] + 1) * sync_ms(row, workers) / 1000
+    return per_shard.sum() * scale / workers * imbalance + (directions + 1) * sync_ms(row, workers) / 1000
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -200,6 +201,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--scale", type=float, default=None,
                         help="seconds of a whole-tree sweep at a larger size to project the cost model to")
+    parser.add_argument("--directions", type=int, default=None,
+                        help="directions a sweep to project with (default this table's; 126 for the "
+                             "Census table's 2 x 2 x 7 cells)")
     args = parser.parse_args(argv)
     row, per_shard = measure(args)
     width = max(len(k) for k in row)
@@ -212,9 +216,11 @@ def main(argv=None):
     print(f"\ncost model at {label}, s per sweep, one shard a worker (the shards' work in W equal shares "
           f"times this run's imbalance {per_shard.max() / per_shard.mean():.2f}; per direction the measured "
           f"synchronisation, scaled with the shards contacted):")
+    directions = args.directions or row["directions/sweep"]
     print(f"  one machine, the whole tree: {row['whole s/sweep'] * scale:.3f}")
     for workers in (2, 4, 16):
-        print(f"  {workers:>2} workers: {project(per_shard, workers, row, scale):.3f}")
+        print(f"  {workers:>2} workers ({directions} directions a sweep): "
+              f"{project(per_shard, workers, row, scale, directions):.3f}")
 
 if __name__ == "__main__":
     main()
