@@ -139,3 +139,25 @@ def test_shards_on_dask_workers_draw_what_they_draw_in_this_process(posterior, c
     np.testing.assert_array_equal(here, there)
     assert info_here == info_there and info_here["moves"] > 0
     assert np.any(here != x0)
+
+
+@pytest.mark.parametrize("parts", ["23", [["2"], ["3"]], [[2.0], [3.0]]])
+def test_parts_that_are_not_area_indices_are_refused(parts):
+    sums, _ = small_table()
+    with pytest.raises(TypeError, match="parts must be a list of lists of area indices"):
+        sums.split(parts)
+
+
+def test_bad_sampler_inputs_are_refused(posterior):
+    sums, g, priors = split_gibbs(PARTS["each leaf a shard"])
+    x0 = posterior[0][np.argmax(posterior[1])]
+    with pytest.raises(TypeError, match="split must be a SplitSums"):
+        SplitGibbs(sums, 0, 12)
+    with pytest.raises(ValueError, match="one flat table per shard"):
+        g.run(x0, priors[:1], 1, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="prior must be the shard's flat table"):
+        g.run(x0, [priors[0], priors[1][:-1]], 1, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="n_sweeps must be a whole number >= 1"):
+        g.run(x0, priors, 0, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="breaks"):  # a start off the root's equality
+        g.run(x0 + 1, priors, 1, np.random.default_rng(0))

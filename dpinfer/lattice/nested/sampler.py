@@ -70,12 +70,7 @@ class NestedGibbs:
             l, c = np.argwhere(outside)[0]
             raise ValueError(f"the start x0[{l}, {c}] = {x[l, c]} lies outside its box "
                              f"{self.box_lo[l, c]} .. {self.box_hi[l, c]}")
-        e = s.term_value - s.term_sums(x)
-        meta, inv2v, values = self._tables
-        bad = [r for r in range(e.size) if term_log(int(s.term_table[r]), int(e[r]), meta, inv2v, values) == -np.inf]
-        if bad:
-            names = sorted({str(s.term_name[r]) for r in bad})
-            raise ValueError(f"the start x0 breaks {len(bad)} exact term(s) (equalities or bounds): {names[:5]}")
+        check_exact_terms(s, x)
         return x
 
     def run(self, x0, prior: np.ndarray, n_sweeps: int, rng: np.random.Generator):
@@ -103,3 +98,13 @@ class NestedGibbs:
             draws[i] = x
         return draws, {"moves": int(stats[0]), "trimmed_edges_hit": int(stats[1]),
                        "open_box_edges_hit": int(stats[2]), "moves_without_mass": int(failed)}
+
+
+def check_exact_terms(sums: NestedSums, x) -> None:
+    """Raise if the counts x of ``sums`` break an exact term (an equality or a bound), naming it."""
+    e = sums.term_value - sums.term_sums(x)
+    meta, inv2v, values = sums.tables.arrays()
+    bad = [r for r in range(e.size) if term_log(int(sums.term_table[r]), int(e[r]), meta, inv2v, values) == -np.inf]
+    if bad:
+        names = sorted({str(sums.term_name[r]) for r in bad})
+        raise ValueError(f"the start x0 breaks {len(bad)} exact term(s) (equalities or bounds): {names[:5]}")

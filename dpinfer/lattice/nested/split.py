@@ -30,7 +30,7 @@ from dpinfer._validation import check_count
 from dpinfer.lattice.nested.directions import sweep_directions
 from dpinfer.lattice.nested.kernel import (DEFAULT_TRIM, move, move_from_root, root_message, settle_term_sums,
                                            with_injected, workspace)
-from dpinfer.lattice.nested.sampler import NestedGibbs
+from dpinfer.lattice.nested.sampler import NestedGibbs, check_exact_terms
 from dpinfer.lattice.nested.structure import NestedSums, SplitSums
 
 
@@ -161,7 +161,9 @@ class SplitGibbs:
         options = {"support": self.support, "trim": self.trim}
         if client is None:
             return [ShardCounts(*a, **options) for a in args]
-        workers = sorted(client.scheduler_info()["workers"])
+        workers = sorted(client.scheduler_info(n_workers=-1).get("workers", {}))
+        if not workers:
+            raise ValueError("client has no workers to hold the shards")
         futures = [client.submit(ShardCounts, *a, **options, actor=True, workers=[workers[k % len(workers)]],
                                  allow_other_workers=False, pure=False) for k, a in enumerate(args)]
         return [f.result() for f in futures]
@@ -176,6 +178,7 @@ class SplitGibbs:
         shards = self.start(x0, priors, rng, client)
         top = self.split.top
         x_top = np.array(_results([sh.root_sums() for sh in shards]), dtype=np.int64).reshape(len(shards), -1)
+        check_exact_terms(top, x_top)
         state = (x_top, top.area_sums(x_top), top.term_sums(x_top).astype(np.int64))
         work = self.top_workspace()
         stream = new_stream(rng)

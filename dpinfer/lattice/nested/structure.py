@@ -151,6 +151,9 @@ class NestedSums:
         (:func:`~dpinfer.lattice.nested.kernel.with_injected`), and each shard's split of the
         sum it was given (:func:`~dpinfer.lattice.nested.kernel.move_from_root`): the same law
         as the whole tree's move (the sum tree's passes, regrouped)."""
+        if isinstance(parts, (str, bytes)) or not all(np.atleast_1d(np.asarray(part)).dtype.kind in "iu"
+                                                      for part in parts):
+            raise TypeError(f"parts must be a list of lists of area indices (integers), got {parts!r}")
         parts = [np.atleast_1d(np.asarray(part, dtype=np.int64)) for part in parts]
         if not parts or any(part.size == 0 for part in parts):
             raise ValueError("parts must be a non-empty list of non-empty lists of areas")
