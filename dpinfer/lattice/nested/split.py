@@ -10,7 +10,7 @@ take those messages as their leaves', multiply in their own terms and draw every
 sum; each shard splits its sum down its tree. That is the whole tree's exact move, so a sweep of
 the split tree has the same law as :func:`~dpinfer.lattice.nested.directions.sweep_products`'s
 on the whole tree (tested against enumeration), and only the messages and the sums cross between
-the shards and the driver: two numbers an entry per shard and direction.
+the shards and the driver: per shard and direction, a message up and one sum down.
 
 :class:`ShardCounts` is one shard: its counts and its halves of each move. :class:`SplitGibbs`
 is the driver: it holds the upper areas, draws each sweep's directions and the roots' sums, and
