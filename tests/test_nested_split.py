@@ -49,10 +49,10 @@ def test_the_pieces_hold_every_term_and_give_back_the_counts(posterior, parts):
 
 @pytest.mark.parametrize("parts", PARTS.values(), ids=PARTS.keys())
 def test_a_split_sweep_keeps_the_posterior(posterior, parts):
-    """6,000 chains started at exact posterior draws, one split sweep each: again the posterior
+    """4,000 chains started at exact posterior draws, one split sweep each: again the posterior
     (chi-square on every count's marginal and on the first leaf's total, Bonferroni at 1e-3);
     the pieces' sums stay their counts'."""
-    assert min(one_split_sweep_pvalues(posterior, parts, 6000)) > 1e-3 / 9
+    assert min(one_split_sweep_pvalues(posterior, parts, 4000)) > 1e-3 / 9
 
 
 def one_split_sweep_pvalues(posterior, parts, n_starts) -> list:
