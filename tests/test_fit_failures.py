@@ -111,6 +111,11 @@ def test_a_count_widened_alone_keeps_every_other_box():
     low[1, 0] = lo[1, 0]  # on its lower edge: the support's end (0) or an open edge
     found = near(low, high).tolist()
     assert [0, 1] in found and ([1, 0] in found) == bool(plan.window.gibbs.lo_open[1, 0])
+    half = np.ceil(15 * plan.scale[0, 1]) + 2
+    high[0, 1] = hi[0, 1] - int(np.floor(0.4 * half))  # 60% of the way from the pilot to its edge
+    assert [0, 1] not in near(start, high).tolist()
+    share = plan.counts_near_edges(box_gaps(plan.window.gibbs, np.stack([start, high]))[1], share=0.5)
+    assert share.tolist() == [[0, 1]]  # more than half-way: within the margin of the end of an estimate
     plan.widen_counts([[0, 1]])
     g = plan.window.gibbs
     changed = (g.box_lo != lo) | (g.box_hi != hi)
@@ -119,6 +124,36 @@ def test_a_count_widened_alone_keeps_every_other_box():
     assert plan.window.half_width == 30 and plan.window.widened_counts == 1
     with pytest.raises(ValueError, match="widen_counts"):
         plan.widen_counts([[2, 0]])
+
+
+def test_the_edge_watch_stops_at_the_first_draw_the_report_would_fail(monkeypatch):
+    """edge_watch (run_chains' stop_when for nested plans) looks at the draws stored since its
+    last look: nothing while they stay inside their boxes, a message at the first stored draw
+    on an open edge or a move the kernel counted on one, as _nested_report would fail them."""
+    import dpinfer.inference.engines.compiled.chains as chains
+    from dpinfer.inference.engines.compiled.engine import edge_watch
+
+    model = far_prior_table()
+    plan = planning.plan_model(model, releases_of(model)).latents[0]
+    plan.set_half_width(15)
+    g = plan.window.gibbs
+    compiled = SimpleNamespace(latent_slices={"counts": slice(0, g.box_lo.size)})
+    names = ("counts_trimmed_edges_hit", "counts_box_edges_hit", "counts_moves_without_mass")
+    monkeypatch.setattr(chains, "stat_columns", lambda blocks: (list(names), None))
+    block = SimpleNamespace(stat_names=names)
+    state = SimpleNamespace(draws_counts=np.tile(plan.start, (6, 1)), draws_stats=np.zeros((6, 3)))
+    watch = edge_watch([plan], [block], compiled)
+    assert watch([state], 3) is None
+    state.draws_stats[2, 1] = 1  # a move on an edge in a draw already looked at: not seen again
+    assert watch([state], 3) is None
+    state.draws_stats[4, 0] = 1  # a trimmed message's edge: a warning, not a failure
+    assert watch([state], 5) is None
+    state.draws_counts[5, 3] = g.box_hi.reshape(-1)[3]
+    assert "on an edge of its box" in watch([state], 6)
+    state.draws_stats[:] = 0
+    fresh = edge_watch([plan], [block], compiled)
+    state.draws_stats[1, 2] = 1  # a move without mass
+    assert "reached an edge of its box (or had no mass)" in fresh([state], 2)
 
 
 def test_box_gaps_by_chunks_are_the_distances_to_the_open_edges():

@@ -3,6 +3,7 @@ posterior means against exhaustive enumeration, every draw on the equalities and
 multi-level table with free parameters that converges, and the refusals."""
 
 import json
+import re
 import math
 
 import numpy as np
@@ -225,6 +226,35 @@ def test_counts_that_reach_their_boxes_are_widened_alone_and_the_refit_is_exact(
     assert np.all(np.abs(z) < 5), z
     report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
     assert report["stored_draws_on_box_edges"] == 0 and report["box_edges_hit_after_tuning"] == 0
+
+
+def test_draws_that_reach_a_box_stop_the_chains_there_and_the_refit_is_exact(monkeypatch):
+    """First boxes of 1 pilot sd and the draws looked at every 0.05 s: the first draw on a
+    box's edge stops the chains (the record says at how many of the 20,000 draws asked), the
+    counts near their edges are widened, and the refit's posterior is the enumeration's."""
+    import dpinfer.inference.engines.compiled.chains as chains
+    import dpinfer.inference.planning.nested as planning_nested
+
+    monkeypatch.setattr(planning_nested, "FIRST_K", 1)
+    monkeypatch.setattr(chains, "_DRAW_WATCH", 0.05)
+    nm = small_release()
+    with pm.Model() as model:
+        x = pm.Poisson("x", LAM, shape=(2, C))
+        nm.observe("nmf", x)
+    with pytest.warns(RecoveryWarning, match=r"only the \d+ counts of 'x'"):
+        idata = dp.sample(model=model, draws=20000, tune=300, chains=2, random_seed=11, progressbar=False)
+    stopped = [r["stopped_early"] for r in dp.recoveries_of(idata) if "stopped_early" in r]
+    assert stopped, dp.recoveries_of(idata)
+    at = [int(re.match(r"stopped at (\d+) of 20000 draws per chain: ", text).group(1)) for text in stopped]
+    assert all(1 <= n < 20000 for n in at), stopped
+    draws = idata.posterior["x"].values
+    assert draws.shape[1] == 20000 and "stopped_early" not in idata.sample_stats.attrs
+    states, logp = enumerate_posterior()
+    exact = np.tensordot(np.exp(logp), states, axes=1)
+    _, ess = diagnostics(draws.reshape(2, -1, 2 * C).astype(float))
+    flat = draws.reshape(-1, 2 * C)
+    z = (flat.mean(0) - exact.reshape(-1)) / (flat.std(0) / np.sqrt(ess))
+    assert np.all(np.abs(z) < 5), z
 
 
 def test_grouped_negative_binomial_counts_match_the_enumerated_posterior():

@@ -510,6 +510,9 @@ def _sample_counts(model, fitted, plan, engine: str, compiled, sample_kwargs: di
         if checkpoint is not None:
             checkpoint.widened(failed, counts)
         evidence = _edge_evidence(failed, report)
+        stopped = idata["sample_stats"].attrs.get("stopped_early") if "sample_stats" in idata.children else None
+        if stopped:  # the chains stopped at the first draw that failed the windows
+            evidence["stopped_early"] = stopped
         recovery.announce(recoveries, "windows widened", _widening_message(failed, evidence, counts),
                           bounds=recovery.bounds_of(failed), replayed=False,
                           counts_widened={name: len(c) for name, c in counts.items()}, **evidence)
@@ -532,6 +535,8 @@ def _widening_message(failed: dict, evidence: dict | None = None, counts: dict |
     widened alone (name -> (leaf, cell) pairs), the whole latent for the others."""
     cells = (evidence or {}).get("cells_at_box_edges", {})
     shown = "".join(f"; {name}: " + "; ".join(texts[:EDGES_SHOWN]) for name, texts in cells.items())
+    if (evidence or {}).get("stopped_early"):
+        shown += f" (the chains {evidence['stopped_early']})"
     which = ", ".join(f"only the {len(c)} counts of {name!r} at or near their boxes' edges" for name, c
                       in (counts or {}).items())
     return (f"dpinfer: the windows of {sorted(failed)} missed tol (bounds reached: {recovery.bounds_of(failed)}); "
@@ -544,7 +549,8 @@ def _estimate_widening_message(widened: dict) -> str:
     parts = "; ".join(f"{name!r}: {len({tuple(c) for c in pairs})} counts ({len(pairs)} doublings of a box)"
                       for name, pairs in widened.items())
     return ("dpinfer: the empirical-Bayes estimate's count draws came within a pilot sd of their boxes' "
-            f"edges, so those counts' boxes were widened before the draws given it: {parts}")
+            "edges (or, by its end, more than half-way to them), so those counts' boxes were widened before "
+            f"the draws given it: {parts}")
 
 
 def _edge_evidence(failed: dict, report: dict | None) -> dict:

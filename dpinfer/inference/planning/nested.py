@@ -16,7 +16,10 @@ within s of one (:meth:`NestedPlan.counts_near_edges`), each count keeping its o
 one weakly measured cell under an overdispersed prior (a heavy posterior tail the
 Poisson-like s does not foresee) does not widen, and slow, the moves of every other count.
 An empirical-Bayes estimate watches its own count draws the same way and widens such counts
-before the draws given it (:mod:`dpinfer.inference.engines.compiled.engine`).
+before the draws given it, and at its end also the counts whose draws went more than half-way
+from the pilot to an open edge: the draws given it are several times as many as the estimate's,
+and reach further into a heavy tail (:mod:`dpinfer.inference.engines.compiled.engine`). The
+draws given it stop as soon as a count reaches its box's edge, to be widened and drawn again.
 
 The chains start from the rounded pilot repaired term by term to meet every equality and
 bound within the boxes, or, if that fails, from the integer point nearest x^ (in l1) that
@@ -102,12 +105,14 @@ class NestedPlan:
         self.count_k[leaf, cell] *= 2
         self._build_boxes()
 
-    def counts_near_edges(self, gap: np.ndarray) -> np.ndarray:
+    def counts_near_edges(self, gap: np.ndarray, share: float = 0.0) -> np.ndarray:
         """(m, 2): the (leaf, cell) of the counts whose smallest distance ``gap`` (n_leaves,
         n_cells) to an edge of their box that the support does not impose (inf where there is
         none: :func:`~dpinfer.inference.engines.compiled.engine.box_gaps`) is within s, their
-        pilot sd (at least 1), or 0."""
-        return np.argwhere(gap <= np.maximum(np.ceil(self.scale), 1.0))
+        pilot sd (at least 1), or 0; with ``share`` > 0, also those within ``share`` of their
+        box's half-width k s + 2 (a margin for a run of many more draws than those seen)."""
+        half = np.ceil(self.count_k * self.scale) + 2
+        return np.argwhere(gap <= np.maximum(np.maximum(np.ceil(self.scale), 1.0), share * half))
 
     def _build_boxes(self) -> None:
         """Boxes of half-width k * s + 2 around the pilot, each count its own k, and a start in them."""

@@ -343,6 +343,7 @@ class ChainResult:
     stats: dict = field(default_factory=dict)
     seconds: float = 0.0
     resumed_at: int = 0  # iterations a checkpoint had done before this process continued it
+    stopped: str = ""  # why run_chains' stop_when stopped the chain before its draws ended
 
 
 class SamplingError(RuntimeError):
@@ -626,6 +627,7 @@ def _duration(seconds: float) -> str:
 
 
 _WATCH = 0.25  # seconds between two looks at the deadline
+_DRAW_WATCH = 30.0  # seconds between two looks at the draws (stop_when)
 _STOP_LAG = 3 * _WATCH  # a stop takes effect after the compiled calls running (~0.5 s): draws made meanwhile
 
 
@@ -636,7 +638,7 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
                checkpoint=None, more=None, spread=None, count_dtype=np.int64,
                deadline: float | None = None, reserve_per_draw: float = 0.0,
                inv_mass0: np.ndarray | None = None, moving: np.ndarray | None = None,
-               adapt_metric: bool = True) -> list[ChainResult]:
+               adapt_metric: bool = True, stop_when=None) -> list[ChainResult]:
     """``chains`` chains, ``cores`` at a time in threads; ``starts`` gives (q0, counts0) per
     chain, ``seeds`` a ``numpy.random.Generator`` per chain for its random stream. Returns the
     chains' results in order. With ``checkpoint``
@@ -657,7 +659,12 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
     after sampling (their verdict, summaries): the chains stop at
     ``deadline - reserve_per_draw x draws kept`` (the draws counted as they will be when the
     stop takes effect, at the rate of the last look). ``inv_mass0``: every fresh chain's first
-    metric (:func:`fresh_state`); ``moving``, ``adapt_metric``: :class:`Stepper`'s."""
+    metric (:func:`fresh_state`); ``moving``, ``adapt_metric``: :class:`Stepper`'s.
+    ``stop_when(states, kept)``: looked at every ``_DRAW_WATCH`` seconds while the chains
+    make their draws, with the first ``kept`` stored draws of every chain; a message (not
+    None) stops the chains there and they return those draws, as at the deadline (a fit the
+    draws already show to fail, e.g. a count on an edge of its box, need not run on to the
+    end before it is fitted again)."""
     n_stats = len(stat_columns(blocks)[0])
     states = []
     for c in range(chains):
@@ -673,6 +680,18 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
     total = chains * (tune + draws)
     progress = Progress(total, "dpinfer: sampling", progressbar, done=sum(resumed_at))
     stop, expired, finished = threading.Event(), threading.Event(), threading.Event()
+    flagged: list = []
+    if stop_when is not None:
+        def look():  # the draws so far, every _DRAW_WATCH seconds
+            while not finished.wait(_DRAW_WATCH):
+                kept = min(max(s.done - tune, 0) for s in states)
+                reason = stop_when(states, kept) if kept else None
+                if reason is not None:
+                    flagged.append((kept, reason))
+                    stop.set()
+                    return
+
+        threading.Thread(target=look, daemon=True).start()
     if deadline is not None:
         def watch():  # the deadline, less the time the draws kept by the stop will take afterwards
             seen, rate = (time.monotonic(), 0), 0.0
@@ -718,12 +737,19 @@ def run_chains(model, blocks, *, chains: int, cores: int, tune: int, draws: int,
         finally:
             finished.set()  # the watch ends
     timed_out = expired.is_set()
-    if any(r is None for r in results) and timed_out:  # the time is up: the draws every chain has
+    names = stat_columns(blocks)[0]
+    if any(r is None for r in results) and flagged:  # the draws looked at, which show the fit fails
+        kept, reason = flagged[0]
+        results = [chain_result(model, names, s, kept, s.seconds) for s in states]
+        for result in results:
+            result.stopped = f"stopped at {kept} of {draws} draws per chain: {reason}"
+        if progressbar:
+            print(f"dpinfer: {results[0].stopped}", file=sys.stderr, flush=True)
+    elif any(r is None for r in results) and timed_out:  # the time is up: the draws every chain has
         kept = min(max(s.done - tune, 0) for s in states)
         if kept < 4:
             raise TimeUpError(f"max_minutes ended with {kept} draws stored per chain (tuning: {tune} "
                                 "iterations): give more time, or fewer tuning iterations")
-        names = stat_columns(blocks)[0]
         results = [chain_result(model, names, s, kept, s.seconds) for s in states]
         if progressbar:
             print(f"dpinfer: max_minutes is up: {kept} draws per chain kept", file=sys.stderr, flush=True)

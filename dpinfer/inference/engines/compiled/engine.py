@@ -157,6 +157,7 @@ def run(model, compiled, plans, *, draws: int, tune: int, chains: int, cores: in
     try:
         idata = _fit(model, compiled, blocks, starts, draws=draws, tune=tune, chains=chains,
                      cores=cores, rng=rng, progressbar=progressbar, max_tree_depth=max_treedepth,
+                     stop_when=edge_watch(plans, blocks, compiled),
                      target_accept=target_accept, initvals=initvals, nuts_per_sweep=nuts_per_sweep,
                      counts_per_sweep=counts_per_sweep, checkpoint=checkpoint, held=held, start=start,
                      deadline=deadline, reserve_per_draw=reserve_per_draw, mode_start=mode_start,
@@ -332,6 +333,12 @@ def estimate_parameters(model, compiled, plans, *, chains: int, cores: int, rng:
                                         **options)
     except SamplingError as err:
         raise RuntimeError(f"dpinfer.sample: {err}") from err
+    last = watch.last_look()
+    if progressbar and last:
+        print("dpinfer: empirical Bayes: widened the boxes of "
+              + ", ".join(f"{len(pairs)} counts of {name!r}" for name, pairs in last.items())
+              + " before the draws given the estimate (their draws went more than half-way to an edge)",
+              file=sys.stderr, flush=True)
     held.widened = watch.widened
     return held
 
@@ -350,6 +357,7 @@ class BoxWatch:
     seed, same iterations, same widenings: a resumed fit repeats them."""
 
     EVERY = 10
+    LAST_SHARE = 0.5  # at the end: a count whose draws went this share of the way to an edge
 
     def __init__(self, plans: list, compiled, steppers: list):
         self.plans, self.compiled, self.steppers = plans, compiled, steppers
@@ -374,14 +382,28 @@ class BoxWatch:
                 np.maximum(self.high[i], x, out=self.high[i])
         if iteration % self.EVERY:
             return now
+        return self._widen(0.0)
+
+    def last_look(self) -> dict:
+        """At the end of the estimate, widen also the counts whose draws went more than
+        ``LAST_SHARE`` of the way from the pilot to an open edge of their box (the draws given
+        the estimate, several times as many, reach further into a heavy tail). Returns the
+        counts widened (name -> (leaf, cell) pairs). The steppers are not told: their chains
+        have ended."""
+        if not self.watched or self.low[0] is None:
+            return {}
+        return self._widen(self.LAST_SHARE, tell=False)
+
+    def _widen(self, share: float, tell: bool = True) -> dict:
+        now: dict = {}
         for i, plan in enumerate(self.watched):
             _, gap = box_gaps(plan.window.gibbs, np.stack([self.low[i], self.high[i]]))
-            near = plan.counts_near_edges(gap)
+            near = plan.counts_near_edges(gap, share)
             if near.size:
                 plan.widen_counts(near)
                 now[plan.latent_name] = near.tolist()
                 self.widened.setdefault(plan.latent_name, []).extend(now[plan.latent_name])
-        if now:
+        if now and tell:
             blocks = [count_block(plan, self.compiled) for plan in self.plans]
             for s in self.steppers:
                 s.use_blocks(blocks)
@@ -500,6 +522,41 @@ def _nested_report(plan, idata, block) -> tuple[dict, float | None]:
     return entry, (math.inf if edges or stored or empty else None)
 
 
+def edge_watch(plans, blocks, compiled):
+    """:func:`~dpinfer.inference.engines.compiled.chains.run_chains`'s ``stop_when`` for the
+    nested plans (None without one): the draws stored since the last look are checked as
+    :func:`_nested_report` will check them, a count on an open edge of its box or a move the
+    kernel counted on an edge or without mass, and the first such draw stops the chains (the
+    fit fails, its boxes are widened and it runs again, with the time a run to the end would
+    have spent). A heavy-tailed count that reaches its box early in the draws no longer costs
+    the whole time box."""
+    from dpinfer.inference.engines.compiled.chains import stat_columns
+
+    watched = [(plan, block) for plan, block in zip(plans, blocks) if plan.kind == "nested"]
+    if not watched:
+        return None
+    names = stat_columns(blocks)[0]
+    columns = [names.index(block.stat_names[i]) for _, block in watched for i in (1, 2)]
+    slices = [compiled.latent_slices[plan.latent_name] for plan, _ in watched]
+    checked = [0]
+
+    def stop_when(states, kept):
+        first, checked[0] = checked[0], max(checked[0], kept)
+        if kept <= first:
+            return None
+        if any(np.any(s.draws_stats[first:kept, columns] > 0) for s in states):
+            return "a count's move reached an edge of its box (or had no mass): its box is widened"
+        for (plan, _), sl in zip(watched, slices):
+            g = plan.window.gibbs
+            for s in states:
+                stored, _ = box_gaps(g, s.draws_counts[first:kept, sl].reshape(-1, *g.box_lo.shape))
+                if stored:
+                    return f"a stored draw of {plan.latent_name!r} is on an edge of its box: its box is widened"
+        return None
+
+    return stop_when
+
+
 def box_gaps(g, draws: np.ndarray, chunk_bytes: float = 5e7) -> tuple[int, np.ndarray]:
     """(how many stored draws have a count on an open edge of its box, each count's smallest
     distance to an open edge over the draws: inf where its box has none) for ``draws``
@@ -533,7 +590,7 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
          cores: int, rng: np.random.Generator, progressbar: bool, max_tree_depth: int,
          target_accept: float, initvals: dict | None, nuts_per_sweep: int,
          counts_per_sweep: int, checkpoint=None, held=None, more=None, spread=None, start=None, deadline=None,
-         reserve_per_draw: float = 0.0, mode_start: list | None = None):
+         reserve_per_draw: float = 0.0, mode_start: list | None = None, stop_when=None):
     """Run the chains and return the DataTree. ``initial_counts`` maps each latent to a start
     on its fibre; the parameters start at PyMC's jittered initial point, or at ``initvals``
     where given (constrained values by variable name, one dict for every chain or a list of
@@ -563,7 +620,7 @@ def _fit(model, compiled, blocks, initial_counts: dict, *, draws: int, tune: int
                          nuts_per_sweep=nuts_per_sweep, counts_per_sweep=counts_per_sweep,
                          checkpoint=checkpoint, more=more, spread=spread, count_dtype=count_dtype(blocks),
                          deadline=deadline, reserve_per_draw=reserve_per_draw, inv_mass0=metric,
-                         moving=moving, adapt_metric=moving is None)
+                         moving=moving, adapt_metric=moving is None, stop_when=stop_when)
     seconds = time.perf_counter() - start
     if checkpoint is not None:
         seconds = max(seconds, max(r.seconds for r in results))  # a resumed fit: its chains' whole time
@@ -645,6 +702,8 @@ def datatree(model, compiled, results, *, tune: int, seconds: float,
         stats["reached_max_treedepth"] = (("chain", "draw"), stats["tree_depth"][1] >= max_tree_depth)
     attrs = {"sampling_time": seconds, "tuning_steps": tune, "inference_library": "dpinfer",
              "nuts_per_sweep": nuts_per_sweep, "counts_per_sweep": counts_per_sweep}
+    if results[0].stopped:  # stop_when ended the draws early (the fit fails and runs again)
+        attrs["stopped_early"] = results[0].stopped
     if any(r.resumed_at for r in results):  # continued from a checkpoint: iterations done there, per chain
         attrs["resumed_at_iterations"] = json.dumps([r.resumed_at for r in results])
     return xr.DataTree.from_dict({
