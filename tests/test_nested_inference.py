@@ -18,6 +18,17 @@ from dpinfer.mechanisms.nested import NestedMeasurements
 from test_nested_sums import LAM, TOTAL, C, enumerate_posterior
 
 
+def assert_means_within_5_mcse(draws: np.ndarray, exact: np.ndarray) -> None:
+    """Each count's posterior mean from ``draws`` (chains, draws, *shape) within 5 Monte Carlo
+    standard errors (sd / sqrt(ESS)) of the enumeration's ``exact`` (*shape)."""
+    chains, n = draws.shape[:2]
+    flat = draws.reshape(chains, n, -1).astype(float)
+    _, ess = diagnostics(flat)
+    pooled = flat.reshape(chains * n, -1)
+    z = (pooled.mean(0) - np.asarray(exact, float).reshape(-1)) / (pooled.std(0) / np.sqrt(ess))
+    assert np.all(np.abs(z) < 5), z
+
+
 def small_release() -> NestedMeasurements:
     """The table of tests/test_nested_sums.py through the public builder."""
     nm = NestedMeasurements([-1, 0, 1, 1], [2, 3], C, area_names=["root", "mid", "leaf0", "leaf1"])
@@ -67,11 +78,7 @@ def test_dp_sample_matches_the_enumerated_posterior():
     flat = draws.reshape(-1, 2, C)
     assert np.all(flat.sum((1, 2)) == TOTAL) and np.all(flat[:, :, :2].sum((1, 2)) <= 6)
     states, logp = enumerate_posterior()
-    exact = np.tensordot(np.exp(logp), states, axes=1)
-    _, ess = diagnostics(draws.reshape(2, -1, 2 * C).astype(float))
-    se = flat.reshape(-1, 2 * C).std(0) / np.sqrt(ess)
-    z = (flat.reshape(-1, 2 * C).mean(0) - exact.reshape(-1)) / se
-    assert np.all(np.abs(z) < 5), z
+    assert_means_within_5_mcse(draws, np.tensordot(np.exp(logp), states, axes=1))
     report = idata.posterior.attrs["dpinfer"]
     assert "sum-tree" in report and "box_edges_hit_after_tuning" in report
 
@@ -217,13 +224,8 @@ def test_counts_that_reach_their_boxes_are_widened_alone_and_the_refit_is_exact(
         idata = dp.sample(model=model, draws=3000, tune=300, chains=2, random_seed=11, progressbar=False)
     widened = [r for r in dp.recoveries_of(idata) if r["kind"] == "windows widened"]
     assert widened and all(1 <= r["counts_widened"]["x"] <= 2 * C for r in widened)
-    draws = idata.posterior["x"].values
-    flat = draws.reshape(-1, 2, C)
     states, logp = enumerate_posterior()
-    exact = np.tensordot(np.exp(logp), states, axes=1)
-    _, ess = diagnostics(draws.reshape(2, -1, 2 * C).astype(float))
-    z = (flat.reshape(-1, 2 * C).mean(0) - exact.reshape(-1)) / (flat.reshape(-1, 2 * C).std(0) / np.sqrt(ess))
-    assert np.all(np.abs(z) < 5), z
+    assert_means_within_5_mcse(idata.posterior["x"].values, np.tensordot(np.exp(logp), states, axes=1))
     report = json.loads(idata.posterior.attrs["dpinfer"])["x"]
     assert report["stored_draws_on_box_edges"] == 0 and report["box_edges_hit_after_tuning"] == 0
 
@@ -250,11 +252,7 @@ def test_draws_that_reach_a_box_stop_the_chains_there_and_the_refit_is_exact(mon
     draws = idata.posterior["x"].values
     assert draws.shape[1] == 20000 and "stopped_early" not in idata.sample_stats.attrs
     states, logp = enumerate_posterior()
-    exact = np.tensordot(np.exp(logp), states, axes=1)
-    _, ess = diagnostics(draws.reshape(2, -1, 2 * C).astype(float))
-    flat = draws.reshape(-1, 2 * C)
-    z = (flat.mean(0) - exact.reshape(-1)) / (flat.std(0) / np.sqrt(ess))
-    assert np.all(np.abs(z) < 5), z
+    assert_means_within_5_mcse(draws, np.tensordot(np.exp(logp), states, axes=1))
 
 
 def test_grouped_negative_binomial_counts_match_the_enumerated_posterior():
@@ -273,11 +271,7 @@ def test_grouped_negative_binomial_counts_match_the_enumerated_posterior():
     flat = draws.reshape(-1, 2, C)
     assert np.all(flat.sum((1, 2)) == TOTAL) and np.all(flat[:, :, :2].sum((1, 2)) <= 6)
     states, logp = enumerate_posterior(grouped_prior)
-    exact = np.tensordot(np.exp(logp), states, axes=1)
-    _, ess = diagnostics(draws.reshape(2, -1, 2 * C).astype(float))
-    se = flat.reshape(-1, 2 * C).std(0) / np.sqrt(ess)
-    z = (flat.reshape(-1, 2 * C).mean(0) - exact.reshape(-1)) / se
-    assert np.all(np.abs(z) < 5), z
+    assert_means_within_5_mcse(draws, np.tensordot(np.exp(logp), states, axes=1))
     assert "rates of the 1 x 4 (group, cell) pairs summed out" in idata.posterior.attrs["dpinfer"]
 
 
@@ -452,10 +446,7 @@ def test_two_level_grouped_negative_binomial_matches_the_enumerated_posterior():
     flat = draws.reshape(-1, 8)
     assert np.all(flat.sum(1) == TWO_TOTAL)
     states, logp = two_level_posterior(A1, A2, top)
-    exact = np.tensordot(np.exp(logp), states, axes=1).reshape(-1)
-    _, ess = diagnostics(draws.reshape(2, -1, 8).astype(float))
-    z = (flat.mean(0) - exact) / (flat.std(0) / np.sqrt(ess))
-    assert np.all(np.abs(z) < 5), z
+    assert_means_within_5_mcse(draws, np.tensordot(np.exp(logp), states, axes=1))
     assert "rates of the 3 x 2 (group, cell) pairs summed out" in idata.posterior.attrs["dpinfer"]
 
 
