@@ -1,12 +1,14 @@
 """Nested sums split into shards and the upper areas that join them (dpinfer.lattice.nested.split):
 the split sweeps against the exhaustive enumeration of test_nested_sums's multi-level table
 (root 0, mid 1, leaves 2 and 3; measurements at every level, an equality at the root), for
-each way of cutting that tree."""
+each way of cutting that tree, with Poisson counts and with the census model's prior
+(GroupedNegativeBinomial: a group-mixing factor at the mid, in a shard or in the upper areas)."""
 
 import numpy as np
 import pytest
 from scipy import stats
-from test_nested_sums import C, LAM, TOTAL, _chi2_pvalue, check_chain_means, enumerate_posterior, small_table
+from test_nested_sums import (ALPHA, LEAF_ALPHA, MU, C, LAM, TOTAL, _chi2_pvalue, check_chain_means,
+                              enumerate_posterior, grouped_prior, small_table)
 
 from dpinfer._random_stream import new_stream
 from dpinfer.lattice.nested.split import SplitGibbs
@@ -20,11 +22,25 @@ def posterior():
     return states, np.exp(logp), logp
 
 
-def split_gibbs(parts):
+@pytest.fixture(scope="module")
+def grouped_posterior():
+    states, logp = enumerate_posterior(grouped_prior)
+    return states, np.exp(logp), logp
+
+
+def split_gibbs(parts, grouped: bool = False):
+    """The split sampler of ``parts`` and each shard's flat prior table: Poisson(LAM) counts,
+    or (``grouped``) test_nested_sums.grouped_table's prior, independent NB(MU, A pi) leaves
+    with the group-mixing factor of every cell at the mid area (area 1)."""
     sums, _ = small_table()
     hi = TOTAL + 1 + np.arange(LAM.size).reshape(LAM.shape) % 3  # as test_nested_sums.gibbs
+    if grouped:
+        sums, _ = sums.with_group_mixing([1], ALPHA, LEAF_ALPHA, MU.sum(0)[None, :])
     g = SplitGibbs(sums.split(parts), 0, hi)
-    priors = [stats.poisson.logpmf(grid, LAM[leaves].reshape(-1)[rows])
+    shape = LEAF_ALPHA * MU / MU.sum(0)
+    priors = [stats.nbinom.logpmf(grid, shape[leaves].reshape(-1)[rows],
+                                  (shape / (shape + MU))[leaves].reshape(-1)[rows]) if grouped else
+              stats.poisson.logpmf(grid, LAM[leaves].reshape(-1)[rows])
               for (grid, rows), leaves in zip(g.shard_grids(), g.split.shard_leaves)]
     return sums, g, priors
 
@@ -55,10 +71,21 @@ def test_a_split_sweep_keeps_the_posterior(posterior, parts):
     assert min(one_split_sweep_pvalues(posterior, parts, 4000)) > 1e-3 / 9
 
 
-def one_split_sweep_pvalues(posterior, parts, n_starts) -> list:
+@pytest.mark.parametrize("parts", PARTS.values(), ids=PARTS.keys())
+def test_a_split_sweep_with_the_census_prior_keeps_the_posterior(grouped_posterior, parts):
+    """As above with the census model's prior: the group-mixing factor of the mid area is in
+    the upper areas (the leaves as shards, or both in one shard, whose root is a new area
+    below the mid) or in a shard (the mid's subtree)."""
+    split = split_gibbs(parts, grouped=True)[1].split
+    in_top = any(name.startswith("group mixing") for name in split.top.term_name)
+    assert in_top == (parts != PARTS["the mid's subtree"])
+    assert min(one_split_sweep_pvalues(grouped_posterior, parts, 4000, grouped=True)) > 1e-3 / 9
+
+
+def one_split_sweep_pvalues(posterior, parts, n_starts, grouped: bool = False) -> list:
     """p-values of chi-squares of every count's marginal and the first leaf's total, after one
     split sweep from each of ``n_starts`` exact posterior draws, against the enumeration."""
-    _, g, priors = split_gibbs(parts)
+    _, g, priors = split_gibbs(parts, grouped)
     states, p, _ = posterior
     rng = np.random.default_rng(2)
     starts = rng.choice(len(states), size=n_starts, p=p)

@@ -208,11 +208,23 @@ def test_the_log_weight_of_the_structure_matches_the_enumeration(posterior):
 
 
 def _chi2_pvalue(observed, expected_p):
-    keep = expected_p * observed.sum() >= 5
-    obs = np.append(observed[keep], observed[~keep].sum())
-    exp = np.append(expected_p[keep], expected_p[~keep].sum()) * observed.sum()
-    if exp[-1] == 0:
-        obs, exp = obs[:-1], exp[:-1]
+    """The chi-square test's p-value of counts ``observed`` on ordered values against the
+    probabilities ``expected_p``: runs of neighbouring values merged from the left until each
+    bin expects at least 5 (the last run's remainder joins the bin before it), so no bin with a
+    tiny expectation decides the test. A draw on a value of probability 0 gives 0."""
+    observed, expected = np.asarray(observed, float), np.asarray(expected_p, float) * np.sum(observed)
+    if np.any(observed[expected_p == 0] > 0):
+        return 0.0
+    obs, exp, o, e = [], [], 0.0, 0.0
+    for oi, ei in zip(observed, expected):
+        o, e = o + oi, e + ei
+        if e >= 5:
+            obs.append(o), exp.append(e)
+            o, e = 0.0, 0.0
+    if e > 0 and obs:
+        obs[-1], exp[-1] = obs[-1] + o, exp[-1] + e
+    elif e > 0:
+        obs, exp = [o], [e]
     return stats.chisquare(obs, exp).pvalue
 
 
