@@ -261,8 +261,10 @@ def test_a_killed_driver_resumes_from_the_last_checkpoint(client, tmp_path, clus
     with pytest.warns(dp.RecoveryWarning, match=f"resumed the sharded fit from the checkpoint .* at sweep {sweep}"):
         resumed = dp.sample_sharded(build_shard, shared_model(), GROUPS, client=client, resume=path,
                                     progressbar=False, **(options | {"random_seed": None}))
+    where = f"{dp.recoveries_of(resumed)}; {resumed.sample_stats.attrs['shards']}"  # said by a failure
     for name in ("mu0", "m", "x"):
-        np.testing.assert_array_equal(reference.posterior[name].values, resumed.posterior[name].values)
+        np.testing.assert_array_equal(reference.posterior[name].values, resumed.posterior[name].values,
+                                      err_msg=f"{name}: {where}")
     [entry] = dp.recoveries_of(resumed)
     assert entry["kind"] == "resumed" and entry["sweep"] == sweep
 
