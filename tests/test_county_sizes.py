@@ -1,0 +1,139 @@
+"""The census model's leaf sizes split by county (dpinfer.io.nmf.county_sizes): the counties'
+shape models and the sizes' model add up to the whole model's log density (iid leaf sizes,
+GroupedNegativeBinomial counts, written independently here), so a scan of the counties'
+shapes in parallel given their sizes, then the sizes, targets the whole model's posterior."""
+
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+import pytest
+
+import dpinfer as dp
+from dpinfer.io.nmf.county_sizes import SUMMARIES, county_leaves, county_shapes_model, county_sizes_model
+from dpinfer.io.nmf.model import ROOT_SHAPE
+
+C = 3
+ROOT_MEAN = 40.0
+
+
+def small_state(seed: int = 0):
+    """3 counties of 2 tracts of 2 block groups of 2 or 3 blocks, one state, one nation:
+    each block's group at each level (finest first), the county level's index, counts and
+    the split concentrations (5 levels by C cells)."""
+    rng = np.random.default_rng(seed)
+    bg_sizes = rng.integers(2, 4, size=12)
+    bg = np.repeat(np.arange(12), bg_sizes)
+    tract, county = bg // 2, bg // 4
+    groupings = [bg, tract, county, np.zeros_like(bg), np.zeros_like(bg)]
+    counts = rng.poisson(3.0, size=(bg.size, C))
+    log_split = rng.normal(1.0, 0.8, size=(len(groupings), C))
+    return groupings, 2, counts, log_split
+
+
+def whole_model_logp(groupings, counts, log_split):
+    """log p(v, s, x) of the whole state (v iid N(0, s^2), s ~ HalfNormal(1), x the census
+    model's GroupedNegativeBinomial at mu = ROOT_MEAN softmax(v)), as a function of (v, s)."""
+    n = groupings[0].size
+    with pm.Model() as model:
+        s = pm.HalfNormal("sd_leaf", 1.0)
+        v = pm.Normal("v", 0.0, s, shape=n)
+        mu = ROOT_MEAN * pt.special.softmax(v)[:, None] * pt.ones((1, C))
+        dp.GroupedNegativeBinomial("counts", mu, [pt.exp(log_split[k]) for k in range(len(groupings))],
+                                   ROOT_SHAPE, groupings)
+    f = model.compile_logp(jacobian=False)
+    return lambda v, s: float(f({"sd_leaf_log__": np.log(s), "v": v, "counts": counts}))
+
+
+def split_logp(groupings, county_level, counts, log_split, shards):
+    """log p(v, s, x) up to a constant from the split models: every shard's shape model at its
+    counties' L and shapes, plus the sizes' model less its normal terms (which are the shards'
+    through the summaries); also returns the summaries it passed."""
+    county = groupings[county_level]
+    shard_models = [county_shapes_model(groupings, county_level, part, counts[county_leaves(county, np.array(part))[0]],
+                                        log_split, np.zeros(3), 1.0) for part in shards]
+    shard_logps = [m.compile_logp() for m in shard_models]
+    summaries_of = {id(m): m.compile_fn([m[name] for name in SUMMARIES] + [m["leaf_effect"]], inputs=[m["leaf_shape"]])
+                    for m in shard_models}
+    sums = np.zeros((3, C), np.int64)
+    np.add.at(sums, county, counts)
+    sizes = county_sizes_model(groupings, county_level, sums, log_split, {name: np.ones(3) for name in SUMMARIES})
+    f_sizes = sizes.compile_logp(jacobian=False)
+
+    def logp(v, s):
+        L = np.array([np.log(np.exp(v[county == q]).sum()) for q in range(3)])
+        summaries = {name: np.zeros(3) for name in SUMMARIES}
+        total = 0.0
+        for part, model, f in zip(shards, shard_models, shard_logps):
+            leaves, _ = county_leaves(county, np.array(part))
+            z = v[leaves] - np.array([v[county == q].mean() for q in county[leaves]])
+            with model:
+                pm.set_data({"county_log_size": L, "sd_leaf": s})
+            total += float(f({"leaf_shape": z}))
+            values = summaries_of[id(model)]({"leaf_shape": z})
+            np.testing.assert_allclose(values[-1], v[leaves], atol=1e-12)  # v given back from (L, z)
+            for name, value in zip(SUMMARIES, values):
+                summaries[name][part] = value
+        with sizes:
+            pm.set_data(summaries)
+        n, lse, squares = (summaries[name] for name in SUMMARIES)
+        normal = np.sum(-n * np.log(s) - (n * (L - lse) ** 2 + squares) / (2 * s ** 2))
+        total += float(f_sizes({"county_log_size": L, "sd_leaf_log__": np.log(s)})) - normal
+        return total, summaries
+
+    return logp
+
+
+@pytest.mark.parametrize("shards", [[[0, 1, 2]], [[2, 0], [1]], [[0], [1], [2]]], ids=["one", "two", "three"])
+def test_the_split_models_add_up_to_the_whole_models_log_density(shards):
+    """At 12 random (v, s), the whole model's log density less the split models' is one
+    constant (to 1e-9), whatever the counties' shards; the summaries are n_q, log sum exp of
+    the county's zero-sum shape and the sum of its squares."""
+    groupings, county_level, counts, log_split = small_state()
+    whole = whole_model_logp(groupings, counts, log_split)
+    split = split_logp(groupings, county_level, counts, log_split, shards)
+    rng = np.random.default_rng(1)
+    gaps = []
+    county = groupings[county_level]
+    for _ in range(12):
+        v, s = rng.normal(0.0, 1.2, size=county.size), float(rng.uniform(0.2, 2.0))
+        total, summaries = split(v, s)
+        gaps.append(whole(v, s) - total)
+        for q in range(3):
+            z = v[county == q] - v[county == q].mean()
+            np.testing.assert_allclose([summaries[name][q] for name in SUMMARIES],
+                                       [z.size, np.log(np.exp(z).sum()), np.sum(z ** 2)], rtol=1e-12)
+    assert np.ptp(gaps) < 1e-9, gaps
+
+
+def test_a_wrong_split_is_caught():
+    """The check above fails when the state's split among the counties is left out (the
+    sizes' model without its splits): the test can fail."""
+    groupings, county_level, counts, log_split = small_state()
+    whole = whole_model_logp(groupings, counts, log_split)
+    split = split_logp(groupings, county_level, counts, log_split, [[0], [1, 2]])
+    state_split = split_logp(groupings[:county_level + 1], county_level, counts, log_split, [[0], [1, 2]])
+    rng = np.random.default_rng(2)
+    gaps = [[], []]
+    for _ in range(6):
+        v, s = rng.normal(0.0, 1.2, size=counts.shape[0]), float(rng.uniform(0.2, 2.0))
+        gaps[0].append(whole(v, s) - split(v, s)[0])
+        gaps[1].append(whole(v, s) - state_split(v, s)[0])  # no level above the counties
+    assert np.ptp(gaps[0]) < 1e-9 and np.ptp(gaps[1]) > 1e-3
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(counties=[0, 0]), "counties must be distinct county indices 0 .. 2"),
+    (dict(counties=[3]), "counties must be distinct county indices 0 .. 2"),
+    (dict(counties="0"), "counties must be distinct county indices"),
+    (dict(county_level=5), r"county_level must be the index of the counties' level in groupings \(0 .. 4\)"),
+    (dict(county_level="2"), "county_level must be the index"),
+    (dict(counts=np.ones((3, C))), "counts must be non-negative integers"),
+    (dict(counts=-np.ones((9, C), int)), "counts must be non-negative integers"),
+])
+def test_bad_input_is_refused_by_name(kwargs, message):
+    groupings, county_level, counts, log_split = small_state()
+    args = dict(groupings=groupings, county_level=county_level, counties=[0], log_split=log_split,
+                county_log_size=np.zeros(3), sd_leaf=1.0)
+    args["counts"] = counts[county_leaves(groupings[county_level], np.array([0]))[0]]
+    with pytest.raises(ValueError, match=message):
+        county_shapes_model(**(args | kwargs))
