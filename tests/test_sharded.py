@@ -51,7 +51,8 @@ def build_shard(groups, release=RELEASE):
         m = pm.Normal("m", mu0, 1.0, shape=len(groups))
         x = pm.Poisson("x", pm.math.exp(m[local]))
         mechanism.observe("release", x, observed=release)
-        pm.Deterministic("m_g", m)
+        pm.Deterministic("m_less_mu0", m - mu0)  # depends on the shared parameter: each draw's own
+        pm.Deterministic("m_g", m)  # (last: the refusal tests below take it out)
     return model
 
 
@@ -156,6 +157,9 @@ def test_on_a_cluster_the_draws_are_those_of_this_process(client, capsys):
     there = dp.sample_sharded(build_shard, shared_model(), GROUPS, client=client, progressbar=True, **options)
     for name in ("mu0", "m", "x"):
         np.testing.assert_array_equal(here.posterior[name].values, there.posterior[name].values)
+    for idata in (here, there):  # a Deterministic of the shared parameter: computed at each draw's value
+        post = idata.posterior
+        np.testing.assert_allclose(post["m_less_mu0"], post["m"] - post["mu0"], atol=1e-12)
     pids = {s["pid"] for s in json.loads(there.sample_stats.attrs["shards"])}
     assert len(pids) == 2  # one shard on each worker process
     err = capsys.readouterr().err

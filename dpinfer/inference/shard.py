@@ -2,7 +2,9 @@
 their model with the shared parameters as data, and every chain's state of it.
 
 The shard's model is the analyst's ``build_shard(groups)``: the groups' latent counts, their
-releases and their local parameters, with each shared parameter a ``pm.Data`` of its name.
+releases and their local parameters, with each shared parameter a ``pm.Data`` of its name
+(or local parameters alone, their data observed or ``pm.Data``: the counties' leaf-size
+shapes of :mod:`dpinfer.io.nmf.county_sizes` given the counts).
 It is fitted by the compiled engine's kernel (:class:`~dpinfer.inference.engines.compiled.chains.Stepper`):
 an iteration given the shared parameters theta is one sweep of the one-machine engine with
 theta fixed, exact count draws and NUTS on the local parameters, so it leaves
@@ -57,11 +59,7 @@ class Shard:
             raise TypeError(f"build_shard must return a pymc.Model, got {type(model).__name__} "
                             f"for the groups {short(self.groups)}")
         self.model, self.tune, self.draws = model, tune, draws
-        records = releases_of(model)
-        if not records:
-            raise ValueError(f"the shard model of the groups {short(self.groups)} has no release "
-                             "registered with Mechanism.observe(...)")
-        plan = planning.plan_model(model, records, method="auto")
+        plan = planning.plan_model(model, releases_of(model), method="auto")
         reason = compiled_engine.refusal(model, plan.latents, "auto")
         compiled = None
         if reason is None and (plan.summed or plan.tables):
@@ -91,6 +89,8 @@ class Shard:
                                  f"Deterministic {name!r}, a summary the shared model takes as data")
         self.summary_names = list(summaries)
         self._summaries = compiled.values_function(self.summary_names)
+        self.theta_dependent = _depending_on(compiled, [j for ps in self._positions.values() for j in ps],
+                                             exclude=self.summary_names)
         at_zero = self._summaries(np.zeros(compiled.n), np.zeros(compiled.n_counts, np.int64))
         for name, value in zip(summaries, at_zero):
             shape = np.shape(value)
@@ -134,7 +134,7 @@ class Shard:
         return {"groups": len(self.groups), "cells": int(self.compiled.n_counts),
                 "local_parameters": int(self.compiled.n), "build_seconds": self.seconds,
                 "pid": os.getpid(), "peak_memory_MB": _peak_memory_mb(),
-                "theta_in_count_tables": [b.name for b in self._rehoist]}
+                "theta_in_count_tables": [b.name for b in self._rehoist], "theta_dependent": self.theta_dependent}
 
     def save(self, path: str) -> None:
         """Write every chain's state to the directory ``path`` (created owner-only;
@@ -203,16 +203,20 @@ class Shard:
         stepper.state.q[:] = q
         return out
 
-    def finish(self) -> dict:
+    def finish(self, thetas: dict | None = None) -> dict:
         """The shard's draws and report, once every chain has run: ``posterior`` and
         ``sample_stats`` (xarray Datasets, chain x draw x the shard model's dims), ``report``
         (each latent's entry, as ``dpinfer.sample`` reports it) and ``failed`` (latents whose
-        check failed: cells held in most draws)."""
+        check failed: cells held in most draws). ``thetas``: the shared parameters' stored
+        draws (name -> (chains, draws, ...)), which the Deterministics in
+        :attr:`theta_dependent` are computed from, draw by draw (needed when there are any)."""
         results = [s.result(self.sweep_seconds) for s in self.steppers]
         s0 = self.steppers[0]
         idata = compiled_engine.datatree(self.model, self.compiled, results, tune=self.tune,
                                          seconds=self.sweep_seconds, max_tree_depth=s0.max_tree_depth,
                                          nuts_per_sweep=s0.nuts_per_sweep, counts_per_sweep=s0.counts_per_sweep)
+        if self.theta_dependent:
+            self._with_draws_thetas(idata.posterior, thetas)
         report, failed = {}, {}
         for plan, block in zip(self.plans, self.blocks):
             report[plan.latent_name], bound = compiled_engine.plan_report(plan, idata, block, self.tol)
@@ -225,6 +229,31 @@ class Shard:
                 "report": json.loads(json.dumps(report, default=float)), "failed": failed,
                 "sweep_seconds": self.sweep_seconds, "first_sweep_seconds": self.first_sweep_seconds,
                 "peak_memory_MB": _peak_memory_mb()}
+
+
+    def _with_draws_thetas(self, posterior, thetas: dict | None) -> None:
+        """Recompute the Deterministics that depend on the shared parameters at each stored
+        draw's own shared values (the data hold the last sweep's)."""
+        if thetas is None:
+            raise ValueError(f"the shard's Deterministics {self.theta_dependent} depend on the shared "
+                             "parameters: finish needs their draws")
+        values = self.compiled.values_function(self.theta_dependent)
+        for c, stepper in enumerate(self.steppers):
+            for d, (q, counts) in enumerate(zip(stepper.state.draws_q, stepper.state.draws_counts)):
+                self.set_shared({name: draws[c, d] for name, draws in thetas.items()})
+                for name, value in zip(self.theta_dependent, values(q, counts)):
+                    posterior[name].values[c, d] = value
+
+
+def _depending_on(compiled, data_positions: list, exclude: list) -> list:
+    """The compiled model's values (free variables, Deterministics) whose graphs read any of
+    the data inputs at ``data_positions``, less ``exclude``."""
+    from pytensor.graph.traversal import ancestors
+
+    inputs = {compiled.structure.data_inputs[j] for j in data_positions}
+    _, _, graphs = compiled.structure.value_graphs
+    return [name for name, graph in zip(compiled.expand_names, graphs)
+            if name not in exclude and any(a in inputs for a in ancestors([graph]))]
 
 
 def _peak_memory_mb() -> float:

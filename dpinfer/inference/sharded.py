@@ -405,7 +405,15 @@ class _Fit:
                 progress.done = sweep
         self.sampling_seconds = time.perf_counter() - began
         self.progress_line = progress.line(self.sampling_seconds)  # the run's last, for the report
-        return _call(self.shards, "finish")
+        needed = any(info["theta_dependent"] for info in self.infos)
+        return _call(self.shards, "finish", self._theta_draws() if needed else None)
+
+    def _theta_draws(self) -> dict:
+        """The shared parameters' stored draws, name -> (chains, draws, ...): what the shards'
+        Deterministics that depend on them are computed from (:meth:`Shard.finish`)."""
+        per_chain = [[self.driver.theta(q) for q in s.state.draws_q] for s in self.steppers]
+        return {name: np.stack([np.stack([t[name] for t in chain]) for chain in per_chain])
+                for name in per_chain[0][0]}
 
     def _sweeps(self, progress) -> None:
         while self.done < self.total:
