@@ -25,14 +25,18 @@ Gibbs scan whose steps may run on all counties at once:
 * **the sizes L and the scale s given the shapes** (the driver, :func:`county_sizes_model`):
   the normal terms through three numbers per county (its number of leaves n_q, log sum exp
   z_q and sum z_q^2: sum_l v_l^2 = n_q (L_q - log sum exp z_q)^2 + sum z_q^2, as sum z_q = 0),
-  and the splits of the state (and any level above the counties) among the county sizes.
+  and the splits of the state (and any level above the counties) among the county sizes,
+  through each county's counts summed over its leaves. These four summaries are the shape
+  models' Deterministics (:data:`SUMMARIES`), so the two models are a ``shard`` and the
+  ``shared_model`` of :func:`dpinfer.sample_sharded`.
 
-Both are PyMC models with the counts as data (the counts are moved by the split sweep,
-:mod:`dpinfer.lattice.nested.split`, and the split concentrations theta = ``log_split`` set as
-data by the empirical-Bayes estimate). A county's shape is a free vector zeta_q of its n_q
-leaves with z_q = zeta_q - mean(zeta_q); zeta_q's mean, which nothing else sees, is given its
-own standard normal along the unit direction (the term -n_q mean(zeta_q)^2 / 2), so the law
-of z_q is unchanged and NUTS sees no flat direction.
+Both are PyMC models with the counts as data (to be moved by the split sweep,
+:mod:`dpinfer.lattice.nested.split`) and the split concentrations theta = ``log_split`` given
+(an empirical-Bayes estimate: data of the shape models, a constant of the sizes' model). A
+county's shape is a free vector zeta_q of its n_q leaves with z_q = zeta_q - mean(zeta_q);
+zeta_q's mean, which nothing else sees, is given its own standard normal along the unit
+direction (the term -n_q mean(zeta_q)^2 / 2), so the law of z_q is unchanged and NUTS sees no
+flat direction.
 
 The splits are the Dirichlet-multinomial laws of :class:`~dpinfer.GroupedNegativeBinomial`
 with its rates summed out: an area h of level k with sum S_h[c] splits among its children j
@@ -49,7 +53,7 @@ from __future__ import annotations
 
 import numpy as np
 
-SUMMARIES = ("county_leaves", "county_log_sum_exp", "county_sum_squares")
+SUMMARIES = ("county_leaves", "county_log_sum_exp", "county_sum_squares", "county_counts")
 
 
 def county_shapes_model(groupings: list, county_level: int, counties, counts, log_split, county_log_size,
@@ -88,15 +92,16 @@ def county_shapes_model(groupings: list, county_level: int, counties, counts, lo
         pm.Deterministic("county_leaves", pt.as_tensor(n))
         pm.Deterministic("county_log_sum_exp", lse)
         pm.Deterministic("county_sum_squares", _by_group(z ** 2, county, counties.size))
+        pm.Deterministic("county_counts", _by_group(x_data.astype("float64"), county, counties.size))
     return model
 
 
-def county_sizes_model(groupings: list, county_level: int, county_counts, log_split, summaries: dict):
+def county_sizes_model(groupings: list, county_level: int, log_split, summaries: dict):
     """The PyMC model of every county's size L (free ``county_log_size``) and the leaves' scale
-    (free ``sd_leaf`` ~ HalfNormal(1)) given the shapes through ``summaries`` (data named as
-    :data:`SUMMARIES`, one entry per county), the counties' counts ``county_counts``
-    (n_counties, n_cells; data ``county_counts``) and ``log_split`` (data): the normal terms
-    of every leaf and the splits of the levels above the counties."""
+    (free ``sd_leaf`` ~ HalfNormal(1)) given the counties' shapes and counts through
+    ``summaries`` (data named as :data:`SUMMARIES`, a row per county; ``county_counts``
+    (n_counties, n_cells) whole numbers) and ``log_split`` (a constant): the normal terms of
+    every leaf and the splits of the levels above the counties."""
     import pymc as pm
     import pytensor.tensor as pt
 
@@ -104,23 +109,25 @@ def county_sizes_model(groupings: list, county_level: int, county_counts, log_sp
     n_counties = int(groupings[county_level].max()) + 1
     first = np.unique(groupings[county_level], return_index=True)[1]  # a leaf of each county
     levels = [g[first] for g in groupings[county_level + 1:]]
-    X = _checked_counts("county_counts", county_counts, (n_counties, np.shape(log_split)[1]), "each county")
     missing = sorted(set(SUMMARIES) - set(summaries))
     if missing:
-        raise ValueError(f"summaries must give {list(SUMMARIES)}, one value per county; missing {missing}")
+        raise ValueError(f"summaries must give {list(SUMMARIES)}, a row per county; missing {missing}")
+    shapes = {name: (n_counties, np.shape(log_split)[1]) if name == "county_counts" else (n_counties,)
+              for name in SUMMARIES}
+    for name, shape in shapes.items():
+        if np.shape(summaries[name]) != shape:
+            raise ValueError(f"summaries[{name!r}] must have shape {shape}, got {np.shape(summaries[name])}")
     with pm.Model() as model:
-        data = {name: pm.Data(name, np.asarray(summaries[name], dtype=float).reshape(n_counties))
-                for name in SUMMARIES}
-        X_data = pm.Data("county_counts", X)
-        theta = pm.Data("log_split", np.asarray(log_split, dtype=float))
+        data = {name: pm.Data(name, np.asarray(summaries[name], dtype=float)) for name in SUMMARIES}
+        theta = pt.as_tensor(np.asarray(log_split, dtype=float))
         L = pm.Flat("county_log_size", shape=n_counties)
         s = pm.HalfNormal("sd_leaf", 1.0)
-        n, lse, squares = (data[name] for name in SUMMARIES)
+        n, lse, squares, X = (data[name] for name in SUMMARIES)
         pm.Potential("leaf_sizes", pt.sum(-n * pt.log(s) - (n * (L - lse) ** 2 + squares) / (2 * s ** 2)))
         if levels:
             size = pt.exp(L - pt.max(L))
             pm.Potential("splits", sum(
-                _split_log_density(size, X_data, levels, k, pt.exp(theta[county_level + 1 + k]))
+                _split_log_density(size, X, levels, k, pt.exp(theta[county_level + 1 + k]))
                 for k in range(len(levels))))
     return model
 
