@@ -183,3 +183,24 @@ def test_the_counties_sharded_give_the_whole_models_posterior():
     s = [az.convert_to_dataset(idata.posterior["sd_leaf"].values) for idata in (sharded, reference)]
     gap = float(s[0]["x"].mean() - s[1]["x"].mean()) / float(np.hypot(az.mcse(s[0])["x"], az.mcse(s[1])["x"]))
     assert abs(gap) < 5, gap
+
+
+def test_on_sample_sharded_each_draws_leaf_sizes_add_up_to_its_county_sizes():
+    """The shape models as sample_sharded's shards (models without a release: the counts are
+    data) and the sizes' model as the shared model: each stored draw's leaf sizes (a shard's
+    Deterministic of the shared sizes) sum to that draw's county sizes."""
+    groupings, county_level, counts, log_split = small_state()
+    county = groupings[county_level]
+
+    def build(groups):
+        leaves, _ = county_leaves(county, np.array(groups))
+        return county_shapes_model(groupings, county_level, groups, counts[leaves], log_split, np.zeros(3), 1.0)
+
+    shared = county_sizes_model(groupings, county_level, log_split,
+                                {name: np.ones((3, C) if name == "county_counts" else 3) for name in SUMMARIES})
+    idata = dp.sample_sharded(build, shared, [0, 1, 2], shards=2, draws=100, tune=100, chains=2,
+                              random_seed=1, progressbar=False)
+    v = idata.posterior["leaf_effect"].values
+    L = np.stack([np.log(np.exp(v[..., county == q]).sum(-1)) for q in range(3)], -1)
+    np.testing.assert_allclose(L, idata.posterior["county_log_size"].values, atol=1e-9)
+    assert np.ptp(L[..., 0]) > 0.05  # the sizes move
