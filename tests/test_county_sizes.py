@@ -86,6 +86,27 @@ def split_logp(groupings, county_level, counts, log_split, shards):
     return logp
 
 
+def test_iid_sizes_have_the_zero_sum_normals_law_of_the_shares():
+    """The module's premise: v iid N(0, s^2) integrated over its mean (v = u + m 1, u summing to
+    0) has the density of census_model's zero-sum v = _zero_sum(z), z iid N(0, s^2) in n - 1
+    coordinates, times 1/sqrt(n), at every s: so (s, the shares) have the same law and the
+    same posterior. Quadrature over m at random (u, s)."""
+    from scipy import integrate, stats
+
+    from dpinfer.io.nmf.model import _zero_sum
+
+    n, rng = 6, np.random.default_rng(3)
+    z_var = pt.dvector("z")
+    basis = np.stack([_zero_sum(z_var).eval({z_var: e}) for e in np.eye(n - 1)], axis=1)  # orthonormal
+    for _ in range(8):
+        s, z = float(rng.uniform(0.2, 2.0)), rng.normal(0.0, 1.0, n - 1)
+        u = basis @ z
+        at_0 = stats.norm.logpdf(u, 0.0, s).sum()  # the integrand's peak (u sums to 0)
+        mass, _ = integrate.quad(lambda m: np.exp(stats.norm.logpdf(u + m, 0.0, s).sum() - at_0), -np.inf, np.inf,
+                                 epsabs=1e-13, epsrel=1e-12)
+        assert at_0 + np.log(mass) == pytest.approx(stats.norm.logpdf(z, 0.0, s).sum() - 0.5 * np.log(n), abs=1e-8)
+
+
 @pytest.mark.parametrize("shards", [[[0, 1, 2]], [[2, 0], [1]], [[0], [1], [2]]], ids=["one", "two", "three"])
 def test_the_split_models_add_up_to_the_whole_models_log_density(shards):
     """At 12 random (v, s), the whole model's log density less the split models' is one
