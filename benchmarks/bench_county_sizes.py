@@ -1,7 +1,8 @@
 """A state's leaf sizes at blocks, counties sharded: the scan of dpinfer.io.nmf.county_sizes
 (each county's shape given the sizes on the workers, the sizes and their scale on the driver)
 through dp.sample_sharded, against the same scan with every county in one shard in this
-process (the one-machine baseline), the counts given.
+process (the one-machine baseline), the counts given. The shards are runs of counties of about
+equal numbers of blocks (``weights``).
 
 The table: a synthetic state (``--counties`` counties of ``--tracts`` tracts of 3 block groups
 of 15-25 blocks, :func:`dpinfer.io.nmf.synthetic.write_synthetic_nmf`) read at Block leaves;
@@ -12,7 +13,7 @@ min bulk ESS over the sizes (L), their scale (s) and the leaf sizes (v), and ESS
 sampling; then the ratios sharded / one process.
 
 Run:  .venv/bin/python benchmarks/bench_county_sizes.py [--counties 12] [--tracts 4]
-      [--shards 2] [--workers 2] [--draws 500] [--tune 500]
+      [--shards 2 4] [--workers 2] [--draws 500] [--tune 500]
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def state_table(n_counties: int, tracts: int, root: str):
 
 
 def run(table, counts, shards: int, client, draws: int, tune: int) -> dict:
+    """One sample_sharded fit of the scan: ``shards`` runs of counties of about equal blocks."""
     groupings = spine_groupings(table)
     county_level = groupings_levels(table).index("County")
     county = groupings[county_level]
@@ -63,7 +65,8 @@ def run(table, counts, shards: int, client, draws: int, tune: int) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         idata = dp.sample_sharded(build, shared, list(range(n_counties)), shards=shards, client=client,
-                                  draws=draws, tune=tune, chains=2, random_seed=1, progressbar=False)
+                                  weights=np.bincount(county), draws=draws, tune=tune, chains=2, random_seed=1,
+                                  progressbar=False)
     wall = time.perf_counter() - began
     import arviz as az
 
@@ -84,7 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counties", type=int, default=12)
     parser.add_argument("--tracts", type=int, default=4)
-    parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument("--shards", type=int, nargs="+", default=[2])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--draws", type=int, default=500)
     parser.add_argument("--tune", type=int, default=500)
@@ -100,9 +103,10 @@ def main() -> None:
     print(pd.Series(rows[0]).to_string(), flush=True)
     with distributed.LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
                                   dashboard_address=":0") as cluster, distributed.Client(cluster) as client:
-        rows.append(run(table, counts, args.shards, client, args.draws, args.tune))
-    out = pd.DataFrame(rows, index=["one process", f"{args.shards} shards, {args.workers} workers"]).T
-    out["sharded / one"] = out.iloc[:, 1] / out.iloc[:, 0]
+        rows += [run(table, counts, shards, client, args.draws, args.tune) for shards in args.shards]
+    out = pd.DataFrame(rows, index=["one process"] + [f"{k} shards, {args.workers} workers" for k in args.shards]).T
+    for column in out.columns[1:]:
+        out[f"{column.split(',')[0]} / one"] = out[column] / out["one process"]
     with pd.option_context("display.float_format", "{:.4g}".format):
         print(out.to_string())
 
