@@ -13,7 +13,7 @@ min bulk ESS over the sizes (L), their scale (s) and the leaf sizes (v), and ESS
 sampling; then the ratios sharded / one process.
 
 Run:  .venv/bin/python benchmarks/bench_county_sizes.py [--counties 12] [--tracts 4]
-      [--shards 2 4] [--workers 2] [--draws 500] [--tune 500]
+      [--shards 2 4] [--workers 2] [--draws 500] [--tune 500] [--level Tract] [--in-process]
 """
 
 from __future__ import annotations
@@ -45,10 +45,11 @@ def state_table(n_counties: int, tracts: int, root: str):
     return table, counts
 
 
-def run(table, counts, shards: int, client, draws: int, tune: int) -> dict:
-    """One sample_sharded fit of the scan: ``shards`` runs of counties of about equal blocks."""
+def run(table, counts, shards: int, client, draws: int, tune: int, level: str = "County") -> dict:
+    """One sample_sharded fit of the scan: ``shards`` runs of the areas of ``level`` (counties,
+    or tracts: the same split one level down) of about equal blocks."""
     groupings = spine_groupings(table)
-    county_level = groupings_levels(table).index("County")
+    county_level = groupings_levels(table).index(level)
     county = groupings[county_level]
     n_counties = int(county.max()) + 1
     log_split = np.full((len(groupings), counts.shape[1]), 2.0)
@@ -89,6 +90,9 @@ def main() -> None:
     parser.add_argument("--tracts", type=int, default=4)
     parser.add_argument("--shards", type=int, nargs="+", default=[2])
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--level", choices=["County", "Tract"], default="County",
+                        help="the areas whose shapes are moved apart (Tract: the split one level down)")
+    parser.add_argument("--in-process", action="store_true", help="the shards in this process, no cluster")
     parser.add_argument("--draws", type=int, default=500)
     parser.add_argument("--tune", type=int, default=500)
     args = parser.parse_args()
@@ -99,14 +103,18 @@ def main() -> None:
         table, counts = state_table(args.counties, args.tracts, root)
         print(f"table: {len(table.leaves)} blocks, {counts.shape[1]} cells, read in "
               f"{time.perf_counter() - began:.1f} s", flush=True)
-    rows = [run(table, counts, 1, None, args.draws, args.tune)]
+    rows = [run(table, counts, 1, None, args.draws, args.tune, args.level)]
     print(pd.Series(rows[0]).to_string(), flush=True)
-    with distributed.LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as client:
-        rows += [run(table, counts, shards, client, args.draws, args.tune) for shards in args.shards]
-    out = pd.DataFrame(rows, index=["one process"] + [f"{k} shards, {args.workers} workers" for k in args.shards]).T
+    where = "this process" if args.in_process else f"{args.workers} workers"
+    if args.in_process:
+        rows += [run(table, counts, shards, None, args.draws, args.tune, args.level) for shards in args.shards]
+    else:
+        with distributed.LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
+                                      dashboard_address=":0") as cluster, distributed.Client(cluster) as client:
+            rows += [run(table, counts, shards, client, args.draws, args.tune, args.level) for shards in args.shards]
+    out = pd.DataFrame(rows, index=["one shard"] + [f"{k} shards, {where}" for k in args.shards]).T
     for column in out.columns[1:]:
-        out[f"{column.split(',')[0]} / one"] = out[column] / out["one process"]
+        out[f"{column.split(',')[0]} / one"] = out[column] / out["one shard"]
     with pd.option_context("display.float_format", "{:.4g}".format):
         print(out.to_string())
 
