@@ -164,6 +164,20 @@ def test_bad_input_is_refused_by_name(kwargs, message):
         county_shapes_model(**(args | kwargs))
 
 
+def sharded_fit(groupings, county_level, counts, log_split, **options):
+    """dp.sample_sharded of the scan: the 3 counties' shape models as shards, the sizes' model
+    as the shared model (2 chains; ``options``: shards, draws, tune, random_seed)."""
+    county = groupings[county_level]
+
+    def build(groups):
+        leaves, _ = county_leaves(county, np.array(groups))
+        return county_shapes_model(groupings, county_level, groups, counts[leaves], log_split, np.zeros(3), 1.0)
+
+    shared = county_sizes_model(groupings, county_level, log_split,
+                                {name: np.ones((3, C) if name == "county_counts" else 3) for name in SUMMARIES})
+    return dp.sample_sharded(build, shared, [0, 1, 2], chains=2, progressbar=False, **options)
+
+
 @pytest.mark.validation
 def test_the_counties_sharded_give_the_whole_models_posterior():
     """dp.sample_sharded with each county a shard (its shape given the sizes) and the sizes'
@@ -178,14 +192,7 @@ def test_the_counties_sharded_give_the_whole_models_posterior():
     rng = np.random.default_rng(7)
     counts = rng.poisson(4.0 * np.exp(rng.normal(0.0, 0.8, size=county.size))[:, None] * np.ones((1, C)))
 
-    def build(groups):
-        leaves, _ = county_leaves(county, np.array(groups))
-        return county_shapes_model(groupings, county_level, groups, counts[leaves], log_split, np.zeros(3), 1.0)
-
-    shared = county_sizes_model(groupings, county_level, log_split,
-                                {name: np.ones((3, C) if name == "county_counts" else 3) for name in SUMMARIES})
-    sharded = dp.sample_sharded(build, shared, [0, 1, 2], shards=3, draws=2000, tune=1000, chains=2,
-                                random_seed=3, progressbar=False)
+    sharded = sharded_fit(groupings, county_level, counts, log_split, shards=3, draws=2000, tune=1000, random_seed=3)
     whole = pm.observe(_whole_model(groupings, log_split), {"counts": counts})
     with whole:
         reference = pm.sample(2000, tune=1000, chains=2, random_seed=4, progressbar=False)
@@ -213,14 +220,7 @@ def test_on_sample_sharded_each_draws_leaf_sizes_add_up_to_its_county_sizes():
     groupings, county_level, counts, log_split = small_state()
     county = groupings[county_level]
 
-    def build(groups):
-        leaves, _ = county_leaves(county, np.array(groups))
-        return county_shapes_model(groupings, county_level, groups, counts[leaves], log_split, np.zeros(3), 1.0)
-
-    shared = county_sizes_model(groupings, county_level, log_split,
-                                {name: np.ones((3, C) if name == "county_counts" else 3) for name in SUMMARIES})
-    idata = dp.sample_sharded(build, shared, [0, 1, 2], shards=2, draws=100, tune=100, chains=2,
-                              random_seed=1, progressbar=False)
+    idata = sharded_fit(groupings, county_level, counts, log_split, shards=2, draws=100, tune=100, random_seed=1)
     v = idata.posterior["leaf_effect"].values
     L = np.stack([np.log(np.exp(v[..., county == q]).sum(-1)) for q in range(3)], -1)
     np.testing.assert_allclose(L, idata.posterior["county_log_size"].values, atol=1e-9)
