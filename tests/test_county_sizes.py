@@ -136,7 +136,8 @@ def test_a_wrong_split_is_caught():
     groupings, county_level, counts, log_split = small_state()
     whole = whole_model_logp(groupings, counts, log_split)
     split = split_logp(groupings, county_level, counts, log_split, [[0], [1, 2]])
-    state_split = split_logp(groupings[:county_level + 1], county_level, counts, log_split, [[0], [1, 2]])
+    state_split = split_logp(groupings[:county_level + 1], county_level, counts, log_split[:county_level + 1],
+                             [[0], [1, 2]])
     rng = np.random.default_rng(2)
     gaps = [[], []]
     for _ in range(6):
@@ -154,6 +155,9 @@ def test_a_wrong_split_is_caught():
     (dict(county_level="2"), "county_level must be the index"),
     (dict(counts=np.ones((3, C))), "counts must be non-negative integers"),
     (dict(counts=-np.ones((9, C), int)), "counts must be non-negative integers"),
+    (dict(groupings="abc"), "groupings must be a list of each leaf's group at each level"),
+    (dict(groupings=[np.array([0, 0, 1]), np.array([0, 1, 1])]), "groupings: group.* must be coarser"),
+    (dict(log_split=np.ones(C)), r"log_split must be finite numbers, a row per level of groupings \(5\)"),
 ])
 def test_bad_input_is_refused_by_name(kwargs, message):
     groupings, county_level, counts, log_split = small_state()
@@ -162,6 +166,23 @@ def test_bad_input_is_refused_by_name(kwargs, message):
     args["counts"] = counts[county_leaves(groupings[county_level], np.array([0]))[0]]
     with pytest.raises(ValueError, match=message):
         county_shapes_model(**(args | kwargs))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(summaries={}), r"summaries must give \['county_leaves', .*missing"),
+    (dict(summaries="county_counts"), r"summaries must give"),
+    (dict(county_counts=np.ones(3)), r"summaries\['county_counts'\] must have shape \(3, 3\), got \(3,\)"),
+    (dict(log_split=np.ones((4, C))), r"log_split must be finite numbers, a row per level of groupings \(5\)"),
+    (dict(county_level=-1), "county_level must be the index"),
+])
+def test_the_sizes_model_refuses_bad_input_by_name(kwargs, message):
+    groupings, county_level, _, log_split = small_state()
+    summaries = {name: np.ones((3, C) if name == "county_counts" else 3) for name in SUMMARIES}
+    if "county_counts" in kwargs:
+        summaries["county_counts"] = kwargs.pop("county_counts")
+    args = dict(groupings=groupings, county_level=county_level, log_split=log_split, summaries=summaries)
+    with pytest.raises(ValueError, match=message):
+        county_sizes_model(**(args | kwargs))
 
 
 def sharded_fit(groupings, county_level, counts, log_split, **options):

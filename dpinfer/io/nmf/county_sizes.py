@@ -69,6 +69,7 @@ def county_shapes_model(groupings: list, county_level: int, counties, counts, lo
     import pytensor.tensor as pt
 
     groupings, county_level = _checked_levels(groupings, county_level)
+    log_split = _checked_log_split(log_split, len(groupings))
     counties = _checked_counties(counties, groupings[county_level])
     leaves, county = county_leaves(groupings[county_level], counties)
     n = np.bincount(county, minlength=counties.size).astype(float)
@@ -106,6 +107,7 @@ def county_sizes_model(groupings: list, county_level: int, log_split, summaries:
     import pytensor.tensor as pt
 
     groupings, county_level = _checked_levels(groupings, county_level)
+    log_split = _checked_log_split(log_split, len(groupings))
     n_counties = int(groupings[county_level].max()) + 1
     first = np.unique(groupings[county_level], return_index=True)[1]  # a leaf of each county
     levels = [g[first] for g in groupings[county_level + 1:]]
@@ -181,12 +183,30 @@ def _split_log_density(size, x, levels: list, k: int, A):
 
 
 def _checked_levels(groupings, county_level) -> tuple[list, int]:
-    groupings = [np.asarray(g, dtype=np.int64).reshape(-1) for g in groupings]
+    """The groupings as int64 arrays, checked as :func:`dpinfer.GroupedNegativeBinomial`'s
+    (every level's groups numbered 0 .. n - 1, each inside one group of the next level)."""
+    from dpinfer.distributions.grouped_negative_binomial import _checked_groups
+
+    if isinstance(groupings, (str, bytes, np.ndarray)) or not isinstance(groupings, (list, tuple)):
+        raise ValueError("groupings must be a list of each leaf's group at each level above the leaves, "
+                         f"finest first (spine_groupings), got {type(groupings).__name__}")
+    try:
+        groupings = list(_checked_groups(list(groupings)))
+    except ValueError as err:
+        raise ValueError(f"groupings: {err}") from None
     if isinstance(county_level, bool) or not isinstance(county_level, (int, np.integer)) or not (
             0 <= county_level < len(groupings)):
         raise ValueError(f"county_level must be the index of the counties' level in groupings "
                          f"(0 .. {len(groupings) - 1}), got {county_level!r}")
     return groupings, int(county_level)
+
+
+def _checked_log_split(log_split, n_levels: int) -> np.ndarray:
+    theta = np.asarray(log_split, dtype=float)
+    if theta.ndim != 2 or theta.shape[0] != n_levels or not np.all(np.isfinite(theta)):
+        raise ValueError(f"log_split must be finite numbers, a row per level of groupings ({n_levels}) and a "
+                         f"column per cell; got shape {theta.shape}")
+    return theta
 
 
 def _checked_counties(counties, county_of_leaf: np.ndarray) -> np.ndarray:
