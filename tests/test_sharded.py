@@ -200,7 +200,7 @@ def test_a_worker_killed_mid_fit_costs_only_the_sweeps_since_the_checkpoint(clie
     assert lost["kind"] == "lost workers" and len(lost["workers"]) == 1
     assert lost["resumed_at_sweep"] % 50 == 0 and 0 < lost["resumed_at_sweep"] <= lost["lost_at_sweep"]
     assert dp.recoveries_of(reference) == []
-    for name in ("mu0", "m", "x"):
+    for name in ("mu0", "m", "x", "m_less_mu0"):  # (the last computed after the recovery)
         np.testing.assert_array_equal(reference.posterior[name].values, idata.posterior[name].values)
     assert sorted(os.listdir(path)) == ["checkpoint.json", "latest.json", f"sweep-{550:09d}"]
     assert oct(os.stat(path).st_mode & 0o777) == "0o700"
@@ -266,7 +266,7 @@ def test_a_killed_driver_resumes_from_the_last_checkpoint(client, tmp_path, clus
         resumed = dp.sample_sharded(build_shard, shared_model(), GROUPS, client=client, resume=path,
                                     progressbar=False, **(options | {"random_seed": None}))
     where = f"{dp.recoveries_of(resumed)}; {resumed.sample_stats.attrs['shards']}"  # said by a failure
-    for name in ("mu0", "m", "x"):
+    for name in ("mu0", "m", "x", "m_less_mu0"):
         np.testing.assert_array_equal(reference.posterior[name].values, resumed.posterior[name].values,
                                       err_msg=f"{name}: {where}")
     [entry] = dp.recoveries_of(resumed)
