@@ -158,6 +158,10 @@ def test_a_wrong_split_is_caught():
     (dict(groupings="abc"), "groupings must be a list of each leaf's group at each level"),
     (dict(groupings=[np.array([0, 0, 1]), np.array([0, 1, 1])]), "groupings: group.* must be coarser"),
     (dict(log_split=np.ones(C)), r"log_split must be finite numbers, a row per level of groupings \(5\)"),
+    (dict(county_log_size=np.zeros(2)), "county_log_size must be 3 finite numbers, one per county"),
+    (dict(county_log_size="abc"), "county_log_size must be 3 finite numbers, one per county"),
+    (dict(sd_leaf=0.0), "sd_leaf must be a positive number, got 0.0"),
+    (dict(sd_leaf="1"), "sd_leaf must be a positive number, got '1'"),
 ])
 def test_bad_input_is_refused_by_name(kwargs, message):
     groupings, county_level, counts, log_split = small_state()

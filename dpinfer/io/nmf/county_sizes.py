@@ -74,11 +74,19 @@ def county_shapes_model(groupings: list, county_level: int, counties, counts, lo
     leaves, county = county_leaves(groupings[county_level], counties)
     n = np.bincount(county, minlength=counties.size).astype(float)
     x = _checked_counts("counts", counts, (leaves.size, np.shape(log_split)[1]), "each leaf of the counties")
+    n_counties = int(groupings[county_level].max()) + 1
+    sizes = np.asarray(county_log_size)
+    if sizes.shape != (n_counties,) or sizes.dtype.kind not in "iuf" or not np.all(np.isfinite(sizes)):
+        raise ValueError(f"county_log_size must be {n_counties} finite numbers, one per county; "
+                         f"got shape {sizes.shape}")
+    if (isinstance(sd_leaf, bool) or not isinstance(sd_leaf, (int, float, np.integer, np.floating))
+            or not np.isfinite(sd_leaf) or sd_leaf <= 0):
+        raise ValueError(f"sd_leaf must be a positive number, got {sd_leaf!r}")
     levels = [np.unique(g[leaves], return_inverse=True)[1] for g in groupings[:county_level + 1]]
     with pm.Model() as model:
         x_data = pm.Data("counts", x)
-        theta = pm.Data("log_split", np.asarray(log_split, dtype=float))
-        L = pm.Data("county_log_size", np.asarray(county_log_size, dtype=float))[counties]
+        theta = pm.Data("log_split", log_split)
+        L = pm.Data("county_log_size", sizes.astype(float))[counties]
         s = pm.Data("sd_leaf", float(sd_leaf))
         zeta = pm.Flat("leaf_shape", shape=leaves.size)
         mean = _by_group(zeta, county, counties.size) / n
@@ -121,7 +129,7 @@ def county_sizes_model(groupings: list, county_level: int, log_split, summaries:
             raise ValueError(f"summaries[{name!r}] must have shape {shape}, got {np.shape(summaries[name])}")
     with pm.Model() as model:
         data = {name: pm.Data(name, np.asarray(summaries[name], dtype=float)) for name in SUMMARIES}
-        theta = pt.as_tensor(np.asarray(log_split, dtype=float))
+        theta = pt.as_tensor(log_split)
         L = pm.Flat("county_log_size", shape=n_counties)
         s = pm.HalfNormal("sd_leaf", 1.0)
         n, lse, squares, X = (data[name] for name in SUMMARIES)
