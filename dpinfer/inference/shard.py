@@ -147,13 +147,17 @@ class Shard:
             checkpoint.save(c, stepper.state)
 
     def set_shared(self, values: dict) -> None:
-        """Write the shared parameters' values (name -> array) into the model's data."""
+        """Write the shared parameters' values (name -> array) into the model's data, and
+        refill the count blocks' terms that depend on them."""
+        self._write_shared(values)
+        for block in self._rehoist:
+            block.refresh_hoisted()
+
+    def _write_shared(self, values: dict) -> None:
         data = self.compiled.data.values
         for name, positions in self._positions.items():
             for j in positions:
                 data[j][...] = values[name]
-        for block in self._rehoist:
-            block.refresh_hoisted()
 
     def summaries(self, c: int) -> dict:
         """Chain ``c``'s summaries at its state (the shared values in the data: chain c's)."""
@@ -230,17 +234,17 @@ class Shard:
                 "sweep_seconds": self.sweep_seconds, "first_sweep_seconds": self.first_sweep_seconds,
                 "peak_memory_MB": _peak_memory_mb()}
 
-
     def _with_draws_thetas(self, posterior, thetas: dict | None) -> None:
         """Recompute the Deterministics that depend on the shared parameters at each stored
-        draw's own shared values (the data hold the last sweep's)."""
+        draw's own shared values (the data hold the last sweep's; the count blocks' tables are
+        not needed, so not refilled)."""
         if thetas is None:
             raise ValueError(f"the shard's Deterministics {self.theta_dependent} depend on the shared "
                              "parameters: finish needs their draws")
         values = self.compiled.values_function(self.theta_dependent)
         for c, stepper in enumerate(self.steppers):
             for d, (q, counts) in enumerate(zip(stepper.state.draws_q, stepper.state.draws_counts)):
-                self.set_shared({name: draws[c, d] for name, draws in thetas.items()})
+                self._write_shared({name: draws[c, d] for name, draws in thetas.items()})
                 for name, value in zip(self.theta_dependent, values(q, counts)):
                     posterior[name].values[c, d] = value
 
