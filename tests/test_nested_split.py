@@ -14,6 +14,8 @@ from dpinfer._random_stream import new_stream
 from dpinfer.lattice.nested.split import SplitGibbs
 
 PARTS = {"each leaf a shard": [[2], [3]], "both leaves one shard": [[2, 3]], "the mid's subtree": [[1]]}
+FAR = 20.0 * MU  # leaf means far above the counts the root's equality allows: large tilts
+ROOT_SPLIT = 2.0  # the root's split concentration (a group above the mid's)
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +28,33 @@ def posterior():
 def grouped_posterior():
     states, logp = enumerate_posterior(grouped_prior)
     return states, np.exp(logp), logp
+
+
+@pytest.fixture(scope="module")
+def far_posterior():
+    states, logp = enumerate_posterior(lambda x: grouped_prior(x, FAR))
+    return states, np.exp(logp), logp
+
+
+def tilted_split_gibbs(parts):
+    """The split sampler of ``parts`` with the census prior's factors at two levels, the mid
+    (area 1, split concentration LEAF_ALPHA) and the root (area 0: shape ALPHA, split
+    ROOT_SPLIT), written with their tilts before each sweep; leaf means FAR. The root has one
+    child, so the law is grouped_prior's with FAR: the mid's factor NB(S; M, a) / NB(S; M, A)
+    with a = ROOT_SPLIT M / M = ROOT_SPLIT, times the root's NB(S; M, ALPHA) / NB(S; M, ROOT_SPLIT).
+    Returns (the sampler, each shard's untilted prior table, the groups' (a, A, M))."""
+    sums, _ = small_table()
+    hi = TOTAL + 1 + np.arange(LAM.size).reshape(LAM.shape) % 3
+    M = FAR.sum(0)
+    mixed, tables = sums.with_group_mixing([1, 0])
+    parameters = np.stack([np.stack([np.full(C, ROOT_SPLIT), np.full(C, LEAF_ALPHA), M], -1),
+                           np.stack([np.full(C, ALPHA), np.full(C, ROOT_SPLIT), M], -1)])
+    g = SplitGibbs(mixed.split(parts), 0, hi, mixing=([1, 0], tables))
+    shape = LEAF_ALPHA * FAR / M
+    p = shape / (shape + FAR)
+    priors = [stats.nbinom.logpmf(grid, shape[leaves].reshape(-1)[rows], p[leaves].reshape(-1)[rows])
+              for (grid, rows), leaves in zip(g.shard_grids(), g.split.shard_leaves)]
+    return g, priors, parameters
 
 
 def split_gibbs(parts, grouped: bool = False):
@@ -82,10 +111,40 @@ def test_a_split_sweep_with_the_census_prior_keeps_the_posterior(grouped_posteri
     assert min(one_split_sweep_pvalues(grouped_posterior, parts, 4000, grouped=True)) > 1e-3 / 9
 
 
-def one_split_sweep_pvalues(posterior, parts, n_starts, grouped: bool = False) -> list:
+@pytest.mark.parametrize("parts", PARTS.values(), ids=PARTS.keys())
+def test_a_split_sweep_with_tilted_factors_in_every_piece_keeps_the_posterior(far_posterior, parts):
+    """The census prior's factors at the mid and the root, each tilted towards the current
+    sums before the sweep, with leaf means 20 times what the counts can reach (tilts of
+    about a nat a person): each shard's leaves or its county-like group take the tilt of the
+    group above them in the upper areas from the driver. Again the posterior."""
+    g, _, parameters = tilted_split_gibbs(parts)
+    outer = [m.outer for m in g.mixing_shards]
+    assert outer == ([0, 0] if len(parts) == 2 else [0] if parts == [[2, 3]] else [1])  # the group above
+    x_top = g.split.pieces(far_posterior[0][np.argmax(far_posterior[1])])[0]
+    state = (x_top, g.split.top.area_sums(x_top))
+    assert max(np.abs(t).max() for t in g.refill_top(state, parameters[g.mixing_top.groups])) > 0.5
+    assert min(one_split_sweep_pvalues(far_posterior, parts, 4000, tilted=True)) > 1e-3 / 9
+
+
+def test_a_tilt_that_is_not_undone_is_caught(far_posterior, monkeypatch):
+    """Without the tilt of the group above a shard (its leaves' priors left untilted while the
+    upper areas' factor is tilted), the law changes and the check fails."""
+    def no_outer_tilt(self, state, parameters):
+        return [np.zeros_like(t) for t in real(self, state, parameters)]
+
+    real = SplitGibbs.refill_top
+    monkeypatch.setattr(SplitGibbs, "refill_top", no_outer_tilt)
+    assert min(one_split_sweep_pvalues(far_posterior, PARTS["each leaf a shard"], 4000, tilted=True)) < 1e-6
+
+
+def one_split_sweep_pvalues(posterior, parts, n_starts, grouped: bool = False, tilted: bool = False) -> list:
     """p-values of chi-squares of every count's marginal and the first leaf's total, after one
-    split sweep from each of ``n_starts`` exact posterior draws, against the enumeration."""
-    _, g, priors = split_gibbs(parts, grouped)
+    split sweep from each of ``n_starts`` exact posterior draws, against the enumeration
+    (``tilted``: :func:`tilted_split_gibbs`'s sampler, refilled before each sweep)."""
+    if tilted:
+        g, priors, parameters = tilted_split_gibbs(parts)
+    else:
+        g, priors = split_gibbs(parts, grouped)[1:]
     states, p, _ = posterior
     rng = np.random.default_rng(2)
     starts = rng.choice(len(states), size=n_starts, p=p)
@@ -98,6 +157,8 @@ def one_split_sweep_pvalues(posterior, parts, n_starts, grouped: bool = False) -
         for shard, xk in zip(shards, xs):
             shard.set_counts(xk)
         state = (x_top, top.area_sums(x_top), top.term_sums(x_top))
+        if tilted:
+            g.refill(shards, state, parameters, priors)
         assert g.sweep(shards, state, work, stream, stat) == 0
         if i < 50:  # the sums the sweep keeps
             np.testing.assert_array_equal(state[1], top.area_sums(x_top))
@@ -168,6 +229,17 @@ def test_shards_on_dask_workers_draw_what_they_draw_in_this_process(posterior, c
     assert np.any(here != x0)
 
 
+def test_tilted_shards_on_dask_workers_draw_what_they_draw_in_this_process(far_posterior, client):
+    """The same with the factors refilled and tilted before each sweep (the driver's tilts sent
+    to the actors)."""
+    g, priors, parameters = tilted_split_gibbs(PARTS["the mid's subtree"])
+    x0 = far_posterior[0][np.argmax(far_posterior[1])]
+    here, info_here = g.run(x0, priors, 30, np.random.default_rng(5), parameters=parameters)
+    there, info_there = g.run(x0, priors, 30, np.random.default_rng(5), client=client, parameters=parameters)
+    np.testing.assert_array_equal(here, there)
+    assert info_here == info_there and np.any(here != x0)
+
+
 @pytest.mark.parametrize("parts", ["23", [["2"], ["3"]], [[2.0], [3.0]]])
 def test_parts_that_are_not_area_indices_are_refused(parts):
     sums, _ = small_table()
@@ -188,3 +260,14 @@ def test_bad_sampler_inputs_are_refused(posterior):
         g.run(x0, priors, 0, np.random.default_rng(0))
     with pytest.raises(ValueError, match="breaks"):  # a start off the root's equality
         g.run(x0 + 1, priors, 1, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="parameters must be given exactly when"):
+        g.run(x0, priors, 1, np.random.default_rng(0), parameters=np.ones((1, C, 3)))
+    tilted, tilted_priors, parameters = tilted_split_gibbs(PARTS["each leaf a shard"])
+    with pytest.raises(ValueError, match="parameters must be given exactly when"):
+        tilted.run(x0, tilted_priors, 1, np.random.default_rng(0))
+    with pytest.raises(ValueError, match=r"parameters must be the upper areas' groups' \(a, A, M\) by cell"):
+        tilted.run(x0, tilted_priors, 1, np.random.default_rng(0), parameters=parameters[:, :2])
+    mixed, tables = small_table()[0].with_group_mixing([1, 0])
+    for areas, bad in (([1, 0], tables[:1]), ([1, 2], tables), ([1, 1], tables), ([1, 9], tables)):
+        with pytest.raises(ValueError, match="tables must be one table index|areas must be distinct areas"):
+            SplitGibbs(mixed.split(PARTS["each leaf a shard"]), 0, 12, mixing=(areas, bad))

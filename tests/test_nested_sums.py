@@ -502,14 +502,14 @@ MU = np.array([[1.5, 2.0, 0.8, 1.2], [1.0, 2.5, 1.1, 0.6]])  # leaf means
 ALPHA, LEAF_ALPHA = 0.7, 3.0  # the group total's shape, the split's concentration
 
 
-def grouped_prior(states):
+def grouped_prior(states, mu=MU):
     """The generative law, independently of dpinfer's factorisation: per cell, the group's sum
-    S ~ NB(M, ALPHA), M = MU[0] + MU[1], and its split x[0] | S ~ BetaBinomial(S, A pi_0,
-    A pi_1) (a Dirichlet-multinomial of two leaves), pi_l = MU[l] / M."""
-    M = MU.sum(0)
+    S ~ NB(M, ALPHA), M = mu[0] + mu[1], and its split x[0] | S ~ BetaBinomial(S, A pi_0,
+    A pi_1) (a Dirichlet-multinomial of two leaves), pi_l = mu[l] / M."""
+    M = mu.sum(0)
     S = states.sum(1)
     total = stats.nbinom.logpmf(S, ALPHA, ALPHA / (ALPHA + M))
-    split = stats.betabinom.logpmf(states[:, 0], S, LEAF_ALPHA * MU[0] / M, LEAF_ALPHA * MU[1] / M)
+    split = stats.betabinom.logpmf(states[:, 0], S, LEAF_ALPHA * mu[0] / M, LEAF_ALPHA * mu[1] / M)
     return (total + split).sum(1)
 
 

@@ -19,9 +19,19 @@ every shard once, then one call per shard and direction (a shard splits the last
 sum and passes up along the next in one call; a sum and an index in, a message out).
 Each shard draws from its own random stream and the driver from its own, so the draws are the
 same wherever the shards run.
+
+With the census model's prior (:func:`~dpinfer.distributions.GroupedNegativeBinomial`) each
+group's factor lies in the piece that holds its area (:func:`split_mixing`), and before a sweep
+every piece writes its factors and tilts them towards its current sums
+(:func:`~dpinfer.lattice.nested.terms.write_group_mixing`, as the one-machine engine does). A
+tilt cancels between a group and its children, so where they lie in different pieces (a
+county's factor in a shard, the state's in the upper areas) the shard takes the tilt of the
+group above its root from the driver (:meth:`SplitGibbs.refill`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,6 +42,75 @@ from dpinfer.lattice.nested.kernel import (DEFAULT_TRIM, move, move_from_root, r
                                            with_injected, workspace)
 from dpinfer.lattice.nested.sampler import NestedGibbs, check_exact_terms
 from dpinfer.lattice.nested.structure import NestedSums, SplitSums
+from dpinfer.lattice.nested.terms import write_group_mixing
+
+
+@dataclass(frozen=True)
+class PieceMixing:
+    """The group-mixing factors of one piece of a split tree (the upper areas or a shard), in
+    the arguments of :func:`~dpinfer.lattice.nested.terms.write_group_mixing`: ``groups`` (the
+    whole tree's group indices it holds, in order), ``at`` (each group and cell's table start in
+    the values, (len(groups) * C,)), ``group_area`` (its area in the piece), ``group_parent``
+    (the parent group's index in ``groups``, -1 if outside the piece or none), ``leaf_group``
+    (each of the piece's leaves' finest group in ``groups``, -1 if outside; empty for the
+    upper areas, whose leaves are the shards' roots) and ``outer`` (a shard's: the whole
+    tree's group index of the nearest group above its root, -1 for none)."""
+
+    groups: np.ndarray
+    at: np.ndarray
+    group_area: np.ndarray
+    group_parent: np.ndarray
+    leaf_group: np.ndarray
+    outer: int = -1
+
+
+def split_mixing(split: SplitSums, areas, tables) -> tuple:
+    """(the upper areas' :class:`PieceMixing`, each shard's) of the group-mixing factors at the
+    whole tree's ``areas`` (G,) with the table indices ``tables`` (G, C)
+    (:meth:`~dpinfer.lattice.nested.structure.NestedSums.with_group_mixing`'s); the groups'
+    parameters are then given as one (G, C, 3) array of (a, A, M) in that order."""
+    parent = split.parent
+    n = parent.size
+    areas = np.asarray(areas, dtype=np.int64).reshape(-1)
+    tables = np.asarray(tables, dtype=np.int64)
+    C = split.top.n_cells
+    if tables.shape != (areas.size, C):
+        raise ValueError(f"tables must be one table index per group and cell, shape {(areas.size, C)}, "
+                         f"got {tables.shape}")
+    leaves = np.setdiff1d(np.arange(n), parent)
+    if np.any((areas < 0) | (areas >= n)) or np.unique(areas).size != areas.size or np.isin(areas, leaves).any():
+        raise ValueError(f"areas must be distinct areas of the tree (0 .. {n - 1}) that are not leaves, "
+                         f"got {areas.tolist()[:10]}")
+    group_at = np.full(n, -1, dtype=np.int64)
+    group_at[areas] = np.arange(areas.size)
+    above = np.full(n, -1, dtype=np.int64)  # each area's nearest group strictly above it
+    cur = parent.copy()
+    while True:
+        todo = (above < 0) & (cur >= 0)
+        if not todo.any():
+            break
+        hit = todo & (group_at[np.maximum(cur, 0)] >= 0)
+        above[hit] = group_at[cur[hit]]
+        step = todo & ~hit
+        cur[step] = parent[cur[step]]
+    meta = split.top.tables.arrays()[0]
+
+    def piece(sums: NestedSums, whole: np.ndarray, leaf_areas, outer: int = -1) -> PieceMixing:
+        known = whole >= 0
+        local_area = np.flatnonzero(known & (group_at[np.maximum(whole, 0)] >= 0))
+        groups = group_at[whole[local_area]]
+        local = np.full(areas.size + 1, -1, dtype=np.int64)  # whole group -> its index here (-1 -> -1)
+        local[groups] = np.arange(groups.size)
+        return PieceMixing(groups, np.ascontiguousarray(meta[tables[groups].reshape(-1), 2]), local_area,
+                           local[above[areas[groups]]], local[above[leaf_areas]], outer)
+
+    top = piece(split.top, split.top_areas, np.zeros(0, np.int64))
+    shards = []
+    for sums, whole in zip(split.shards, split.shard_areas):
+        root = sums.order[-1]
+        below = whole[root] if whole[root] >= 0 else whole[np.flatnonzero(sums.parent == root)[0]]
+        shards.append(piece(sums, whole, whole[sums.leaf_area], int(above[below])))
+    return top, shards
 
 
 class ShardCounts:
@@ -40,11 +119,14 @@ class ShardCounts:
     ``self.gibbs.grid()``, :class:`~dpinfer.lattice.nested.sampler.NestedGibbs`), and its
     halves of each move (:func:`~dpinfer.lattice.nested.kernel.root_message`,
     :func:`~dpinfer.lattice.nested.kernel.move_from_root`), its random stream from ``seed``.
-    Built where it runs (a Dask actor's constructor arguments are its whole state)."""
+    Built where it runs (a Dask actor's constructor arguments are its whole state).
+    ``mixing``: its group-mixing factors (:class:`PieceMixing`, :func:`split_mixing`), written
+    by :meth:`refill` before each sweep; None without any."""
 
     def __init__(self, sums: NestedSums, box_lo, box_hi, x0, prior, seed: int, *, support=(0, None),
-                 trim: float = DEFAULT_TRIM):
+                 trim: float = DEFAULT_TRIM, mixing: PieceMixing | None = None):
         self.gibbs = g = NestedGibbs(sums, box_lo, box_hi, support=support, trim=trim)
+        self.mixing = mixing
         self.set_counts(x0)
         self.set_prior(prior)
         self.stream = new_stream(np.random.default_rng(seed))
@@ -67,6 +149,25 @@ class ShardCounts:
             raise ValueError(f"prior must be the shard's flat table on grid(), shape "
                              f"{(int(self.gibbs.prior_start[-1]),)}, got {prior.shape}")
         self.prior = prior
+
+    def refill(self, prior, parameters, outer_tilt) -> None:
+        """Take the flat prior table ``prior`` (untilted, copied) and write the group factors
+        from ``parameters`` (each of :attr:`mixing`'s groups' (a, A, M) by cell, (G, C, 3)),
+        both tilted towards the current sums, the groups above the root by ``outer_tilt`` (C,)
+        (:func:`~dpinfer.lattice.nested.terms.write_group_mixing`)."""
+        m = self.mixing
+        if m is None:
+            raise ValueError("this shard has no group-mixing factors to refill (built without mixing=)")
+        self.set_prior(np.array(prior, dtype=float))
+        C = self.gibbs.sums.n_cells
+        parameters = np.ascontiguousarray(parameters, dtype=float)
+        if parameters.shape != (m.groups.size, C, 3):
+            raise ValueError(f"parameters must be the shard's groups' (a, A, M) by cell, shape "
+                             f"{(m.groups.size, C, 3)}, got {parameters.shape}")
+        g = self.gibbs
+        write_group_mixing(parameters.reshape(-1, 3), m.at, self._tables[2], m.group_area, m.leaf_group,
+                           m.group_parent, self.S, np.ascontiguousarray(outer_tilt, dtype=float), g.box_lo, g.box_hi,
+                           g.prior_start, self.prior, np.empty(m.at.size))
 
     def root_sums(self) -> np.ndarray:
         """The root's sums (n_cells,): the upper areas' counts of this shard's leaf."""
@@ -119,9 +220,13 @@ def _results(calls) -> list:
 class SplitGibbs:
     """Sweeps of the counts of a split tree (:meth:`~dpinfer.lattice.nested.structure.NestedSums.split`)
     on the boxes ``box_lo .. box_hi`` of the whole tree's counts (n_leaves, n_cells), the same
-    law as :class:`~dpinfer.lattice.nested.sampler.NestedGibbs`'s sweeps of the whole tree."""
+    law as :class:`~dpinfer.lattice.nested.sampler.NestedGibbs`'s sweeps of the whole tree.
+    ``mixing``: (areas, tables) of the census prior's group factors
+    (:meth:`~dpinfer.lattice.nested.structure.NestedSums.with_group_mixing`, on the whole tree),
+    written with their tilts before each sweep (:meth:`refill`); None without any."""
 
-    def __init__(self, split: SplitSums, box_lo, box_hi, *, support=(0, None), trim: float = DEFAULT_TRIM):
+    def __init__(self, split: SplitSums, box_lo, box_hi, *, support=(0, None), trim: float = DEFAULT_TRIM,
+                 mixing=None):
         if not isinstance(split, SplitSums):
             raise TypeError(f"split must be a SplitSums (NestedSums.split), got {type(split).__name__}")
         self.split = split
@@ -137,6 +242,8 @@ class SplitGibbs:
         self._top_prior = np.zeros(1)
         self._top_prior_start = np.zeros(top.n_leaves * top.n_cells + 1, np.int64)
         self._tables = top.tables.arrays()
+        self.mixing_top, self.mixing_shards = (None, [None] * len(split.shards)) if mixing is None else \
+            split_mixing(split, *mixing)
 
     def shard_grids(self) -> list:
         """Each shard's (grid, rows) of its flat prior table, in the layout :class:`ShardCounts`
@@ -160,21 +267,55 @@ class SplitGibbs:
                 for sums, leaves, prior, seed in zip(split.shards, split.shard_leaves, priors, seeds)]
         options = {"support": self.support, "trim": self.trim}
         if client is None:
-            return [ShardCounts(*a, **options) for a in args]
+            return [ShardCounts(*a, **options, mixing=m) for a, m in zip(args, self.mixing_shards)]
         workers = sorted(client.scheduler_info(n_workers=-1).get("workers", {}))
         if not workers:
             raise ValueError("client has no workers to hold the shards")
-        futures = [client.submit(ShardCounts, *a, **options, actor=True, workers=[workers[k % len(workers)]],
-                                 allow_other_workers=False, pure=False) for k, a in enumerate(args)]
+        futures = [client.submit(ShardCounts, *a, **options, mixing=m, actor=True,
+                                 workers=[workers[k % len(workers)]], allow_other_workers=False, pure=False)
+                   for k, (a, m) in enumerate(zip(args, self.mixing_shards))]
         return [f.result() for f in futures]
 
-    def run(self, x0, priors, n_sweeps: int, rng: np.random.Generator, client=None):
+    def refill_top(self, state, parameters) -> list:
+        """Write the upper areas' group factors from ``parameters`` ((a, A, M) by cell of
+        :attr:`mixing_top`'s groups, (G_top, C, 3)), tilted towards their current sums
+        (``state``, :meth:`sweep`'s); return each shard's tilt of the group above its root
+        (C,), zeros where there is none."""
+        m = self.mixing_top
+        C = self.split.top.n_cells
+        parameters = np.ascontiguousarray(parameters, dtype=float)
+        if parameters.shape != (m.groups.size, C, 3):
+            raise ValueError(f"parameters must be the upper areas' groups' (a, A, M) by cell, shape "
+                             f"{(m.groups.size, C, 3)}, got {parameters.shape}")
+        tilt = np.empty(m.at.size)
+        write_group_mixing(parameters.reshape(-1, 3), m.at, self._tables[2], m.group_area, m.leaf_group,
+                           m.group_parent, state[1], np.zeros(C), self._top_box, self._top_box,
+                           self._top_prior_start, self._top_prior, tilt)
+        local = {int(g): i for i, g in enumerate(m.groups)}
+        return [tilt[local[sh.outer] * C:(local[sh.outer] + 1) * C].copy() if sh.outer >= 0 else np.zeros(C)
+                for sh in self.mixing_shards]
+
+    def refill(self, shards, state, parameters, priors) -> None:
+        """Before a sweep: every piece's group factors from ``parameters`` (the whole tree's
+        groups' (a, A, M) by cell, (G, C, 3), in ``mixing``'s order) and each shard's flat
+        prior table ``priors[k]`` (untilted), tilted towards the current sums."""
+        if self.mixing_top is None:
+            raise ValueError("this sampler has no group-mixing factors to refill (built without mixing=)")
+        parameters = np.asarray(parameters, dtype=float)
+        outer = self.refill_top(state, parameters[self.mixing_top.groups])
+        _results([sh.refill(prior, parameters[m.groups], t)
+                  for sh, prior, m, t in zip(shards, priors, self.mixing_shards, outer)])
+
+    def run(self, x0, priors, n_sweeps: int, rng: np.random.Generator, client=None, parameters=None):
         """(draws (n_sweeps, n_leaves, n_cells) of the whole tree's counts, stats) from
         ``n_sweeps`` sweeps from x0 with each shard's fixed flat prior table ``priors[k]`` (on
-        its grid, :meth:`shard_grids`), the shards in this process or on ``client``
-        (:meth:`start`). Every draw is gathered from the shards (tests and small fits). stats
-        as :meth:`NestedGibbs.run`'s."""
+        its grid, :meth:`shard_grids`) and, with ``mixing``, the group factors' fixed
+        ``parameters`` (:meth:`refill`, before each sweep), the shards in this process or on
+        ``client`` (:meth:`start`). Every draw is gathered from the shards (tests and small
+        fits). stats as :meth:`NestedGibbs.run`'s."""
         n_sweeps = check_count("n_sweeps", n_sweeps, 1)
+        if (parameters is None) != (self.mixing_top is None):
+            raise ValueError("parameters must be given exactly when the sampler has group-mixing factors (mixing=)")
         shards = self.start(x0, priors, rng, client)
         top = self.split.top
         x_top = np.array(_results([sh.root_sums() for sh in shards]), dtype=np.int64).reshape(len(shards), -1)
@@ -186,6 +327,8 @@ class SplitGibbs:
         failed = 0
         draws = np.empty((n_sweeps, self.n_leaves, top.n_cells), dtype=np.int64)
         for i in range(n_sweeps):
+            if parameters is not None:
+                self.refill(shards, state, parameters, priors)
             failed += self.sweep(shards, state, work, stream, stats)
             draws[i] = self.split.whole(_results([sh.counts() for sh in shards]), self.n_leaves)
         return draws, {"moves": int(stats[0]), "trimmed_edges_hit": int(stats[1]),

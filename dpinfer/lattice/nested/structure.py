@@ -179,9 +179,10 @@ class NestedSums:
         if np.any(owner[self.leaf_area] < 0):
             bad = np.flatnonzero(owner[self.leaf_area] < 0)[:5]
             raise ValueError(f"parts must cover every leaf; leaves {bad.tolist()} lie under none")
-        shards, shard_leaves = [], []
+        shards, shard_leaves, shard_areas = [], [], []
         for k, part in enumerate(parts):
             areas = np.flatnonzero(owner == k)
+            shard_areas.append(np.append(areas, -1) if part.size > 1 else areas)
             extra = part.size > 1  # a root of its own above the part's areas
             index = np.full(n, -1, dtype=np.int64)
             index[areas] = np.arange(areas.size)
@@ -197,7 +198,7 @@ class NestedSums:
         joins = np.array([self.parent[part[0]] for part in parts], dtype=np.int64)
         parent = np.concatenate([np.where(self.parent[upper] < 0, -1, index[self.parent[upper]]), index[joins]])
         top = self._restricted(parent, upper.size + np.arange(len(parts)), index, owner < 0)
-        return SplitSums(top, shards, shard_leaves)
+        return SplitSums(top, shards, shard_leaves, upper, shard_areas, self.parent)
 
     def _restricted(self, parent, leaf_area, index, keep) -> "NestedSums":
         """The structure of the areas ``keep`` (bool per area), renumbered by ``index``, with
@@ -250,11 +251,17 @@ class SplitSums:
     """A :class:`NestedSums` cut by :meth:`NestedSums.split`: ``top``, the upper areas, whose
     leaf k stands for shard k's root (its counts are that root's sums); ``shards``, each a
     structure of its own; ``shard_leaves[k]``, the rows of the whole tree's counts that are
-    shard k's leaves, in its order."""
+    shard k's leaves, in its order; ``top_areas`` and ``shard_areas[k]``, the whole tree's area
+    of each of the upper areas' and of shard k's areas, in their order (-1: a shard's root of
+    its own above its part's areas; the upper areas' leaves, shard k's root at the upper
+    areas' area top_areas.size + k, are not listed); ``parent``, the whole tree's."""
 
     top: NestedSums
     shards: list
     shard_leaves: list
+    top_areas: np.ndarray
+    shard_areas: list
+    parent: np.ndarray
 
     def pieces(self, x: np.ndarray) -> tuple:
         """(the upper areas' counts, each shard's counts) of the whole tree's counts x."""

@@ -210,6 +210,54 @@ def mixing_parameters(alpha, leaf_alpha, mean, values, at):
 
 
 @kernel(nogil=True)
+def write_group_mixing(parameters, at, values, group_area, leaf_group, group_parent, S, outer_tilt, box_lo, box_hi,
+                       prior_start, table, tilt):
+    """Write each group's factor from its (a, A, M) and tilt it, and the leaves' flat prior
+    table, towards the current counts: the factor of group g and cell c (row g * C + c of
+    ``parameters`` (G * C, 3), its table's parameters at values[at[row]]) gets
+    :func:`mixing_parameters`'s formula.
+
+    The tilt: what lies below a group (its leaves' independent NB(M pi, A pi), or its
+    children's factors times theirs) gives its sum S the law NB(M, A), p = M / (M + A), and
+    the same p to each child; multiplying each child's law by exp(-t x) and the group's factor
+    by exp(t S) (S the sum of the children: the product, hence every draw's law, is unchanged)
+    turns them into NB(T pi, A pi) with t = log(M (T + A) / ((M + A) T)), T the group's current
+    sum + 1/2 (``S``, the areas' current sums (n_areas, C); ``group_area`` (G,)). So a leaf's
+    prior gets -t of its finest group (``leaf_group`` (n_leaves,)) and a group's factor +t of
+    its own and -t of its parent group's (``group_parent`` (G,)). Where the finest group or the
+    parent lies outside these areas (-1: above a shard's root, :mod:`dpinfer.lattice.nested.split`)
+    its tilt is ``outer_tilt`` (C,) (zeros at the whole tree's root: no group above).
+    Without it, where M is far from the data (a small shape leaves M loosely identified) each
+    leaf's message leans on its own prior towards M by tens of nats that only the group's
+    factor undoes, and the leaves' trimmed messages would cut what the group's law needs.
+    ``table``: the counts' flat prior table (leaf * C + c from ``prior_start`` on, values
+    ``box_lo`` .. ``box_hi``), tilted in place. ``tilt`` (G * C,): each factor's t, written
+    (0 where its parameters are invalid)."""
+    n_cells = S.shape[1]
+    for i in range(at.size):
+        tilt[i] = 0.0
+        mixing_parameters(parameters[i, 0], parameters[i, 1], parameters[i, 2], values, at[i])
+        A, M = parameters[i, 1], parameters[i, 2]
+        T = S[group_area[i // n_cells], i % n_cells] + 0.5
+        if values[at[i] + 2] != -np.inf:  # valid parameters (mixing_parameters)
+            tilt[i] = math.log(M / (M + A)) - math.log(T / (T + A))
+    for i in range(at.size):
+        if values[at[i] + 2] != -np.inf:
+            parent = group_parent[i // n_cells]
+            c = i % n_cells
+            values[at[i] + 2] += tilt[i] - (tilt[parent * n_cells + c] if parent >= 0 else outer_tilt[c])
+    for leaf in range(leaf_group.size):
+        for c in range(n_cells):
+            g = leaf_group[leaf]
+            t = tilt[g * n_cells + c] if g >= 0 else outer_tilt[c]
+            if t != 0.0:
+                i = leaf * n_cells + c
+                lo = box_lo[leaf, c]
+                for j in range(box_hi[leaf, c] - lo + 1):
+                    table[prior_start[i] + j] -= t * (lo + j)
+
+
+@kernel(nogil=True)
 def mixing_log(values, at, s):
     """log w at the group sum s of the MIXING table whose parameters start at values[at]."""
     if s < 0 or values[at + 2] == -np.inf:

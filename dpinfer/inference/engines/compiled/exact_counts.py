@@ -84,7 +84,7 @@ from dpinfer.inference.engines.compiled.native import (
     prior_point_at,
     prior_table_at,
 )
-from dpinfer.lattice.nested.terms import mixing_parameters
+from dpinfer.lattice.nested.terms import write_group_mixing
 
 HOLD_RATIO = 1000.0  # a cell whose tail envelope outweighs its window this much is held
 HOLD_RATIO_TUNING = 10.0  # ... during tuning, whose draws are discarded (cheaper sweeps)
@@ -131,44 +131,14 @@ def group_mixing_tables(address, q, env, out, at, values, group_area, leaf_group
                         box_hi, prior_start, table):
     """A GroupedNegativeBinomial's group factors from the parameters, tilted towards the
     current counts. The native function at ``address`` writes each group g and cell c's
-    (a, A, M) into ``out`` (G * C, 3); the factor's table in ``values`` (from ``at``) gets its
-    formula's parameters (:func:`~dpinfer.lattice.nested.terms.mixing_parameters`).
-
-    The tilt: what lies below a group (its leaves' independent NB(M pi, A pi), or its
-    children's factors times theirs) gives its sum S the law NB(M, A), p = M / (M + A), and
-    the same p to each child; multiplying each child's law by exp(-t x) and the group's factor
-    by exp(t S) (S the sum of the children: the product, hence every draw's law, is unchanged)
-    turns them into NB(T pi, A pi) with t = log(M (T + A) / ((M + A) T)), T the group's current
-    sum (+ 1/2, from ``S``, the areas' current sums; ``group_area`` (G,)). So a leaf's prior
-    gets -t of its finest group (``leaf_group`` (n_leaves,)) and a group's factor +t of its
-    own and -t of its parent group's (``group_parent`` (G,), -1 for none). Without it, where M
-    is far from the data (a small shape leaves M loosely identified) each leaf's message leans
-    on its own prior towards M by tens of nats that only the group's factor undoes, and the
-    leaves' trimmed messages would cut what the group's law needs. ``table``: the counts'
-    flat prior table (count leaf * C + c from ``prior_start`` on, values ``box_lo`` .. ``box_hi``),
-    tilted in place."""
+    (a, A, M) into ``out`` (G * C, 3); :func:`~dpinfer.lattice.nested.terms.write_group_mixing`
+    writes the factors' tables in ``values`` (from ``at``) and tilts them and the counts' flat
+    prior ``table`` (its docstring: why, and the arguments), with no group above the
+    coarsest."""
     f = group_mixing_at(address)
     f(pointer(q.ctypes.data), pointer(env.ctypes.data), pointer(out.ctypes.data))
-    n_cells = S.shape[1]
-    tilt = np.zeros(at.size)
-    for i in range(at.size):
-        mixing_parameters(out[i, 0], out[i, 1], out[i, 2], values, at[i])
-        A, M = out[i, 1], out[i, 2]
-        T = S[group_area[i // n_cells], i % n_cells] + 0.5
-        if values[at[i] + 2] != -np.inf:  # valid parameters (mixing_parameters)
-            tilt[i] = math.log(M / (M + A)) - math.log(T / (T + A))
-    for i in range(at.size):
-        if values[at[i] + 2] != -np.inf:
-            parent = group_parent[i // n_cells]
-            values[at[i] + 2] += tilt[i] - (tilt[parent * n_cells + i % n_cells] if parent >= 0 else 0.0)
-    for leaf in range(leaf_group.size):
-        for c in range(n_cells):
-            t = tilt[leaf_group[leaf] * n_cells + c]
-            if t != 0.0:
-                i = leaf * n_cells + c
-                lo = box_lo[leaf, c]
-                for j in range(box_hi[leaf, c] - lo + 1):
-                    table[prior_start[i] + j] -= t * (lo + j)
+    write_group_mixing(out, at, values, group_area, leaf_group, group_parent, S, np.zeros(S.shape[1]), box_lo,
+                       box_hi, prior_start, table, np.empty(at.size))
 
 
 @kernel(nogil=True)
