@@ -49,7 +49,7 @@ def tilted_split_gibbs(parts):
     mixed, tables = sums.with_group_mixing([1, 0])
     parameters = np.stack([np.stack([np.full(C, ROOT_SPLIT), np.full(C, LEAF_ALPHA), M], -1),
                            np.stack([np.full(C, ALPHA), np.full(C, ROOT_SPLIT), M], -1)])
-    g = SplitGibbs(mixed.split(parts), 0, hi, mixing=([1, 0], tables))
+    g = SplitGibbs(mixed.split(parts), 0, hi, mixing=([1, 0], tables, [0, 0], [1, -1]))
     shape = LEAF_ALPHA * FAR / M
     p = shape / (shape + FAR)
     priors = [stats.nbinom.logpmf(grid, shape[leaves].reshape(-1)[rows], p[leaves].reshape(-1)[rows])
@@ -268,6 +268,10 @@ def test_bad_sampler_inputs_are_refused(posterior):
     with pytest.raises(ValueError, match=r"parameters must be the upper areas' groups' \(a, A, M\) by cell"):
         tilted.run(x0, tilted_priors, 1, np.random.default_rng(0), parameters=parameters[:, :2])
     mixed, tables = small_table()[0].with_group_mixing([1, 0])
-    for areas, bad in (([1, 0], tables[:1]), ([1, 2], tables), ([1, 1], tables), ([1, 9], tables)):
-        with pytest.raises(ValueError, match="tables must be one table index|areas must be distinct areas"):
-            SplitGibbs(mixed.split(PARTS["each leaf a shard"]), 0, 12, mixing=(areas, bad))
+    for mixing in (([1, 0], tables[:1], [0, 0], [1, -1]), ([1, 9], tables, [0, 0], [1, -1]),
+                   ([1, 0], tables, [0, 2], [1, -1]), ([1, 0], tables, [0], [1, -1]), ([1, 0], tables, [0, 0], [1, 2])):
+        with pytest.raises(ValueError, match="tables must be one table index|areas must be areas|leaf_group must be"
+                                             "|group_parent must be"):
+            SplitGibbs(mixed.split(PARTS["each leaf a shard"]), 0, 12, mixing=mixing)
+    with pytest.raises(ValueError, match="2 groups above them outside the shard"):  # each leaf its own group
+        SplitGibbs(mixed.split(PARTS["the mid's subtree"]), 0, 12, mixing=([0, 0], tables, [0, 1], [-1, -1]))

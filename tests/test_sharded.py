@@ -31,7 +31,7 @@ from scipy.special import gammaln
 
 import dpinfer as dp
 from dpinfer.inference.checkpoint import CheckpointMismatchError
-from dpinfer.inference.sharded import _partition
+from dpinfer.inference.sharded import partition_groups
 
 distributed = pytest.importorskip("distributed")
 
@@ -362,10 +362,10 @@ def test_bad_input_is_refused_by_name(builder, shared, kwargs, error):
 
 
 def test_groups_are_split_in_runs_of_nearly_equal_weight():
-    assert _partition(list("abcdef"), 3, None) == [["a", "b"], ["c", "d"], ["e", "f"]]
-    assert _partition(list("abcd"), 2, [10, 1, 1, 1]) == [["a"], ["b", "c", "d"]]
-    assert _partition(list("abc"), 3, [100, 1, 1]) == [["a"], ["b"], ["c"]]  # every shard a group
-    assert _partition(list("abcde"), 1, None) == [list("abcde")]
+    assert partition_groups(list("abcdef"), 3, None) == [["a", "b"], ["c", "d"], ["e", "f"]]
+    assert partition_groups(list("abcd"), 2, [10, 1, 1, 1]) == [["a"], ["b", "c", "d"]]
+    assert partition_groups(list("abc"), 3, [100, 1, 1]) == [["a"], ["b"], ["c"]]  # every shard a group
+    assert partition_groups(list("abcde"), 1, None) == [list("abcde")]
 
 
 def nested_shard(groups):

@@ -164,7 +164,7 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
         raise ValueError(f"give checkpoint= or resume=, not both (resume={str(resume)!r} keeps saving there)")
     began = time.perf_counter()
 
-    driver = _Driver(shared_model, len(groups))
+    driver = SharedModel(shared_model, len(groups))
     if resume is not None and random_seed is None:  # the checkpointed fit's seed
         random_seed = _SweepCheckpoints.stored_entropy(resume)
     seeds = np.random.SeedSequence(random_seed)
@@ -175,7 +175,7 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
     starts = [driver.theta(q) for q in starts_q]
     probe = driver.theta(probe_q)
 
-    parts = _partition(groups, n_shards, weights)
+    parts = partition_groups(groups, n_shards, weights)
     options = dict(shared=driver.shapes, summaries=driver.summary_names, chains=chains, tune=tune,
                    draws=draws, starts=starts, probe=probe, tol=tol, settings=settings)
     identity = {"versions": versions(), "model": _SweepCheckpoints.driver_hash_of(driver),
@@ -271,7 +271,7 @@ def _bounds(parts: list, failed: dict) -> dict:
     return {short(parts[k]): recovery.bounds_of(f) for k, f in failed.items()}
 
 
-class _Driver:
+class SharedModel:
     """The shared model compiled (the compiled engine, no counts): theta's names and shapes,
     the summaries' places in its data, theta's constrained values from q."""
 
@@ -329,7 +329,7 @@ class _Fit:
     """A sharded fit with given windows: its shards (actors or local objects), the driver's
     chains, and the sweeps with their checkpoints and the recovery from a lost worker."""
 
-    def __init__(self, driver: "_Driver", build_shard, parts: list, options: dict, *, client, workers: list,
+    def __init__(self, driver: "SharedModel", build_shard, parts: list, options: dict, *, client, workers: list,
                  store, shard_seeds: list, driver_seeds: list, starts_q: list, progressbar: bool):
         self.driver, self.build_shard, self.parts, self.options = driver, build_shard, parts, options
         self.client, self.workers, self.store = client, workers, store
@@ -447,7 +447,7 @@ class _SweepCheckpoints:
         self.driver_hash = identity["model"]
 
     @staticmethod
-    def driver_hash_of(driver: "_Driver") -> str:
+    def driver_hash_of(driver: "SharedModel") -> str:
         return model_hash(driver.compiled.key, driver.compiled.data.values, np.zeros(0, np.int64))
 
     @classmethod
@@ -550,7 +550,7 @@ class _SweepCheckpoints:
         return states
 
 
-def check_shared_model(driver: _Driver, shard_list: list, qs: tuple, thetas: tuple, seed: int) -> None:
+def check_shared_model(driver: SharedModel, shard_list: list, qs: tuple, thetas: tuple, seed: int) -> None:
     """Refuse a shared model that is not theta's conditional given the summaries (module
     docstring): its change between ``thetas`` (at the unconstrained ``qs``) less the shards'
     must not depend on the local parameters' state."""
@@ -588,7 +588,7 @@ def _checked_options(options: dict) -> dict:
     return options
 
 
-def _partition(groups: list, n_shards: int, weights) -> list[list]:
+def partition_groups(groups: list, n_shards: int, weights) -> list[list]:
     """Contiguous runs of ``groups``, each split where the cumulative weight comes nearest to
     an equal share (every shard at least one group)."""
     w = np.ones(len(groups)) if weights is None else np.asarray(weights, dtype=float)
@@ -656,7 +656,7 @@ def _alive(client, n_shards: int) -> str:
     return f"{n_shards} shards, {len(client.scheduler_info().get('workers', {}))} workers alive"
 
 
-def _datatree(driver: _Driver, steppers: list, outputs: list, *, tune: int, chains: int):
+def _datatree(driver: SharedModel, steppers: list, outputs: list, *, tune: int, chains: int):
     q = np.stack([s.state.draws_q for s in steppers])
     draws = q.shape[1]
     values = driver.compiled.expand(q.reshape(chains * draws, -1), np.zeros((chains * draws, 0), np.int64))

@@ -74,7 +74,6 @@ def census_model(table: CensusTable, *, name: str = "counts", leaf_sizes: str = 
         raise ValueError(f"leaf_sizes must be one of {LEAF_SIZES}, got {leaf_sizes!r}")
     groupings = spine_groupings(table)
     n_leaves = len(table.leaves)
-    root_mean = max(float(np.mean(np.abs(table.release.values))) / 10.0, 1.0) * n_leaves
     with pm.Model(coords=table.coords | {"spine_level": groupings_levels(table)}) as model:
         share = pt.ones(1)
         if leaf_sizes == "published":
@@ -85,11 +84,17 @@ def census_model(table: CensusTable, *, name: str = "counts", leaf_sizes: str = 
             z = pm.Normal("leaf_effect_z", 0.0, s_v, shape=n_leaves - 1)
             share = pt.special.softmax(pm.Deterministic("leaf_effect", _zero_sum(z), dims="geocode"))
         log_split = pm.Normal("log_split", 2.0, 1.5, dims=("spine_level", "cell"))
-        mu = root_mean * share[:, None] * pt.ones((1, len(table.cells)))
+        mu = root_mean(table) * share[:, None] * pt.ones((1, len(table.cells)))
         counts = dp.GroupedNegativeBinomial(name, mu, [pm.math.exp(log_split[k]) for k in range(len(groupings))],
                                             ROOT_SHAPE, groupings, dims=("geocode", "cell"))
         table.release.observe("nmf", counts)
     return model
+
+
+def root_mean(table: CensusTable) -> float:
+    """m0 of the module docstring: the mean absolute published value / 10 (at least 1) x the
+    number of leaves."""
+    return max(float(np.mean(np.abs(table.release.values))) / 10.0, 1.0) * len(table.leaves)
 
 
 def empirical_bayes_settings(model, leaves: str, uncertainty: str) -> dict:

@@ -64,53 +64,55 @@ class PieceMixing:
     outer: int = -1
 
 
-def split_mixing(split: SplitSums, areas, tables) -> tuple:
-    """(the upper areas' :class:`PieceMixing`, each shard's) of the group-mixing factors at the
-    whole tree's ``areas`` (G,) with the table indices ``tables`` (G, C)
-    (:meth:`~dpinfer.lattice.nested.structure.NestedSums.with_group_mixing`'s); the groups'
-    parameters are then given as one (G, C, 3) array of (a, A, M) in that order."""
-    parent = split.parent
-    n = parent.size
-    areas = np.asarray(areas, dtype=np.int64).reshape(-1)
-    tables = np.asarray(tables, dtype=np.int64)
+def split_mixing(split: SplitSums, areas, tables, leaf_group, group_parent) -> tuple:
+    """(the upper areas' :class:`PieceMixing`, each shard's) of the group-mixing factors of the
+    groups at the whole tree's ``areas`` (G,; several groups may share an area, e.g. a state's
+    and the nation's when the nation is that state), with the table indices ``tables`` (G, C)
+    (:meth:`~dpinfer.lattice.nested.structure.NestedSums.with_group_mixing`'s), each leaf's
+    finest group ``leaf_group`` (n_leaves,) and each group's parent group ``group_parent`` (G,;
+    -1 for none). The groups' parameters are then one (G, C, 3) array of (a, A, M) in that
+    order. A shard's groups and leaves may have one group outside it above them (its
+    ``outer``), no more."""
+    n = split.parent.size
     C = split.top.n_cells
-    if tables.shape != (areas.size, C):
-        raise ValueError(f"tables must be one table index per group and cell, shape {(areas.size, C)}, "
-                         f"got {tables.shape}")
-    leaves = np.setdiff1d(np.arange(n), parent)
-    if np.any((areas < 0) | (areas >= n)) or np.unique(areas).size != areas.size or np.isin(areas, leaves).any():
-        raise ValueError(f"areas must be distinct areas of the tree (0 .. {n - 1}) that are not leaves, "
-                         f"got {areas.tolist()[:10]}")
-    group_at = np.full(n, -1, dtype=np.int64)
-    group_at[areas] = np.arange(areas.size)
-    above = np.full(n, -1, dtype=np.int64)  # each area's nearest group strictly above it
-    cur = parent.copy()
-    while True:
-        todo = (above < 0) & (cur >= 0)
-        if not todo.any():
-            break
-        hit = todo & (group_at[np.maximum(cur, 0)] >= 0)
-        above[hit] = group_at[cur[hit]]
-        step = todo & ~hit
-        cur[step] = parent[cur[step]]
+    n_leaves = sum(leaves.size for leaves in split.shard_leaves)
+    areas, leaf_group, group_parent = (np.asarray(a, dtype=np.int64).reshape(-1)
+                                       for a in (areas, leaf_group, group_parent))
+    tables = np.asarray(tables, dtype=np.int64)
+    G = areas.size
+    if tables.shape != (G, C):
+        raise ValueError(f"tables must be one table index per group and cell, shape {(G, C)}, got {tables.shape}")
+    if np.any((areas < 0) | (areas >= n)):
+        raise ValueError(f"areas must be areas of the tree (0 .. {n - 1}), got {areas.tolist()[:10]}")
+    if leaf_group.shape != (n_leaves,) or np.any((leaf_group < 0) | (leaf_group >= G)):
+        raise ValueError(f"leaf_group must be each of the {n_leaves} leaves' finest group (0 .. {G - 1})")
+    if group_parent.shape != (G,) or np.any((group_parent < -1) | (group_parent >= G)):
+        raise ValueError(f"group_parent must be each of the {G} groups' parent group, or -1")
+    owner = np.full(n, -1, dtype=np.int64)  # the piece holding each whole area: 0 the upper areas, k + 1 shard k
+    local_area = np.full(n, -1, dtype=np.int64)
+    owner[split.top_areas], local_area[split.top_areas] = 0, np.arange(split.top_areas.size)
+    for k, whole in enumerate(split.shard_areas):
+        here = np.flatnonzero(whole >= 0)
+        owner[whole[here]], local_area[whole[here]] = k + 1, here
+    piece_of = owner[areas]
     meta = split.top.tables.arrays()[0]
 
-    def piece(sums: NestedSums, whole: np.ndarray, leaf_areas, outer: int = -1) -> PieceMixing:
-        known = whole >= 0
-        local_area = np.flatnonzero(known & (group_at[np.maximum(whole, 0)] >= 0))
-        groups = group_at[whole[local_area]]
-        local = np.full(areas.size + 1, -1, dtype=np.int64)  # whole group -> its index here (-1 -> -1)
+    def piece(p: int, leaf_rows: np.ndarray) -> PieceMixing:
+        groups = np.flatnonzero(piece_of == p)
+        local = np.full(G + 1, -1, dtype=np.int64)  # whole group -> its index here (-1 -> -1)
         local[groups] = np.arange(groups.size)
-        return PieceMixing(groups, np.ascontiguousarray(meta[tables[groups].reshape(-1), 2]), local_area,
-                           local[above[areas[groups]]], local[above[leaf_areas]], outer)
+        parents, finest = group_parent[groups], leaf_group[leaf_rows]
+        above = np.unique(np.concatenate([parents[(parents >= 0) & (piece_of[parents] != p)],
+                                          finest[piece_of[finest] != p]]))
+        if above.size > 1:
+            raise ValueError(f"a shard's groups and leaves have {above.size} groups above them outside the shard "
+                             f"({above.tolist()[:5]}); the parts must be whole groups' areas")
+        return PieceMixing(groups, np.ascontiguousarray(meta[tables[groups].reshape(-1), 2]),
+                           local_area[areas[groups]], local[parents], local[finest],
+                           int(above[0]) if above.size else -1)
 
-    top = piece(split.top, split.top_areas, np.zeros(0, np.int64))
-    shards = []
-    for sums, whole in zip(split.shards, split.shard_areas):
-        root = sums.order[-1]
-        below = whole[root] if whole[root] >= 0 else whole[np.flatnonzero(sums.parent == root)[0]]
-        shards.append(piece(sums, whole, whole[sums.leaf_area], int(above[below])))
-    return top, shards
+    top = piece(0, np.zeros(0, np.int64))
+    return top, [piece(k + 1, leaves) for k, leaves in enumerate(split.shard_leaves)]
 
 
 class ShardCounts:
@@ -120,7 +122,7 @@ class ShardCounts:
     halves of each move (:func:`~dpinfer.lattice.nested.kernel.root_message`,
     :func:`~dpinfer.lattice.nested.kernel.move_from_root`), its random stream from ``seed``.
     Built where it runs (a Dask actor's constructor arguments are its whole state).
-    ``mixing``: its group-mixing factors (:class:`PieceMixing`, :func:`split_mixing`), written
+    ``prior`` may be None when :meth:`refill` gives it before the first sweep. ``mixing``: its group-mixing factors (:class:`PieceMixing`, :func:`split_mixing`), written
     by :meth:`refill` before each sweep; None without any."""
 
     def __init__(self, sums: NestedSums, box_lo, box_hi, x0, prior, seed: int, *, support=(0, None),
@@ -128,7 +130,9 @@ class ShardCounts:
         self.gibbs = g = NestedGibbs(sums, box_lo, box_hi, support=support, trim=trim)
         self.mixing = mixing
         self.set_counts(x0)
-        self.set_prior(prior)
+        self.prior = None
+        if prior is not None:
+            self.set_prior(prior)
         self.stream = new_stream(np.random.default_rng(seed))
         self.stats = np.zeros(3, np.int64)
         self._tables = sums.tables.arrays()
@@ -177,6 +181,8 @@ class ShardCounts:
         """Take the sweep's directions (:func:`~dpinfer.lattice.nested.directions.sweep_directions`:
         direction i the cells cells[ptr[i]:ptr[i + 1]] with their signs; sent once a sweep, then
         named by index) and return the root's message along the first."""
+        if self.prior is None:
+            raise ValueError("the shard has no prior table yet: give prior= or refill() before a sweep")
         self.directions = [(cells[ptr[i]:ptr[i + 1]], signs[ptr[i]:ptr[i + 1]]) for i in range(len(ptr) - 1)]
         return self.message(0)
 
@@ -212,7 +218,7 @@ class ShardCounts:
         return self.x.copy()
 
 
-def _results(calls) -> list:
+def gathered(calls) -> list:
     """The values of shard calls: a Dask actor's are futures, this process's values."""
     return [r.result() if hasattr(r, "result") else r for r in calls]
 
@@ -221,9 +227,8 @@ class SplitGibbs:
     """Sweeps of the counts of a split tree (:meth:`~dpinfer.lattice.nested.structure.NestedSums.split`)
     on the boxes ``box_lo .. box_hi`` of the whole tree's counts (n_leaves, n_cells), the same
     law as :class:`~dpinfer.lattice.nested.sampler.NestedGibbs`'s sweeps of the whole tree.
-    ``mixing``: (areas, tables) of the census prior's group factors
-    (:meth:`~dpinfer.lattice.nested.structure.NestedSums.with_group_mixing`, on the whole tree),
-    written with their tilts before each sweep (:meth:`refill`); None without any."""
+    ``mixing``: (areas, tables, leaf_group, group_parent) of the census prior's group factors
+    on the whole tree (:func:`split_mixing`), written with their tilts before each sweep (:meth:`refill`); None without any."""
 
     def __init__(self, split: SplitSums, box_lo, box_hi, *, support=(0, None), trim: float = DEFAULT_TRIM,
                  mixing=None):
@@ -303,7 +308,7 @@ class SplitGibbs:
             raise ValueError("this sampler has no group-mixing factors to refill (built without mixing=)")
         parameters = np.asarray(parameters, dtype=float)
         outer = self.refill_top(state, parameters[self.mixing_top.groups])
-        _results([sh.refill(prior, parameters[m.groups], t)
+        gathered([sh.refill(prior, parameters[m.groups], t)
                   for sh, prior, m, t in zip(shards, priors, self.mixing_shards, outer)])
 
     def run(self, x0, priors, n_sweeps: int, rng: np.random.Generator, client=None, parameters=None):
@@ -318,7 +323,7 @@ class SplitGibbs:
             raise ValueError("parameters must be given exactly when the sampler has group-mixing factors (mixing=)")
         shards = self.start(x0, priors, rng, client)
         top = self.split.top
-        x_top = np.array(_results([sh.root_sums() for sh in shards]), dtype=np.int64).reshape(len(shards), -1)
+        x_top = np.array(gathered([sh.root_sums() for sh in shards]), dtype=np.int64).reshape(len(shards), -1)
         check_exact_terms(top, x_top)
         state = (x_top, top.area_sums(x_top), top.term_sums(x_top).astype(np.int64))
         work = self.top_workspace()
@@ -330,7 +335,7 @@ class SplitGibbs:
             if parameters is not None:
                 self.refill(shards, state, parameters, priors)
             failed += self.sweep(shards, state, work, stream, stats)
-            draws[i] = self.split.whole(_results([sh.counts() for sh in shards]), self.n_leaves)
+            draws[i] = self.split.whole(gathered([sh.counts() for sh in shards]), self.n_leaves)
         return draws, {"moves": int(stats[0]), "trimmed_edges_hit": int(stats[1]),
                        "open_box_edges_hit": int(stats[2]), "moves_without_mass": int(failed)}
 
@@ -350,7 +355,7 @@ class SplitGibbs:
         x_top, S_top, t_top = state
         meta, inv2v, values = self._tables
         ptr, cells, signs = sweep_directions(top.n_cells, np.array(top.cell_shape, np.int64), stream)
-        messages = _results([sh.begin_sweep(ptr, cells, signs) for sh in shards])
+        messages = gathered([sh.begin_sweep(ptr, cells, signs) for sh in shards])
         failed = 0
         for i in range(ptr.size - 1):
             d, s = cells[ptr[i]:ptr[i + 1]], signs[ptr[i]:ptr[i + 1]]
@@ -361,9 +366,9 @@ class SplitGibbs:
                 with_injected(work, messages))
             failed += not moved
             drawn = work[14][top.leaf_area] if moved else [None] * len(shards)  # shard k's root: leaf k
-            messages = _results([sh.split_then_message(None if r is None else int(r), i)
+            messages = gathered([sh.split_then_message(None if r is None else int(r), i)
                                  for sh, r in zip(shards, drawn)])
-        for hits in _results([sh.end_sweep() for sh in shards]):
+        for hits in gathered([sh.end_sweep() for sh in shards]):
             stats[1:] += hits
         settle_term_sums(t_top, S_top, top.term_ptr, top.term_cells, work[2])
         return failed
