@@ -122,7 +122,8 @@ class ShardCounts:
     halves of each move (:func:`~dpinfer.lattice.nested.kernel.root_message`,
     :func:`~dpinfer.lattice.nested.kernel.move_from_root`), its random stream from ``seed``.
     Built where it runs (a Dask actor's constructor arguments are its whole state).
-    ``prior`` may be None when :meth:`refill` gives it before the first sweep. ``mixing``: its group-mixing factors (:class:`PieceMixing`, :func:`split_mixing`), written
+    ``prior`` may be None when :meth:`refill` gives it before the first sweep. ``mixing``: its
+    group-mixing factors (:class:`PieceMixing`, :func:`split_mixing`), written
     by :meth:`refill` before each sweep; None without any."""
 
     def __init__(self, sums: NestedSums, box_lo, box_hi, x0, prior, seed: int, *, support=(0, None),
@@ -228,7 +229,8 @@ class SplitGibbs:
     on the boxes ``box_lo .. box_hi`` of the whole tree's counts (n_leaves, n_cells), the same
     law as :class:`~dpinfer.lattice.nested.sampler.NestedGibbs`'s sweeps of the whole tree.
     ``mixing``: (areas, tables, leaf_group, group_parent) of the census prior's group factors
-    on the whole tree (:func:`split_mixing`), written with their tilts before each sweep (:meth:`refill`); None without any."""
+    on the whole tree (:func:`split_mixing`), written with their tilts before each sweep
+    (:meth:`refill`); None without any."""
 
     def __init__(self, split: SplitSums, box_lo, box_hi, *, support=(0, None), trim: float = DEFAULT_TRIM,
                  mixing=None):
