@@ -104,7 +104,7 @@ class CountyShard:
         self._grid, self._rows = grid_gibbs.grid(), grid_gibbs.rows()
         self._log_factorial = gammaln(self._grid + 1.0)
         self.draws = []
-        self.seconds = {"build": time.perf_counter() - began, "refill": 0.0, "shapes": 0.0}
+        self.seconds = {"build": time.perf_counter() - began, "refill": 0.0, "counts": 0.0, "shapes": 0.0}
 
     def refill(self, shared: dict, log_U: float, outer) -> None:
         """Before the count sweep: the sizes, scale and theta ``shared`` into the shape model;
@@ -143,15 +143,21 @@ class CountyShard:
         self.counts.refill(prior, parameters, outer_tilt)
         self.seconds["refill"] += time.perf_counter() - began
 
-    # the split sweep's halves (SplitGibbs.sweep calls these)
+    # the split sweep's halves (SplitGibbs.sweep calls these), timed: the shard's own work
     def begin_sweep(self, ptr, cells, signs):
-        return self.counts.begin_sweep(ptr, cells, signs)
+        return self._timed(self.counts.begin_sweep, ptr, cells, signs)
 
     def split_then_message(self, root_sum, i: int):
-        return self.counts.split_then_message(root_sum, i)
+        return self._timed(self.counts.split_then_message, root_sum, i)
 
     def end_sweep(self):
-        return self.counts.end_sweep()
+        return self._timed(self.counts.end_sweep)
+
+    def _timed(self, method, *args):
+        began = time.perf_counter()
+        out = method(*args)
+        self.seconds["counts"] += time.perf_counter() - began
+        return out
 
     def root_sums(self) -> np.ndarray:
         return self.counts.root_sums()

@@ -249,6 +249,7 @@ class SplitGibbs:
         self._top_prior = np.zeros(1)
         self._top_prior_start = np.zeros(top.n_leaves * top.n_cells + 1, np.int64)
         self._tables = top.tables.arrays()
+        self.directions_swept = 0  # directions moved by :meth:`sweep`, in all
         self.mixing_top, self.mixing_shards = (None, [None] * len(split.shards)) if mixing is None else \
             split_mixing(split, *mixing)
 
@@ -358,6 +359,7 @@ class SplitGibbs:
         meta, inv2v, values = self._tables
         ptr, cells, signs = sweep_directions(top.n_cells, np.array(top.cell_shape, np.int64), stream)
         messages = gathered([sh.begin_sweep(ptr, cells, signs) for sh in shards])
+        self.directions_swept += ptr.size - 1
         failed = 0
         for i in range(ptr.size - 1):
             d, s = cells[ptr[i]:ptr[i + 1]], signs[ptr[i]:ptr[i + 1]]
