@@ -1,5 +1,5 @@
 """A state's counts at blocks on workers (dpinfer.io.nmf.state_scan): the scan on a small synthetic
-state (3 counties, 61 blocks, 28 cells) draws the same in this process and on Dask workers, keeps
+state (3 counties and a single-county AIAN part, 70 blocks, 28 cells) draws the same in this process and on Dask workers, keeps
 every exact term of the release, its county sizes are its leaf sizes' log-sum-exp; bad input is
 refused by name; and (validation tier) its posterior is the one-machine engine's on the same
 model (the census model with iid leaf sizes and the split concentrations fixed)."""
@@ -25,7 +25,7 @@ LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]
 def table():
     with tempfile.TemporaryDirectory() as root:
         write_synthetic_nmf(root, n_counties=3, tracts_per_county=2, block_groups_per_tract=2,
-                            blocks_per_block_group=(4, 6), aian_tracts=0, mean_block_population=60.0, seed=2020)
+                            blocks_per_block_group=(4, 6), aian_tracts=1, mean_block_population=60.0, seed=2020)
         return census_table(dp.read_nmf(root, 19, levels=LEVELS), "Block")
 
 
@@ -53,9 +53,19 @@ def test_every_draw_keeps_the_exact_terms_and_the_county_sizes_are_the_leaves(ta
         check_exact_terms(table.release.sums, draw)
     county = spine_groupings(table)[groupings_levels(table).index("County")]
     v, L = here.posterior["leaf_effect"].values[0], here.posterior["county_log_size"].values[0]
-    for q in range(3):
+    assert county.max() == 3  # the AIAN part's county too
+    for q in range(4):
         np.testing.assert_allclose(logsumexp(v[:, county == q], axis=1), L[:, q], rtol=0, atol=1e-9)
     assert here.posterior.attrs["moves_without_mass"] == 0
+
+
+def test_the_aian_part_is_a_shard_of_its_own(table):
+    """Its county's areas have another parent in the tree: a run of counties is cut there, so
+    asking for 3 shards of the 4 counties gives 4."""
+    scan = StateScan(table, fixed_theta(table), shards=3, progressbar=False)
+    assert [p.tolist() for p in scan.parts] == [[0], [1], [2], [3]]
+    assert [p.tolist() for p in StateScan(table, fixed_theta(table), shards=2, progressbar=False).parts] == \
+        [[0, 1], [2], [3]]
 
 
 def test_bad_input_is_refused_by_name(table):
@@ -69,8 +79,8 @@ def test_bad_input_is_refused_by_name(table):
     for bad in (theta[:2], "2.0", np.full_like(theta, np.nan)):
         with pytest.raises(ValueError, match="log_split must be finite numbers, a row per level"):
             StateScan(table, bad)
-    with pytest.raises(ValueError, match=r"shards must be at most the number of County areas \(3\)"):
-        StateScan(table, theta, shards=4)
+    with pytest.raises(ValueError, match=r"shards must be at most the number of County areas \(4\)"):
+        StateScan(table, theta, shards=5)
     with pytest.raises(ValueError, match="shards must be a whole number >= 1"):
         StateScan(table, theta, shards=0)
     scan = StateScan(table, theta, shards=1, progressbar=False)
@@ -113,7 +123,7 @@ def test_the_scan_s_posterior_is_the_one_machine_engine_s(table):
         x = p["counts"].values.astype(float)
         share = np.exp(p["leaf_effect"].values)
         share /= share.sum(-1, keepdims=True)
-        by_county = np.concatenate([x[:, :, county == q].sum(2) for q in range(3)], axis=2)
+        by_county = np.concatenate([x[:, :, county == q].sum(2) for q in range(county.max() + 1)], axis=2)
         return np.concatenate([by_county, x.sum(-1), share, p["sd_leaf"].values[..., None]], axis=2)
 
     a, b = quantities(one), quantities(scan)

@@ -33,8 +33,10 @@ a lost worker; one chain per run of the scan (``chains`` runs them one after ano
 from __future__ import annotations
 
 import functools
+import json
 import sys
 import time
+import warnings
 
 import numpy as np
 import xarray as xr
@@ -42,7 +44,7 @@ from scipy.special import gammaln, logsumexp
 
 from dpinfer._random_stream import new_stream
 from dpinfer._validation import check_count, check_seed
-from dpinfer.inference import planning
+from dpinfer.inference import convergence, planning
 from dpinfer.inference.engines.compiled import engine as compiled_engine
 from dpinfer.inference.engines.compiled.chains import NUTS_STATS, Stepper, fresh_state
 from dpinfer.inference.shard import Shard
@@ -91,20 +93,21 @@ class CountyShard:
         self._count_data = compiled.data.positions("counts")
         self._leaf_effect = compiled.values_function(["leaf_effect"])
         self.m0, self.root_shape, self.tune, self.store_counts = float(m0), float(root_shape), tune, store_counts
-        # each level's group (up to the counties') of the shard's leaves, numbered here
-        self._levels = [np.unique(g[leaves], return_inverse=True) for g in groupings[:county_level + 1]]
+        # each level's groups of the shard's leaves, numbered here: a group whose area the shard
+        # holds has all its leaves here (a single-county part of a state, e.g. its AIAN part,
+        # may hold that part's state-level group as well as its county's)
+        self._levels = [np.unique(g[leaves], return_inverse=True) for g in groupings]
         offsets = np.cumsum([0] + [int(g.max()) + 1 for g in groupings])
         self._group_level = np.searchsorted(offsets, mixing.groups, side="right") - 1
-        self._group_index = np.array([np.searchsorted(self._levels[k][0], g - offsets[k]) if k <= county_level else -1
+        self._group_index = np.array([np.searchsorted(self._levels[k][0], g - offsets[k])
                                       for g, k in zip(mixing.groups, self._group_level)], dtype=np.int64)
-        if np.any(self._group_level > county_level):
-            raise ValueError("a shard holds a group above its counties' level")
         self.n_levels = len(groupings)
         grid_gibbs = self.counts.gibbs
         self._grid, self._rows = grid_gibbs.grid(), grid_gibbs.rows()
         self._log_factorial = gammaln(self._grid + 1.0)
         self.draws = []
         self.seconds = {"build": time.perf_counter() - began, "refill": 0.0, "counts": 0.0, "shapes": 0.0}
+        self.timeline = []  # each iteration's seconds of (refill, counts, shapes) here
 
     def refill(self, shared: dict, log_U: float, outer) -> None:
         """Before the count sweep: the sizes, scale and theta ``shared`` into the shape model;
@@ -176,6 +179,9 @@ class CountyShard:
         if self.store_counts and self.shapes.steppers[0].state.done > self.tune:
             self.draws.append(self.counts.x.astype(np.int32))
         self.seconds["shapes"] += time.perf_counter() - began
+        so_far = [self.seconds[step] for step in ("refill", "counts", "shapes")]
+        self.timeline.append(np.subtract(so_far, self._so_far) if self.timeline else np.asarray(so_far))
+        self._so_far = so_far
         return out
 
     def _write_counts(self) -> None:
@@ -189,7 +195,7 @@ class CountyShard:
         posterior = self.shapes.finish(thetas)["posterior"]
         return {"counts": np.stack(self.draws) if self.draws else None,
                 "leaf_effect": posterior["leaf_effect"].values[0], "seconds": dict(self.seconds),
-                "sweep_seconds": self.shapes.sweep_seconds}
+                "timeline": np.array(self.timeline), "sweep_seconds": self.shapes.sweep_seconds}
 
 
 class StateScan:
@@ -199,7 +205,9 @@ class StateScan:
 
     ``level``: the spine level whose areas are shared out (runs of them per shard, of about
     equal numbers of leaves): "County", or a finer one (e.g. "Tract"). ``shards``: how many
-    (default: the client's workers, or 1). ``client``: a ``distributed.Client``, each shard an
+    (default: the client's workers, or 1); a run is cut in two where its areas have different
+    parents in the release's tree (e.g. a state's AIAN part and the rest), so there may be a
+    few more (``parts``). ``client``: a ``distributed.Client``, each shard an
     actor on one of its workers; None: in this process. ``store_counts``: keep every draw of
     the counts (for small tables; the leaf sizes and county sizes are always kept)."""
 
@@ -231,8 +239,6 @@ class StateScan:
         n_shards = check_count("shards", n_shards, 1)
         if n_shards > self.n_counties:
             raise ValueError(f"shards must be at most the number of {level} areas ({self.n_counties}), got {n_shards}")
-        self.parts = [np.array(p, dtype=np.int64) for p in
-                      partition_groups(list(range(self.n_counties)), n_shards, np.bincount(county).astype(float))]
         # the one-machine plan of the census model: the boxes, a start, the group factors' areas
         model = census_model(table)
         plan = planning.plan_model(model, releases_of(model), method="auto").latents[0]
@@ -243,6 +249,12 @@ class StateScan:
         offsets = np.cumsum([0] + [int(g.max()) + 1 for g in self.groupings])
         self.offsets = offsets
         county_areas = plan.mixing_areas[offsets[self.county_level]:offsets[self.county_level + 1]]
+        # runs of about equal leaves, each cut where the tree's parent of the areas changes (a
+        # state's AIAN and other parts hold counties apart): a shard's areas are one area's children
+        runs = partition_groups(list(range(self.n_counties)), n_shards, np.bincount(county).astype(float))
+        parent = gibbs.sums.parent[county_areas]
+        self.parts = [np.array(piece, dtype=np.int64) for run in runs
+                      for piece in np.split(np.array(run), np.flatnonzero(np.diff(parent[run])) + 1)]
         split = gibbs.sums.split([county_areas[p] for p in self.parts])
         self.gibbs = SplitGibbs(split, gibbs.box_lo, gibbs.box_hi, support=plan.support,
                                 mixing=(plan.mixing_areas, plan.mixing_tables, plan.mixing_groups,
@@ -303,9 +315,12 @@ class StateScan:
         if self.client is None:
             return [CountyShard(*a, seeds=s, **options) for a, s in zip(args, seeds)]
         workers = sorted(self.client.scheduler_info(n_workers=-1).get("workers", {}))
-        futures = [self.client.submit(CountyShard, *a, seeds=s, **options, actor=True,
-                                      workers=[workers[k % len(workers)]], allow_other_workers=False, pure=False)
-                   for k, (a, s) in enumerate(zip(args, seeds))]
+        futures = []
+        for k, (a, s) in enumerate(zip(args, seeds)):  # the tree and boxes sent ahead, not in the task
+            on = [workers[k % len(workers)]]
+            futures.append(self.client.submit(CountyShard, *self.client.scatter(list(a), workers=on), seeds=s,
+                                              **options, actor=True, workers=on, allow_other_workers=False,
+                                              pure=False))
         return [f.result() for f in futures]
 
     def run(self, draws: int = 1000, tune: int = 1000, chains: int = 2, random_seed: int | None = None) -> xr.DataTree:
@@ -313,12 +328,26 @@ class StateScan:
         Returns a DataTree: ``posterior`` with ``county_log_size`` (L), ``sd_leaf``,
         ``leaf_effect`` (v) and, with ``store_counts``, ``counts``; in ``posterior.attrs`` the
         seconds of each step (the count sweep, the shards' refills and shapes, the sizes) and
-        the method; NUTS statistics of the sizes in ``sample_stats``."""
+        the method; NUTS statistics of the sizes in ``sample_stats``. R-hat and ESS over
+        everything drawn are checked as ``dpinfer.sample`` checks them (a ConvergenceWarning
+        when short; ``posterior.attrs["dpinfer_convergence"]``), and counts that reached
+        their boxes' edges are warned of (a RuntimeWarning)."""
         draws, tune, chains = (check_count(n, v, least) for n, v, least in
                                (("draws", draws, 1), ("tune", tune, 0), ("chains", chains, 1)))
         seed = check_seed(random_seed)
         runs = [self._run_chain(s, draws, tune, c) for c, s in enumerate(np.random.SeedSequence(seed).spawn(chains))]
-        return _datatree(self, runs)
+        tree = _datatree(self, runs)
+        edges = tree.posterior.attrs["open_box_edges_hit"]
+        if edges:
+            warnings.warn(f"dpinfer: the state scan's counts reached the edges of their boxes {edges} times: the "
+                          "boxes (15 pilot sds around the least-squares fit) cut the draws there, so they are not "
+                          "exact; such a table needs wider boxes (not yet an option of the scan)", RuntimeWarning,
+                          stacklevel=2)
+        names = ["county_log_size", "sd_leaf", "leaf_effect"] + (["counts"] if self.store_counts else [])
+        result = convergence.check(tree, names, latents=["counts"])
+        tree.posterior.attrs["dpinfer_convergence"] = json.dumps(result.as_dict())
+        convergence.report(result, show=self.progressbar)
+        return tree
 
     def _run_chain(self, seq: np.random.SeedSequence, draws: int, tune: int, chain: int) -> dict:
         driver_seed, probe_seed, count_seed, *shard_seeds = seq.spawn(3 + len(self.parts))
@@ -346,6 +375,7 @@ class StateScan:
         stats = np.zeros(3, np.int64)
         seconds = {"refill": 0.0, "counts": 0.0, "shapes": 0.0, "sizes": 0.0}
         failed, total = 0, tune + draws
+        timeline = np.zeros((total, len(seconds)))  # each iteration's seconds of each step
         last = began = time.perf_counter()
         for i in range(total):
             shared = self.driver.theta(stepper.state.q) | {"log_split": self.theta}
@@ -359,7 +389,8 @@ class StateScan:
             self.driver.set_summaries(summaries)
             stepper.advance(stepper.state.done + 1)
             t4 = time.perf_counter()
-            for name, dt in zip(seconds, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            timeline[i] = t1 - t0, t2 - t1, t3 - t2, t4 - t3
+            for name, dt in zip(seconds, timeline[i]):
                 seconds[name] += dt
             if self.progressbar and (t4 - last > 10.0 or i + 1 == total):
                 last = t4
@@ -371,7 +402,7 @@ class StateScan:
                          for sh in shards])
         result = stepper.result(seconds["sizes"])
         return {"outs": outs, "thetas": {k: v[0] for k, v in thetas.items()}, "stats": result,
-                "seconds": seconds | {"build": build}, "failed": failed,
+                "seconds": seconds | {"build": build}, "timeline": timeline, "failed": failed,
                 "moves": int(stats[0]), "trimmed_edges_hit": int(stats[1]), "open_box_edges_hit": int(stats[2])}
 
 
@@ -403,8 +434,13 @@ def _datatree(scan: StateScan, runs: list) -> xr.DataTree:
     ds.attrs["method"] = ("sharded state scan given the split concentrations: the counts by the split sweep, "
                           "each county's leaf-size shape by NUTS in its shard, the counties' sizes and their "
                           "scale by NUTS on the driver (dpinfer.io.nmf.state_scan)")
-    ds.attrs["seconds"] = str([r["seconds"] | {"shards": [o["seconds"] for o in r["outs"]]} for r in runs])
-    ds.attrs["moves_without_mass"] = int(sum(r["failed"] for r in runs))
+    # JSON, a list over chains: each step's seconds in all, and each iteration's (the driver's
+    # refill, counts, shapes, sizes; each shard's own refill, counts, shapes)
+    ds.attrs["seconds"] = json.dumps([r["seconds"] | {"shards": [o["seconds"] for o in r["outs"]]} for r in runs])
+    ds.attrs["timeline"] = json.dumps([{"driver": r["timeline"].tolist(),
+                                        "shards": [o["timeline"].tolist() for o in r["outs"]]} for r in runs])
+    for name in ("moves_without_mass", "trimmed_edges_hit", "open_box_edges_hit"):
+        ds.attrs[name] = int(sum(r["failed" if name == "moves_without_mass" else name] for r in runs))
     stats = xr.Dataset({name: (("chain", "draw"), np.stack([r["stats"].stats[name] for r in runs]))
                         for name in NUTS_STATS})
     return xr.DataTree.from_dict({"posterior": ds, "sample_stats": stats})
