@@ -1,8 +1,9 @@
 """A state's counts at blocks on workers (dpinfer.io.nmf.state_scan): the scan on a small synthetic
-state (3 counties and a single-county AIAN part, 70 blocks, 28 cells) draws the same in this process and on Dask workers, keeps
-every exact term of the release, its county sizes are its leaf sizes' log-sum-exp; bad input is
-refused by name; and (validation tier) its posterior is the one-machine engine's on the same
-model (the census model with iid leaf sizes and the split concentrations fixed)."""
+state (3 counties and a single-county AIAN part, 70 blocks, 28 cells) draws the same in this
+process and on Dask workers, keeps every exact term of the release, its county sizes are its
+leaf sizes' log-sum-exp; bad input is refused by name; and (validation tier) its posterior is
+the one-machine engine's on the same model (the census model with iid leaf sizes and the split
+concentrations fixed)."""
 
 import tempfile
 import warnings
@@ -40,10 +41,12 @@ def here(table):
 
 
 def test_on_workers_the_draws_are_those_of_this_process(table, here, client):
-    there = StateScan(table, fixed_theta(table), shards=3, client=client, progressbar=False).run(
-        draws=15, tune=10, chains=1, random_seed=7)
-    for name in ("counts", "leaf_effect", "county_log_size", "sd_leaf"):
-        np.testing.assert_array_equal(here.posterior[name].values, there.posterior[name].values)
+    """Also a second run on the same cluster (its shards' data sent again, under new keys)."""
+    scan = StateScan(table, fixed_theta(table), shards=3, client=client, progressbar=False)
+    for _ in range(2):
+        there = scan.run(draws=15, tune=10, chains=1, random_seed=7)
+        for name in ("counts", "leaf_effect", "county_log_size", "sd_leaf"):
+            np.testing.assert_array_equal(here.posterior[name].values, there.posterior[name].values)
     assert np.unique(here.posterior["counts"].values, axis=1).shape[1] > 10  # the counts move
 
 

@@ -82,7 +82,6 @@ class CountyShard:
         leaves, _ = county_leaves(groupings[county_level], counties)
         if leaves.size != sums.n_leaves:
             raise ValueError(f"the shard's tree has {sums.n_leaves} leaves, its counties {leaves.size}")
-        self.leaves = leaves
         n_counties = int(groupings[county_level].max()) + 1
         build = functools.partial(_shapes_model, groupings, county_level, np.asarray(x0, dtype=np.int64),
                                   np.asarray(start["log_split"], dtype=float), n_counties)
@@ -318,7 +317,8 @@ class StateScan:
         futures = []
         for k, (a, s) in enumerate(zip(args, seeds)):  # the tree and boxes sent ahead, not in the task
             on = [workers[k % len(workers)]]
-            futures.append(self.client.submit(CountyShard, *self.client.scatter(list(a), workers=on), seeds=s,
+            futures.append(self.client.submit(CountyShard, *self.client.scatter(list(a), workers=on, hash=False),
+                                              seeds=s,
                                               **options, actor=True, workers=on, allow_other_workers=False,
                                               pure=False))
         return [f.result() for f in futures]
