@@ -86,6 +86,12 @@ def test_bad_input_is_refused_by_name(table):
         StateScan(table, theta, shards=5)
     with pytest.raises(ValueError, match="shards must be a whole number >= 1"):
         StateScan(table, theta, shards=0)
+    with pytest.raises(TypeError, match="store_counts must be True or False"):
+        StateScan(table, theta, store_counts="no")
+    with pytest.raises(TypeError, match="client must be None or a dask.distributed.Client"):
+        StateScan(table, theta, client="tcp://127.0.0.1:8786")
+    with pytest.raises(TypeError, match=r"StateScan got \['chains'\]; it takes target_accept"):
+        StateScan(table, theta, chains=2)
     scan = StateScan(table, theta, shards=1, progressbar=False)
     with pytest.raises(ValueError, match="draws must be a whole number >= 1"):
         scan.run(draws=0)

@@ -159,7 +159,7 @@ def sample_sharded(build_shard, shared_model, groups, *, draws: int = 1000, tune
         raise ValueError(f"shards must be between 1 and the number of groups ({len(groups)}), got {shards!r}")
     if weights is not None:
         weights = as_real_array("weights", weights)
-    settings = compiled_engine.settings(_checked_options(sample_kwargs))
+    settings = compiled_engine.settings(checked_options(sample_kwargs))
     if checkpoint is not None and resume is not None and Path(checkpoint) != Path(resume):
         raise ValueError(f"give checkpoint= or resume=, not both (resume={str(resume)!r} keeps saving there)")
     began = time.perf_counter()
@@ -579,10 +579,12 @@ def _runs(shards: list) -> str:
     return "; ".join(f"[{part[0]} .. {part[-1]}]" if len(part) > 2 else f"{part}" for part in shards)
 
 
-def _checked_options(options: dict) -> dict:
+def checked_options(options: dict, caller: str = "sample_sharded") -> dict:
+    """The NUTS and sweep options of a sharded fit (``caller`` names it in the error): only
+    these four, with valid values."""
     unknown = sorted(set(options) - {"target_accept", "max_treedepth", "nuts_per_sweep", "counts_per_sweep"})
     if unknown:
-        raise TypeError(f"sample_sharded got {unknown}; it takes target_accept, max_treedepth, "
+        raise TypeError(f"{caller} got {unknown}; it takes target_accept, max_treedepth, "
                         "nuts_per_sweep and counts_per_sweep")
     check_sampler_options(options)
     return options

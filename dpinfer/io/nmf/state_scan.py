@@ -43,12 +43,12 @@ import xarray as xr
 from scipy.special import gammaln, logsumexp
 
 from dpinfer._random_stream import new_stream
-from dpinfer._validation import check_count, check_seed
+from dpinfer._validation import check_count, check_flag, check_probability, check_seed
 from dpinfer.inference import convergence, planning
 from dpinfer.inference.engines.compiled import engine as compiled_engine
 from dpinfer.inference.engines.compiled.chains import NUTS_STATS, Stepper, fresh_state
 from dpinfer.inference.shard import Shard
-from dpinfer.inference.sharded import SharedModel, partition_groups
+from dpinfer.inference.sharded import SharedModel, checked_options, partition_groups
 from dpinfer.io.nmf.county_sizes import SUMMARIES, county_leaves, county_shapes_model, county_sizes_model
 from dpinfer.io.nmf.model import ROOT_SHAPE, census_model, groupings_levels, root_mean, spine_groupings
 from dpinfer.io.nmf.table import CensusTable
@@ -228,8 +228,12 @@ class StateScan:
             raise ValueError(f"log_split must be finite numbers, a row per level {levels} and a column per cell "
                              f"({n_cells}); got {np.shape(log_split)}")
         self.table, self.theta, self.level = table, theta, level
-        self.client, self.tol, self.store_counts, self.progressbar = client, tol, bool(store_counts), progressbar
-        self.settings = compiled_engine.settings(sample_kwargs)
+        if client is not None and not callable(getattr(client, "scheduler_info", None)):
+            raise TypeError(f"client must be None or a dask.distributed.Client, got {client!r}")
+        self.client, self.tol = client, check_probability(tol, "tol")
+        self.store_counts, self.progressbar = check_flag("store_counts", store_counts), check_flag("progressbar",
+                                                                                                  progressbar)
+        self.settings = compiled_engine.settings(checked_options(sample_kwargs, "StateScan"))
         county = self.groupings[self.county_level]
         self.n_counties = int(county.max()) + 1
         n_shards = 1 if shards is None and client is None else shards
