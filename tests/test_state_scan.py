@@ -71,6 +71,31 @@ def test_the_aian_part_is_a_shard_of_its_own(table):
         [[0, 1], [2], [3]]
 
 
+def test_the_leaves_prior_table_is_scipy_s_negative_binomial():
+    """negative_binomial_rows (the pmf carried along each box by its ratio) against
+    scipy.stats.nbinom on boxes from 0 and far from it, wide and narrow, laid out out of order."""
+    from scipy import stats
+
+    from dpinfer.io.nmf.state_scan import negative_binomial_rows
+
+    rng = np.random.default_rng(4)
+    lo = np.array([0, 0, 37, 950, 3, 0])
+    hi = lo + np.array([0, 2000, 40, 300, 1, 60])
+    order = np.array([3, 0, 5, 1, 4, 2])  # the table's layout: row i's entries from start[i]
+    width = hi - lo + 1
+    start = np.empty(lo.size + 1, np.int64)
+    start[order] = np.concatenate([[0], np.cumsum(width[order])[:-1]])
+    start[-1] = width.sum()
+    shape, mean = rng.gamma(2.0, 1.0, lo.size) + 0.01, np.array([0.05, 40.0, 55.0, 1000.0, 2.0, 7.5])
+    out = np.full(width.sum(), np.nan)
+    negative_binomial_rows(lo, hi, start, shape, mean, out)
+    for i in range(lo.size):
+        x = np.arange(lo[i], hi[i] + 1)
+        np.testing.assert_allclose(out[start[i]:start[i] + width[i]],
+                                   stats.nbinom.logpmf(x, shape[i], shape[i] / (shape[i] + mean[i])),
+                                   rtol=1e-11, atol=1e-9)
+
+
 def test_bad_input_is_refused_by_name(table):
     theta = fixed_theta(table)
     with pytest.raises(TypeError, match="table must be a CensusTable"):

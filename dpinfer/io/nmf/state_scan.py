@@ -34,14 +34,16 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 import time
 import warnings
 
 import numpy as np
 import xarray as xr
-from scipy.special import gammaln, logsumexp
+from scipy.special import logsumexp
 
+from dpinfer._kernel import kernel
 from dpinfer._random_stream import new_stream
 from dpinfer._validation import check_count, check_flag, check_probability, check_seed
 from dpinfer.inference import convergence, planning
@@ -56,6 +58,28 @@ from dpinfer.lattice.nested.split import ShardCounts, SplitGibbs, gathered
 from dpinfer.mechanisms.records import releases_of
 
 SHAPE_DATA = ("county_log_size", "sd_leaf", "log_split")  # what the shards' shape models take each iteration
+
+
+@kernel(nogil=True)
+def negative_binomial_rows(box_lo, box_hi, prior_start, shape, mean, out):
+    """The leaves' flat prior table: for each count i (flat, leaf * C + c), out[prior_start[i] + j]
+    = log NB(box_lo[i] + j; mean[i], shape[i]) for j = 0 .. box_hi[i] - box_lo[i], the pmf of mean
+    m and shape n
+
+        log p(x) = lgamma(x + n) - lgamma(n) - lgamma(x + 1) + n log(n / (n + m)) + x log(m / (n + m)),
+
+    at the box's low end, then along the box by p(x + 1) / p(x) = (x + n) / (x + 1) m / (n + m):
+    one log an entry, where the same in numpy (three lgammas an entry and their temporaries)
+    took most of a shard's refill (tests/test_state_scan.py checks it against scipy)."""
+    for i in range(box_lo.size):
+        n, m, lo = shape[i], mean[i], box_lo[i]
+        log_q = math.log(m / (n + m))
+        lp = math.lgamma(lo + n) - math.lgamma(n) - math.lgamma(lo + 1.0) + n * math.log(n / (n + m)) + lo * log_q
+        start = prior_start[i]
+        for j in range(box_hi[i] - lo + 1):
+            out[start + j] = lp
+            x = lo + j
+            lp += math.log((x + n) / (x + 1.0)) + log_q
 
 
 def _shapes_model(groupings, county_level, counts, log_split, n_counties, groups):
@@ -101,9 +125,7 @@ class CountyShard:
         self._group_index = np.array([np.searchsorted(self._levels[k][0], g - offsets[k])
                                       for g, k in zip(mixing.groups, self._group_level)], dtype=np.int64)
         self.n_levels = len(groupings)
-        grid_gibbs = self.counts.gibbs
-        self._grid, self._rows = grid_gibbs.grid(), grid_gibbs.rows()
-        self._log_factorial = gammaln(self._grid + 1.0)
+        self._table_size = int(self.counts.gibbs.prior_start[-1])
         self.draws = []
         self.seconds = {"build": time.perf_counter() - began, "refill": 0.0, "counts": 0.0, "shapes": 0.0}
         self.timeline = []  # each iteration's seconds of (refill, counts, shapes) here
@@ -122,9 +144,10 @@ class CountyShard:
         M = [np.bincount(index, weights=mu, minlength=names.size) for names, index in self._levels]
         C = A.shape[1]
         shape = A[0][None, :] * (mu / M[0][self._levels[0][1]])[:, None]  # (n_leaves, C)
-        rows = self._rows
-        n, m, x = shape.reshape(-1)[rows], mu[rows // C], self._grid
-        prior = gammaln(x + n) - gammaln(n) - self._log_factorial + n * np.log(n / (n + m)) + x * np.log(m / (n + m))
+        g = self.counts.gibbs
+        prior = np.empty(self._table_size)
+        negative_binomial_rows(g.box_lo.reshape(-1), g.box_hi.reshape(-1), g.prior_start, shape.reshape(-1),
+                               np.repeat(mu, C), prior)
         mixing = self.counts.mixing
         parameters = np.empty((mixing.groups.size, C, 3))
         outer_tilt = np.zeros(C)
