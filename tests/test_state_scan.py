@@ -50,6 +50,29 @@ def test_on_workers_the_draws_are_those_of_this_process(table, here, client):
     assert np.unique(here.posterior["counts"].values, axis=1).shape[1] > 10  # the counts move
 
 
+def test_a_lost_worker_stops_the_scan_with_a_clear_error(table, client, monkeypatch):
+    """A worker killed at the third iteration (SIGKILL; its nanny starts another, so this runs
+    after the module's other tests on the cluster): the scan stops at once and says which
+    iteration was lost and that it keeps no checkpoints."""
+    import os
+    import signal
+
+    refill = StateScan._refill
+    calls = []
+
+    def killing_refill(self, shards, state, shared):
+        calls.append(1)
+        if len(calls) == 3:
+            pid = next(iter(self.client.run(os.getpid).values()))
+            os.kill(pid, signal.SIGKILL)
+        return refill(self, shards, state, shared)
+
+    monkeypatch.setattr(StateScan, "_refill", killing_refill)
+    scan = StateScan(table, fixed_theta(table), shards=2, client=client, progressbar=False)
+    with pytest.raises(RuntimeError, match="lost a shard's worker at iteration 3 of chain 0.*no checkpoints"):
+        scan.run(draws=20, tune=5, chains=1, random_seed=1)
+
+
 def test_every_draw_keeps_the_exact_terms_and_the_county_sizes_are_the_leaves(table, here):
     x = here.posterior["counts"].values[0]
     for draw in x:

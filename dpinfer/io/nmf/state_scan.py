@@ -27,7 +27,8 @@ summaries; the counts and the shapes stay where they are drawn until the end. A 
 this process or as a Dask actor on one worker.
 
 What it does not do yet: update theta (the empirical-Bayes step), checkpoint, or carry on after
-a lost worker; one chain per run of the scan (``chains`` runs them one after another).
+a lost worker (it stops with a RuntimeError naming the iteration); one chain per run of the scan
+(``chains`` runs them one after another).
 """
 
 from __future__ import annotations
@@ -407,11 +408,18 @@ class StateScan:
         for i in range(total):
             shared = self.driver.theta(stepper.state.q) | {"log_split": self.theta}
             t0 = time.perf_counter()
-            self._refill(shards, state, shared)
-            t1 = time.perf_counter()
-            failed += self.gibbs.sweep(shards, state, work, stream, stats)
-            t2 = time.perf_counter()
-            summaries = _joined(gathered([sh.sweep_shapes(shared) for sh in shards]))
+            try:
+                self._refill(shards, state, shared)
+                t1 = time.perf_counter()
+                failed += self.gibbs.sweep(shards, state, work, stream, stats)
+                t2 = time.perf_counter()
+                summaries = _joined(gathered([sh.sweep_shapes(shared) for sh in shards]))
+            except OSError as err:  # an actor's worker gone: the shard's counts and shapes with it
+                if self.client is None:
+                    raise
+                raise RuntimeError(f"dpinfer: the state scan lost a shard's worker at iteration {i + 1} of chain "
+                                   f"{chain} ({err}); the scan keeps no checkpoints yet, so this chain's "
+                                   "iterations are lost: run it again") from err
             t3 = time.perf_counter()
             self.driver.set_summaries(summaries)
             stepper.advance(stepper.state.done + 1)
