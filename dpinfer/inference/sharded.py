@@ -320,6 +320,16 @@ class SharedModel:
             for j in positions:
                 data[j][...] = value
 
+    def stepper(self, settings: dict, tune: int, draws: int, seed, q0: np.ndarray, state=None) -> Stepper:
+        """A chain of NUTS on the shared parameters (no counts), from ``state`` (a checkpoint's)
+        or fresh at ``q0`` with its random stream from ``seed``; ``settings`` the compiled
+        engine's."""
+        compiled = self.compiled
+        state = state or fresh_state(compiled, len(NUTS_STATS), draws=draws, rng=np.random.default_rng(seed), q0=q0,
+                                     counts0=np.zeros(0, np.int64), target_accept=settings["target_accept"])
+        return Stepper(compiled, [], state, tune=tune, draws=draws, max_tree_depth=settings["max_treedepth"],
+                       nuts_per_sweep=settings["nuts_per_sweep"], counts_per_sweep=settings["counts_per_sweep"])
+
     def log_density(self, q: np.ndarray) -> float:
         return float(log_density_at(self.compiled.logp_grad_address, np.array(q, dtype=float), self.grad,
                                     self.env))
@@ -361,12 +371,8 @@ class _Fit:
         self.infos = _call(self.shards, "info")
         states = self.store.driver_states(sweep) if sweep else [None] * len(self.driver_seeds)
         settings = self.options["settings"]
-        self.steppers = [Stepper(self.driver.compiled, [], state or fresh_state(
-            self.driver.compiled, len(NUTS_STATS), draws=self.options["draws"], rng=np.random.default_rng(seed),
-            q0=q0, counts0=np.zeros(0, np.int64), target_accept=settings["target_accept"]),
-            tune=self.options["tune"], draws=self.options["draws"], max_tree_depth=settings["max_treedepth"],
-            nuts_per_sweep=settings["nuts_per_sweep"], counts_per_sweep=settings["counts_per_sweep"])
-            for state, seed, q0 in zip(states, self.driver_seeds, self.starts_q)]
+        self.steppers = [self.driver.stepper(settings, self.options["tune"], self.options["draws"], seed, q0, state)
+                         for state, seed, q0 in zip(states, self.driver_seeds, self.starts_q)]
         self.summaries = _joined(_call(self.shards, "start", [self.driver.theta(s.state.q) for s in self.steppers]))
         self.done = sweep
 
@@ -557,7 +563,7 @@ def check_shared_model(driver: SharedModel, shard_list: list, qs: tuple, thetas:
     logs = _call(shard_list, "log_densities", list(thetas), seed)
     gaps, scale = [], 1.0
     for k in (0, 1):
-        driver.set_summaries(_joined_one([log["summaries"][k] for log in logs]))
+        driver.set_summaries(joined_summaries([log["summaries"][k] for log in logs]))
         shared = driver.log_density(qs[0]) - driver.log_density(qs[1])
         local = sum(log["log_density"][k][0] - log["log_density"][k][1] for log in logs)
         gaps.append(shared - local)
@@ -645,10 +651,11 @@ def _call_each(shard_list: list, method: str, args: list) -> list:
 
 def _joined(per_shard: list) -> list[dict]:
     """Per chain, the summaries of every shard joined along the groups."""
-    return [_joined_one([shard[c] for shard in per_shard]) for c in range(len(per_shard[0]))]
+    return [joined_summaries([shard[c] for shard in per_shard]) for c in range(len(per_shard[0]))]
 
 
-def _joined_one(parts: list[dict]) -> dict:
+def joined_summaries(parts: list[dict]) -> dict:
+    """One chain's summaries of every shard (in order) joined along the groups."""
     return {name: np.concatenate([np.atleast_1d(p[name]) for p in parts]) for name in parts[0]}
 
 

@@ -49,9 +49,9 @@ from dpinfer._random_stream import new_stream
 from dpinfer._validation import check_count, check_flag, check_probability, check_seed
 from dpinfer.inference import convergence, planning
 from dpinfer.inference.engines.compiled import engine as compiled_engine
-from dpinfer.inference.engines.compiled.chains import NUTS_STATS, Stepper, fresh_state
+from dpinfer.inference.engines.compiled.chains import NUTS_STATS
 from dpinfer.inference.shard import Shard
-from dpinfer.inference.sharded import SharedModel, checked_options, partition_groups
+from dpinfer.inference.sharded import SharedModel, checked_options, joined_summaries, partition_groups
 from dpinfer.io.nmf.county_sizes import SUMMARIES, county_leaves, county_shapes_model, county_sizes_model
 from dpinfer.io.nmf.model import ROOT_SHAPE, census_model, groupings_levels, root_mean, spine_groupings
 from dpinfer.io.nmf.table import CensusTable
@@ -292,6 +292,11 @@ class StateScan:
         self.m0 = root_mean(table)
         first = np.unique(county, return_index=True)[1]  # a leaf of each county
         self._upper = [g[first] for g in self.groupings]  # each county's group at every level
+        # the upper areas' groups: (level, index in it, parent's index in the level above; -1 at the root)
+        levels = np.searchsorted(offsets, self.gibbs.mixing_top.groups, side="right") - 1
+        self._top_groups = [(int(k), int(g - offsets[k]), -1 if k == len(self.groupings) - 1 else
+                             int(self._upper[k + 1][np.flatnonzero(self._upper[k] == g - offsets[k])[0]]))
+                            for g, k in zip(self.gibbs.mixing_top.groups, levels)]
         start = {name: np.ones((self.n_counties, n_cells)) if name == "county_counts" else np.ones(self.n_counties)
                  for name in SUMMARIES}
         self.sizes_model = county_sizes_model(self.groupings, self.county_level, theta, start)
@@ -309,19 +314,11 @@ class StateScan:
 
     def _refill(self, shards, state, shared: dict) -> None:
         log_U, upper = self._upper_parameters(shared["county_log_size"])
-        top = self.gibbs.mixing_top
         C = self.theta.shape[1]
-        parameters = np.empty((top.groups.size, C, 3))
-        levels = np.searchsorted(self.offsets, top.groups, side="right") - 1
-        K = len(self.groupings)
-        for i, (g, k) in enumerate(zip(top.groups, levels)):
-            h = g - self.offsets[k]
+        parameters = np.empty((len(self._top_groups), C, 3))
+        for i, (k, h, parent) in enumerate(self._top_groups):
             A, M = upper[k][0], upper[k][1][h]
-            if k == K - 1:
-                new = np.full(C, ROOT_SHAPE)
-            else:
-                parent = self._upper[k + 1][np.flatnonzero(self._upper[k] == h)[0]]
-                new = upper[k + 1][0] * M / upper[k + 1][1][parent]
+            new = np.full(C, ROOT_SHAPE) if parent < 0 else upper[k + 1][0] * M / upper[k + 1][1][parent]
             parameters[i, :, 0], parameters[i, :, 1], parameters[i, :, 2] = new, A, M
         tilts = self.gibbs.refill_top(state, parameters)
         outers = []
@@ -388,14 +385,8 @@ class StateScan:
         shards = self._shards([tuple(int(x) for x in s.generate_state(2)) for s in shard_seeds], start, probe,
                               tune, draws)
         build = time.perf_counter() - began
-        self.driver.set_summaries(_joined(gathered([sh.start(start) for sh in shards])))
-        stepper = Stepper(compiled, [], fresh_state(compiled, len(NUTS_STATS), draws=draws,
-                                                    rng=np.random.default_rng(driver_seed.generate_state(1)[0]),
-                                                    q0=q0, counts0=np.zeros(0, np.int64),
-                                                    target_accept=self.settings["target_accept"]),
-                          tune=tune, draws=draws, max_tree_depth=self.settings["max_treedepth"],
-                          nuts_per_sweep=self.settings["nuts_per_sweep"],
-                          counts_per_sweep=self.settings["counts_per_sweep"])
+        self.driver.set_summaries(joined_summaries(gathered([sh.start(start) for sh in shards])))
+        stepper = self.driver.stepper(self.settings, tune, draws, driver_seed.generate_state(1)[0], q0)
         top = self.gibbs.split.top
         x_top = np.array(gathered([sh.root_sums() for sh in shards]), dtype=np.int64).reshape(len(shards), -1)
         state = (x_top, top.area_sums(x_top), top.term_sums(x_top).astype(np.int64))
@@ -413,7 +404,7 @@ class StateScan:
                 t1 = time.perf_counter()
                 failed += self.gibbs.sweep(shards, state, work, stream, stats)
                 t2 = time.perf_counter()
-                summaries = _joined(gathered([sh.sweep_shapes(shared) for sh in shards]))
+                summaries = joined_summaries(gathered([sh.sweep_shapes(shared) for sh in shards]))
             except OSError as err:  # an actor's worker gone: the shard's counts and shapes with it
                 if self.client is None:
                     raise
@@ -439,10 +430,6 @@ class StateScan:
         return {"outs": outs, "thetas": {k: v[0] for k, v in thetas.items()}, "stats": result,
                 "seconds": seconds | {"build": build}, "timeline": timeline, "failed": failed,
                 "moves": int(stats[0]), "trimmed_edges_hit": int(stats[1]), "open_box_edges_hit": int(stats[2])}
-
-
-def _joined(per_shard: list) -> dict:
-    return {name: np.concatenate([s[name] for s in per_shard]) for name in per_shard[0]}
 
 
 def _datatree(scan: StateScan, runs: list) -> xr.DataTree:
