@@ -506,3 +506,24 @@ def test_a_parameter_whose_information_is_mostly_missing_gets_its_marginal_sd_an
     assert 1 - (conditional_sd / sd) ** 2 > 0.95  # the case: nearly all of m's information missing
     assert abs(posterior_sd / sd - 1) < 0.4, (posterior_sd, sd)
     assert abs(estimate - mode) <= 4 * mc_se, (estimate, mode, mc_se)
+
+
+def test_the_stochastic_approximation_finds_a_gaussian_marginals_mode_and_sd():
+    """The iterates alone (StochasticApproximation, fed by hand), on x ~ N(q, 1), y | x ~ N(x, 1),
+    y = 1.3 observed, a flat prior: the complete-data score is x - q (curvature D = 1), the
+    E-step draws x | q, y ~ N((q + y) / 2, 1 / 2) independently in each of two chains, so half
+    the information is missing (V = 1/2); the marginal is y ~ N(q, 2): mode 1.3, sd sqrt(2).
+    The estimate settles, within 4 of its own Monte Carlo errors of the mode, and the
+    approximate posterior sd is sqrt(2) within 10% (Louis's D - V averaged over the iterations)."""
+    from dpinfer.inference.empirical_bayes import StochasticApproximation
+
+    y, rng = 1.3, np.random.default_rng(11)
+    sa = StochasticApproximation(np.array([-4.0]), 2, burn_in=30, max_iterations=2000, tolerance=0.1)
+    while not sa.finished():
+        x = rng.normal((sa.q + y) / 2.0, np.sqrt(0.5), size=(2, 1))
+        sa.update(x - sa.q, np.ones(1))
+    result = sa.result()
+    assert result["settled"] and result["iterations"] < 2000
+    assert abs(result["q"][0] - y) < 4.0 * result["mc_se"][0], result
+    assert result["posterior_sd"][0] == pytest.approx(np.sqrt(2.0), rel=0.1)
+    assert result["conditional_sd"][0] == pytest.approx(1.0)

@@ -50,6 +50,84 @@ def test_on_workers_the_draws_are_those_of_this_process(table, here, client):
     assert np.unique(here.posterior["counts"].values, axis=1).shape[1] > 10  # the counts move
 
 
+def test_every_draw_keeps_the_exact_terms_and_the_county_sizes_are_the_leaves(table, here):
+    x = here.posterior["counts"].values[0]
+    for draw in x:
+        check_exact_terms(table.release.sums, draw)
+    county = spine_groupings(table)[groupings_levels(table).index("County")]
+    v, L = here.posterior["leaf_effect"].values[0], here.posterior["county_log_size"].values[0]
+    assert county.max() == 3  # the AIAN part's county too
+    for q in range(4):
+        np.testing.assert_allclose(logsumexp(v[:, county == q], axis=1), L[:, q], rtol=0, atol=1e-9)
+    assert here.posterior.attrs["moves_without_mass"] == 0
+
+
+def test_the_aian_part_is_a_shard_of_its_own(table):
+    """Its county's areas have another parent in the tree: a run of counties is cut there, so
+    asking for 3 shards of the 4 counties gives 4."""
+    scan = StateScan(table, fixed_theta(table), shards=3, progressbar=False)
+    assert [p.tolist() for p in scan.parts] == [[0], [1], [2], [3]]
+    assert [p.tolist() for p in StateScan(table, fixed_theta(table), shards=2, progressbar=False).parts] == \
+        [[0, 1], [2], [3]]
+
+
+def test_theta_estimated_on_workers_is_the_same_as_in_this_process(table, client):
+    """log_split=None: the empirical-Bayes estimate (here cut at 10 iterations), then the draws
+    at it, in lock step over two chains: the estimate (each iteration's scores reduced over
+    the shards) and every draw are the same on a 2-worker cluster as in this process."""
+    import json
+
+    runs = []
+    for where in (None, client):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # not settled, not converged: said elsewhere
+            runs.append(StateScan(table, shards=3, client=where, progressbar=False,
+                                  empirical_bayes={"burn_in": 5, "max_iterations": 10, "tune": 5}).run(
+                draws=5, chains=2, random_seed=5))
+    here, there = runs
+    estimate = json.loads(here.posterior.attrs["dpinfer_empirical_bayes"])
+    assert estimate == json.loads(there.posterior.attrs["dpinfer_empirical_bayes"]) | {"seconds": estimate["seconds"]}
+    assert estimate["iterations"] == 10
+    for name in ("counts", "leaf_effect", "county_log_size", "sd_leaf"):
+        np.testing.assert_array_equal(here.posterior[name].values, there.posterior[name].values)
+
+
+def test_the_estimate_settles_and_is_reported_as_an_approximation(table):
+    """With the default settings the estimate settles (every Monte Carlo error within a fifth of
+    its approximate posterior sd), is reported as dpinfer.sample reports one and named as the
+    approximation it is; the draws given it follow."""
+    import json
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 10 draws: not converged
+        tree = StateScan(table, shards=3, progressbar=False).run(draws=10, chains=2, random_seed=5)
+    estimate = json.loads(tree.posterior.attrs["dpinfer_empirical_bayes"])
+    assert estimate["settled"] and estimate["uncertainty"] == "none" and 30 <= estimate["iterations"] < 300
+    theta = np.array(estimate["parameters"]["log_split"])
+    assert theta.shape == fixed_theta(table).shape and np.all(np.isfinite(theta))
+    assert np.all(np.array(estimate["mc_se"]["log_split"]) <= 0.2 * np.array(estimate["posterior_sd"]["log_split"]))
+    assert "empirical Bayes" in estimate["method"] and "ignores its uncertainty" in estimate["method"]
+    assert "empirical-Bayes estimate" in tree.posterior.attrs["method"]
+    assert tree.posterior.sizes["draw"] == 10 and tree.sample_stats.sizes["draw"] == 10
+    verdict = json.loads(tree.posterior.attrs["dpinfer_convergence"])
+    assert "estimate_not_settled" not in verdict
+
+
+def test_an_unsettled_estimate_is_not_converged(table):
+    """Stopped at max_iterations before its Monte Carlo error meets the tolerance: the verdict
+    says NOT CONVERGED and names the estimate, whatever the draws given it."""
+    import json
+
+    from dpinfer.inference.convergence import ConvergenceWarning
+
+    scan = StateScan(table, shards=2, progressbar=False, empirical_bayes={"burn_in": 10, "max_iterations": 25})
+    with pytest.warns(ConvergenceWarning, match="NOT CONVERGED: the parameters' empirical-Bayes estimate is NOT "
+                                                "SETTLED after 25 iterations"):
+        tree = scan.run(draws=5, chains=2, random_seed=1)
+    verdict = json.loads(tree.posterior.attrs["dpinfer_convergence"])
+    assert not verdict["converged"] and "NOT SETTLED" in verdict["estimate_not_settled"]
+
+
 def test_a_lost_worker_stops_the_scan_with_a_clear_error(table, client, monkeypatch):
     """A worker killed at the third iteration (SIGKILL; its nanny starts another, so this runs
     after the module's other tests on the cluster): the scan stops at once and says which
@@ -73,33 +151,12 @@ def test_a_lost_worker_stops_the_scan_with_a_clear_error(table, client, monkeypa
         scan.run(draws=20, tune=5, chains=1, random_seed=1)
 
 
-def test_every_draw_keeps_the_exact_terms_and_the_county_sizes_are_the_leaves(table, here):
-    x = here.posterior["counts"].values[0]
-    for draw in x:
-        check_exact_terms(table.release.sums, draw)
-    county = spine_groupings(table)[groupings_levels(table).index("County")]
-    v, L = here.posterior["leaf_effect"].values[0], here.posterior["county_log_size"].values[0]
-    assert county.max() == 3  # the AIAN part's county too
-    for q in range(4):
-        np.testing.assert_allclose(logsumexp(v[:, county == q], axis=1), L[:, q], rtol=0, atol=1e-9)
-    assert here.posterior.attrs["moves_without_mass"] == 0
-
-
-def test_the_aian_part_is_a_shard_of_its_own(table):
-    """Its county's areas have another parent in the tree: a run of counties is cut there, so
-    asking for 3 shards of the 4 counties gives 4."""
-    scan = StateScan(table, fixed_theta(table), shards=3, progressbar=False)
-    assert [p.tolist() for p in scan.parts] == [[0], [1], [2], [3]]
-    assert [p.tolist() for p in StateScan(table, fixed_theta(table), shards=2, progressbar=False).parts] == \
-        [[0, 1], [2], [3]]
-
-
 def test_the_leaves_prior_table_is_scipy_s_negative_binomial():
     """negative_binomial_rows (the pmf carried along each box by its ratio) against
     scipy.stats.nbinom on boxes from 0 and far from it, wide and narrow, laid out out of order."""
     from scipy import stats
 
-    from dpinfer.io.nmf.state_scan import negative_binomial_rows
+    from dpinfer.io.nmf.county_shard import negative_binomial_rows
 
     rng = np.random.default_rng(4)
     lo = np.array([0, 0, 37, 950, 3, 0])
@@ -128,8 +185,21 @@ def test_bad_input_is_refused_by_name(table):
     with pytest.raises(ValueError, match="level must be below the root"):
         StateScan(table, theta, level="US")
     for bad in (theta[:2], "2.0", np.full_like(theta, np.nan)):
-        with pytest.raises(ValueError, match="log_split must be finite numbers, a row per level"):
+        with pytest.raises(ValueError, match=r"log_split must be None \(estimated\) or finite numbers, a row per level"):
             StateScan(table, bad)
+    with pytest.raises(ValueError, match="empirical_bayes settings are for log_split=None"):
+        StateScan(table, theta, empirical_bayes={"tolerance": 0.1})
+    with pytest.raises(ValueError, match=r"empirical_bayes got \['uncertainty'\]; its settings are"):
+        StateScan(table, empirical_bayes={"uncertainty": "normal"})
+    with pytest.raises(TypeError, match="empirical_bayes must be a dict of settings"):
+        StateScan(table, empirical_bayes=0.1)
+    for bad in ({"tolerance": 0}, {"tolerance": "0.1"}):
+        with pytest.raises(ValueError, match=r"empirical_bayes\['tolerance'\] must be a number > 0"):
+            StateScan(table, empirical_bayes=bad)
+    with pytest.raises(ValueError, match=r"empirical_bayes\['burn_in'\] \(50\) must be at most max_iterations"):
+        StateScan(table, empirical_bayes={"burn_in": 50, "max_iterations": 40})
+    with pytest.raises(ValueError, match=r"empirical_bayes\['tune'\] must be a whole number >= 0"):
+        StateScan(table, empirical_bayes={"tune": -1})
     with pytest.raises(ValueError, match=r"shards must be at most the number of County areas \(4\)"):
         StateScan(table, theta, shards=5)
     with pytest.raises(ValueError, match="shards must be a whole number >= 1"):

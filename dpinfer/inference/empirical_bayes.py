@@ -224,36 +224,29 @@ def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_i
     stop depended on the time)."""
     if iterations is not None:
         max_iterations = iterations
-    if not 1 <= burn_in <= max_iterations:
-        raise ValueError(f"burn_in must be between 1 and max_iterations ({max_iterations}), got {burn_in!r}")
-    if not (0 < tolerance and math.isfinite(tolerance)):
-        raise ValueError(f"tolerance must be a finite number > 0, got {tolerance!r}")
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 0:
         raise ValueError(f"copies must be a whole number >= 0 (0: no Rao-Blackwell average), got {copies!r}")
     start_time = time.perf_counter()
     estimated, drawn = np.flatnonzero(~steppers[0].moving), np.flatnonzero(steppers[0].moving)
     n, chains = estimated.size, len(steppers)
     q = np.array(q0, dtype=float)
+    approximation = StochasticApproximation(q[estimated], chains, burn_in=burn_in, max_iterations=max_iterations,
+                                            tolerance=tolerance)
     full = np.empty(q.size)
     grads = np.empty((chains, n))
     probed = np.empty((chains, n))
+    coupling = None
     if drawn.size:  # the drawn parameters' NUTS metric from their curvature given the counts, from the start
         for s in steppers:
             s.state.q[estimated] = q[estimated]
         curvature, coupling = _set_metric(steppers, [s.state.q.copy() for s in steppers], drawn, estimated, rng,
                                           None, None)
-    D = V = None
-    D_sum = V_sum = 0.0  # sums of d and of var over the averaged iterations
-    steps: list[np.ndarray] = []
-    averaged: list[np.ndarray] = []
-    at: list[np.ndarray] = []  # the averaged iterations' points and the chains' mean score there
-    scores: list[np.ndarray] = []
-    burned = None
     averaging = None  # the estimated parameters whose score is a function of one nested cell's counts
     pool = ThreadPoolExecutor(max_workers=max(1, min(cores, chains)))
     drawing = evaluating = 0.0
     try:
         for t in range(max_iterations):
+            q[estimated] = approximation.q
             began = time.perf_counter()
             points = list(pool.map(lambda s: np.array(s.e_step(q)), steppers))
             if drawn.size:
@@ -283,48 +276,21 @@ def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_i
             else:  # ... unless it is the only one (a deadline at once): then an upper bound, not 0
                 first = (draws_took, time.perf_counter() - drawn_at)
             d = np.mean(-(probed - grads) / PROBE * v, axis=0)
-            var = 0.5 * (grads[0] - grads[1]) ** 2 if chains > 1 else np.zeros(n)
-            D = np.maximum(d, 1e-12) if D is None else np.maximum(D + (d - D) / WINDOW, 1e-12)
-            V = var if V is None else V + (var - V) / WINDOW
-            missing = V - np.minimum(coupling, V) if drawn.size else V  # not the drawn parameters' share
-            information = np.maximum(D - missing, D / NEWTON_LIMIT) if chains > 1 and t >= WINDOW else D
-            score = scored.mean(axis=0)
-            gain = 1.0 if burned is None else min(1.0, (WINDOW / (len(averaged) + 1)) ** GAIN_DECAY)
-            step = np.clip(gain * score / information, -STEP_LIMIT, STEP_LIMIT)
-            if burned is not None:
-                at.append(q[estimated].copy())
-                scores.append(score)
-                D_sum, V_sum = D_sum + d, V_sum + var
-            q[estimated] += step
-            steps.append(step)
-            if burned is None and t + 1 >= burn_in and _settled_drift(steps):
-                burned = t + 1
-            elif burned is not None:
-                averaged.append(q[estimated].copy())
-            marginal = _marginal_information(D, V, D_sum, V_sum, at, scores)
-            mc_se = _root_se(at, scores, marginal) if len(averaged) >= MIN_AVERAGE else None
-            sd = 1.0 / np.sqrt(marginal)
-            share = float(np.mean(mc_se <= tolerance * sd)) if mc_se is not None else 0.0
+            approximation.update(grads, d, scored=scored, coupling=coupling if drawn.size else None)
             if progress is not None:
-                progress(t + 1, "burn-in" if burned is None else "averaging",
-                         _full(q, estimated, np.mean(averaged, axis=0)) if averaged else q, share)
-            if iterations is None and ((mc_se is not None and share == 1.0) or
-                                       (deadline is not None and time.monotonic() >= deadline)):
+                progress(t + 1, approximation.phase, _full(q, estimated, approximation.current), approximation.share)
+            if iterations is None and approximation.finished(deadline):
                 break
     finally:
         pool.shutdown()
-    settled = bool(averaged) and len(averaged) >= MIN_AVERAGE and share == 1.0
     if t == 0 and max_iterations > 1:
         drawing, evaluating = first
-    if not averaged:  # max_iterations within the burn-in: the last iterate, its error unknown
-        averaged, mc_se = [q[estimated]], np.full(n, np.inf)
-    elif mc_se is None:
-        mc_se = _root_se(at, scores, marginal) if len(averaged) >= 4 else np.full(n, np.inf)
-    q_hat = _full(q, estimated, np.mean(averaged, axis=0))
+    result = approximation.result()
+    q_hat = _full(q, estimated, result["q"])
     nan = np.full(q.size, np.nan)
-    return Estimate(q_hat, _full(nan, estimated, mc_se), _full(nan, estimated, sd),
-                    _full(nan, estimated, 1.0 / np.sqrt(D)), burned or max_iterations, t + 1,
-                    settled, tolerance, time.perf_counter() - start_time, drawing / max(t, 1),
+    return Estimate(q_hat, _full(nan, estimated, result["mc_se"]), _full(nan, estimated, result["posterior_sd"]),
+                    _full(nan, estimated, result["conditional_sd"]), result["burn_in"], result["iterations"],
+                    result["settled"], tolerance, time.perf_counter() - start_time, drawing / max(t, 1),
                     evaluating / (2 * chains * max(t, 1)), [s.state.counts.copy() for s in steppers],
                     steppers[0].moving.copy(),
                     [_full(s.state.q, estimated, q_hat[estimated]) for s in steppers] if drawn.size else [q_hat],
@@ -332,6 +298,99 @@ def estimate(steppers: list, q0: np.ndarray, *, rng: np.random.Generator, burn_i
                     copies=copies if averaging is not None and averaging.any() else 0,
                     rao_blackwellised=_full(np.zeros(q.size, bool), estimated,
                                             averaging if averaging is not None else False).astype(bool))
+
+
+class StochasticApproximation:
+    """The iterates of the module docstring's stochastic approximation, fed each iteration's
+    scores by whoever draws the E-steps (:func:`estimate` for the compiled engine's chains;
+    the sharded state scan, :mod:`dpinfer.io.nmf.state_scan`): the Newton step on the marginal
+    posterior with Louis's missing information, the burn-in's drift test, the Polyak average
+    with its decreasing gain, its Monte Carlo error and the approximate posterior sds, and the
+    stop once every coordinate meets ``tolerance``.
+
+    ``q0``: the estimated parameters' start (unconstrained); ``chains``: the E-step chains (two
+    or more for Louis's V; one: the EM gradient throughout)."""
+
+    def __init__(self, q0: np.ndarray, chains: int, *, burn_in: int, max_iterations: int, tolerance: float):
+        if not 1 <= burn_in <= max_iterations:
+            raise ValueError(f"burn_in must be between 1 and max_iterations ({max_iterations}), got {burn_in!r}")
+        if not (0 < tolerance and math.isfinite(tolerance)):
+            raise ValueError(f"tolerance must be a finite number > 0, got {tolerance!r}")
+        self.q = np.array(q0, dtype=float)
+        self.chains, self.burn_in, self.max_iterations, self.tolerance = chains, burn_in, max_iterations, tolerance
+        self.t = 0
+        self.D = self.V = None
+        self.D_sum = self.V_sum = 0.0  # sums of d and of var over the averaged iterations
+        self.steps, self.averaged, self.at, self.scores = [], [], [], []
+        self.burned = None
+        self.mc_se = None
+        self.marginal = None
+        self.share = 0.0
+
+    def update(self, grads: np.ndarray, d: np.ndarray, *, scored: np.ndarray | None = None,
+               coupling: np.ndarray | None = None) -> None:
+        """One iteration: ``grads`` (chains, n) each chain's score at its own E-step's draws
+        (Louis's V from their spread), ``d`` (n,) the complete-data curvature (the chains'
+        mean), ``scored`` the scores the step uses (default ``grads``; a Rao-Blackwell average),
+        ``coupling`` (n,) the information flowing through parameters drawn with the counts
+        (C_h of the module docstring; None: none drawn)."""
+        grads = np.asarray(grads, dtype=float)
+        scored = grads if scored is None else np.asarray(scored, dtype=float)
+        var = 0.5 * (grads[0] - grads[1]) ** 2 if self.chains > 1 else np.zeros(self.q.size)
+        D, V = self.D, self.V
+        D = np.maximum(d, 1e-12) if D is None else np.maximum(D + (d - D) / WINDOW, 1e-12)
+        V = var if V is None else V + (var - V) / WINDOW
+        self.D, self.V = D, V
+        missing = V - np.minimum(coupling, V) if coupling is not None else V  # not the drawn parameters' share
+        information = np.maximum(D - missing, D / NEWTON_LIMIT) if self.chains > 1 and self.t >= WINDOW else D
+        score = scored.mean(axis=0)
+        gain = 1.0 if self.burned is None else min(1.0, (WINDOW / (len(self.averaged) + 1)) ** GAIN_DECAY)
+        step = np.clip(gain * score / information, -STEP_LIMIT, STEP_LIMIT)
+        if self.burned is not None:
+            self.at.append(self.q.copy())
+            self.scores.append(score)
+            self.D_sum, self.V_sum = self.D_sum + d, self.V_sum + var
+        self.q = self.q + step
+        self.steps.append(step)
+        self.t += 1
+        if self.burned is None and self.t >= self.burn_in and _settled_drift(self.steps):
+            self.burned = self.t
+        elif self.burned is not None:
+            self.averaged.append(self.q.copy())
+        self.marginal = _marginal_information(D, V, self.D_sum, self.V_sum, self.at, self.scores)
+        self.mc_se = _root_se(self.at, self.scores, self.marginal) if len(self.averaged) >= MIN_AVERAGE else None
+        sd = 1.0 / np.sqrt(self.marginal)
+        self.share = float(np.mean(self.mc_se <= self.tolerance * sd)) if self.mc_se is not None else 0.0
+
+    @property
+    def phase(self) -> str:
+        return "burn-in" if self.burned is None else "averaging"
+
+    @property
+    def current(self) -> np.ndarray:
+        """The estimate so far: the iterates' average once averaging, else the last iterate."""
+        return np.mean(self.averaged, axis=0) if self.averaged else self.q
+
+    def finished(self, deadline: float | None = None) -> bool:
+        """Every coordinate meets the tolerance, or ``deadline`` (``time.monotonic()``) passed,
+        or max_iterations are done."""
+        return (self.t >= self.max_iterations or (self.mc_se is not None and self.share == 1.0)
+                or (deadline is not None and time.monotonic() >= deadline))
+
+    def result(self) -> dict:
+        """The estimate (``q``), its Monte Carlo error, the approximate posterior sd, the sd
+        given the counts, the burn-in's and all iterations, whether settled (module docstring;
+        an infinite error if the burn-in had not ended or fewer than 4 iterations were averaged)."""
+        settled = bool(self.averaged) and len(self.averaged) >= MIN_AVERAGE and self.share == 1.0
+        averaged, mc_se = self.averaged, self.mc_se
+        if not averaged:  # max_iterations within the burn-in: the last iterate, its error unknown
+            averaged, mc_se = [self.q], np.full(self.q.size, np.inf)
+        elif mc_se is None:
+            mc_se = (_root_se(self.at, self.scores, self.marginal) if len(averaged) >= 4
+                     else np.full(self.q.size, np.inf))
+        return {"q": np.mean(averaged, axis=0), "mc_se": mc_se, "posterior_sd": 1.0 / np.sqrt(self.marginal),
+                "conditional_sd": 1.0 / np.sqrt(self.D), "burn_in": self.burned or self.max_iterations,
+                "iterations": self.t, "settled": settled}
 
 
 def _set_metric(steppers: list, points: list, drawn: np.ndarray, estimated: np.ndarray, rng: np.random.Generator,

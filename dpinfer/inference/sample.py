@@ -722,7 +722,7 @@ def _with_convergence(model, idata, progressbar: bool, exclude=(), statistics=()
                                                   .sizes["chain"] * idata.posterior[n].sizes["draw"]]
                                if drawn or not exclude else ())
     if exclude:
-        result = dataclasses.replace(result, unsettled=_unsettled(
+        result = dataclasses.replace(result, unsettled=unsettled(
             json.loads(idata.posterior.attrs.get("dpinfer_empirical_bayes", "{}"))))
     idata.posterior.attrs["dpinfer_convergence"] = json.dumps(result.as_dict())
     convergence.report(result, show=progressbar)
@@ -749,7 +749,7 @@ def latent_names(model) -> list:
     return found
 
 
-def _unsettled(estimate: dict) -> str:
+def unsettled(estimate: dict) -> str:
     """Why an empirical-Bayes estimate (:func:`_estimate_entry`) has not settled, or "" if it has:
     a fit given an estimate whose Monte Carlo error misses its tolerance is not a result."""
     if not estimate or estimate.get("settled", True):

@@ -31,7 +31,7 @@ import pymc as pm
 from dpinfer.inference import planning
 from dpinfer.inference.checkpoint import Checkpoint, model_hash
 from dpinfer.inference.engines.compiled import engine as compiled_engine
-from dpinfer.inference.engines.compiled.chains import Stepper, fresh_state, stat_columns
+from dpinfer.inference.engines.compiled.chains import Stepper, continued_state, fresh_state, stat_columns
 from dpinfer.mechanisms.records import releases_of
 
 
@@ -128,6 +128,17 @@ class Shard:
         self.seconds = time.perf_counter() - began  # building and compiling
         self.sweep_seconds = self.steppers[0].state.seconds if restore is not None else 0.0
         self.first_sweep_seconds = 0.0
+
+    def restart(self, tune: int, draws: int) -> None:
+        """Every chain continued from its state under a fresh warm-up of ``tune`` iterations,
+        then ``draws`` stored (:func:`~dpinfer.inference.engines.compiled.chains.continued_state`)."""
+        self.tune, self.draws = tune, draws
+        n_stats = len(stat_columns(self.blocks)[0])
+        self.steppers = [Stepper(self.compiled, self.blocks,
+                                 continued_state(self.compiled, s.state, n_stats, draws=draws), tune=tune,
+                                 draws=draws, max_tree_depth=s.max_tree_depth, nuts_per_sweep=s.nuts_per_sweep,
+                                 counts_per_sweep=s.counts_per_sweep)
+                         for s in self.steppers]
 
     def info(self) -> dict:
         """What the driver reports: cells, local parameters, build time, the process's memory."""

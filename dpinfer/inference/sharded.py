@@ -273,9 +273,10 @@ def _bounds(parts: list, failed: dict) -> dict:
 
 class SharedModel:
     """The shared model compiled (the compiled engine, no counts): theta's names and shapes,
-    the summaries' places in its data, theta's constrained values from q."""
+    the summaries' places in its data, theta's constrained values from q. ``given``: names of
+    pm.Data that are not summaries (set by :meth:`set_given`)."""
 
-    def __init__(self, model, n_groups: int):
+    def __init__(self, model, n_groups: int, given: tuple = ()):
         if releases_of(model):
             raise ValueError("shared_model must hold the shared parameters only: its releases belong "
                              "in the shards' models")
@@ -291,7 +292,7 @@ class SharedModel:
         values = self.compiled.expand(np.zeros((1, self.compiled.n)), np.zeros((1, 0), np.int64))
         self.shapes = {rv.name: np.shape(values[rv.name][0]) for rv in model.free_RVs}
         self._theta, self._no_counts = self.compiled.values_function(list(self.shapes)), np.zeros(0, np.int64)
-        self.summary_names = [d.name for d in model.data_vars]
+        self.summary_names = [d.name for d in model.data_vars if d.name not in given]
         if not self.summary_names:
             raise ValueError("shared_model has no pm.Data: the shards' summaries it conditions on "
                              "must be pm.Data of the Deterministics' names")
@@ -305,6 +306,12 @@ class SharedModel:
                 raise ValueError(f"shared_model's pm.Data {name!r} has shape {shape}; its first axis "
                                  f"must run over the {n_groups} groups")
             self._positions[name] = positions
+
+    def set_given(self, name: str, value) -> None:
+        """Write the pm.Data ``name``, one of ``given``: data the caller sets, not the shards'
+        summaries (the split concentrations of :mod:`dpinfer.io.nmf.state_scan`'s estimate)."""
+        for j in self.compiled.data.positions(name):
+            self.compiled.data.values[j][...] = value
 
     def theta(self, q: np.ndarray) -> dict:
         """The shared parameters' constrained values at q (name -> array)."""

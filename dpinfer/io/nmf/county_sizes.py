@@ -105,12 +105,15 @@ def county_shapes_model(groupings: list, county_level: int, counties, counts, lo
     return model
 
 
-def county_sizes_model(groupings: list, county_level: int, log_split, summaries: dict):
+def county_sizes_model(groupings: list, county_level: int, log_split, summaries: dict, *,
+                       log_split_data: bool = False):
     """The PyMC model of every county's size L (free ``county_log_size``) and the leaves' scale
     (free ``sd_leaf`` ~ HalfNormal(1)) given the counties' shapes and counts through
     ``summaries`` (data named as :data:`SUMMARIES`, a row per county; ``county_counts``
-    (n_counties, n_cells) whole numbers) and ``log_split`` (a constant): the normal terms of
-    every leaf and the splits of the levels above the counties."""
+    (n_counties, n_cells) whole numbers) and ``log_split`` (a constant, or with
+    ``log_split_data`` a ``pm.Data`` of that name, for a caller that changes it between steps:
+    the state scan's empirical-Bayes estimate): the normal terms of every leaf and the splits
+    of the levels above the counties."""
     import pymc as pm
     import pytensor.tensor as pt
 
@@ -129,7 +132,7 @@ def county_sizes_model(groupings: list, county_level: int, log_split, summaries:
             raise ValueError(f"summaries[{name!r}] must have shape {shape}, got {np.shape(summaries[name])}")
     with pm.Model() as model:
         data = {name: pm.Data(name, np.asarray(summaries[name], dtype=float)) for name in SUMMARIES}
-        theta = pt.as_tensor(log_split)
+        theta = pm.Data("log_split", log_split) if log_split_data else pt.as_tensor(log_split)
         L = pm.Flat("county_log_size", shape=n_counties)
         s = pm.HalfNormal("sd_leaf", 1.0)
         n, lse, squares, X = (data[name] for name in SUMMARIES)

@@ -383,6 +383,17 @@ def fresh_state(model, n_stats: int, *, draws: int, rng: np.random.Generator,
                       draws_stats=np.zeros((draws, n_stats)))
 
 
+def continued_state(model, state: ChainState, n_stats: int, *, draws: int) -> ChainState:
+    """``state``'s chain before a fresh warm-up: its point, counts, metric (as the first
+    metric) and random stream carried over, its step size, adaptation and draws anew (after an
+    empirical-Bayes estimate whose E-steps moved the chain: :mod:`dpinfer.io.nmf.state_scan`)."""
+    fresh = fresh_state(model, n_stats, draws=draws, rng=np.random.default_rng(0), q0=state.q,
+                        counts0=state.counts, target_accept=state.adapt[_TARGET],
+                        count_dtype=state.draws_counts.dtype, inv_mass0=state.inv_mass)
+    fresh.stream = state.stream
+    return fresh
+
+
 class Stepper:
     """One chain's compiled kernel, its count blocks' data and scratch, advanced from its
     ``state`` a given number of iterations at a time (:func:`run_chain`; the shards of
