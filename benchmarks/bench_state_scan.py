@@ -24,8 +24,13 @@ workers, a shard each (a shard's work the run's average per county times its cou
 driver's parts scaled by the counties, the round trip to W shards a line through the measured
 ones).
 
+With ``--estimate``, also theta's empirical-Bayes estimate (``log_split=None``, two chains in
+lock step, the default settings) on one shard in this process and on the workers with the
+first of ``--shards``: iterations to settle, seconds in all and an iteration (per chain), the
+score's share, beside a plain iteration of the same two chains at fixed theta.
+
 Run:  .venv/bin/python benchmarks/bench_state_scan.py [--counties 12] [--shards 2 4 12]
-      [--workers 2] [--draws 30] [--tune 100] [--scale-counties 99]
+      [--workers 2] [--draws 30] [--tune 100] [--scale-counties 99] [--estimate]
 """
 
 from __future__ import annotations
@@ -89,6 +94,25 @@ def round_trip(table, shards: int, client, calls: int = 200) -> float:
     return float(np.median(times))
 
 
+def estimate_cost(table, shards: int, client) -> dict:
+    """Theta's empirical-Bayes estimate with two chains: its iterations, its seconds (building
+    apart), each step's seconds an iteration per chain (the scores' reading among them), and
+    the same two chains' plain iteration at the estimate (the draws after it)."""
+    import warnings
+
+    scan = StateScan(table, shards=shards, client=client, store_counts=False, progressbar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 30 draws: not converged
+        out = scan.run(draws=30, chains=2, random_seed=1)
+    estimate = json.loads(out.posterior.attrs["dpinfer_empirical_bayes"])
+    n = estimate["iterations"]
+    timelines = [np.array(t["driver"]) for t in json.loads(out.posterior.attrs["timeline"])]
+    during = np.mean([t[:n] for t in timelines], axis=(0, 1))  # (refill, counts, shapes, sizes, scores)
+    after = np.mean([t[-30:] for t in timelines], axis=(0, 1))
+    return {"iterations": n, "settled": estimate["settled"], "seconds": estimate["seconds"],
+            "during": during, "after": after}
+
+
 def predicted(local: dict, workers: int, trip: float) -> dict:
     """The cost model (module docstring) from the in-process run ``local``."""
     per = local["per_shard"]
@@ -123,6 +147,7 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=30)
     parser.add_argument("--tune", type=int, default=100)
     parser.add_argument("--scale-counties", type=int, default=99)
+    parser.add_argument("--estimate", action="store_true", help="also theta's empirical-Bayes estimate")
     args = parser.parse_args()
     import distributed
 
@@ -151,6 +176,10 @@ def main() -> None:
             print(f"  round trip {trip * 1e3:.2f} ms, {local['directions']:.0f} directions an iteration; building "
                   f"the shards {there['build']:.1f} s on the workers, {local['build']:.1f} s here", flush=True)
             figures.append((shards, local, trip))
+        if args.estimate:
+            estimates = [("one shard, this process", estimate_cost(table, 1, None)),
+                         (f"{args.shards[0]} shards on {args.workers} workers",
+                          estimate_cost(table, args.shards[0], client))]
     print(f"\nOne iteration (s): {args.counties} Iowa-shaped counties, {len(table.leaves)} blocks, "
           f"{args.workers} workers, the mean of {args.draws} iterations after {args.tune} of tuning")
     print(pd.DataFrame(rows).to_string(index=False, float_format="{:.4g}".format))
@@ -166,6 +195,13 @@ def main() -> None:
     print(f"\nThe model's seconds an iteration for {args.scale_counties} such counties, a shard a worker "
           f"(round trip to W shards: {'the measured' if fit is None else 'a line through the measured'}):")
     print(pd.DataFrame(out).to_string(index=False, float_format="{:.4g}".format))
+    if args.estimate:
+        print("\nTheta's empirical-Bayes estimate, 2 chains in lock step (s an iteration per chain):")
+        rows = [{"where": where, "iterations": e["iterations"], "settled": e["settled"],
+                 "estimate s": e["seconds"], "iteration during": e["during"].sum(),
+                 "of it the scores": e["during"][4], "iteration after (draws)": e["after"].sum(),
+                 "during / after": e["during"].sum() / e["after"].sum()} for where, e in estimates]
+        print(pd.DataFrame(rows).to_string(index=False, float_format="{:.4g}".format))
 
 
 if __name__ == "__main__":

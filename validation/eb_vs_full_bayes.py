@@ -17,6 +17,11 @@ model ``dpinfer nmf`` runs) is fitted twice:
   defaults) from the normal approximation of
   their marginal posterior (``"normal"``, ``dpinfer nmf``'s default).
 
+With ``--leaves Block --leaf-sizes estimated`` a third fit, ``state-scan``: the sharded state
+scan (:class:`dpinfer.io.nmf.state_scan.StateScan`, a shard a county up to 2, the same model
+with iid leaf sizes), its split concentrations estimated by empirical Bayes from the shards'
+scores, then 2,000 draws a chain given them: the state-scale method judged by the same bar.
+
 With ``--leaves Block`` (issue 38, "Must show" 1) the states are small ones read down to blocks
 (:data:`BLOCK_STATE`: 3-4 tracts a county, 2-3 block groups a tract, 6-10 blocks a block group
 of ~60 persons; ``--states 1:2020 2:2020``), the same model with blocks as leaves (a fifth level
@@ -48,10 +53,12 @@ hyperparameter's ESS per draw predicted from the estimate's missing information,
 full-Bayes fit's.
 
 Run:  .venv/bin/python validation/eb_vs_full_bayes.py [--states 3:2020 3:7 10:2020 10:8] [--leaves Block]
+      [--methods full-bayes empirical-bayes ...]  (default: all that apply)
       [--fits DIR]   (DIR keeps the fits as netCDF: a rerun reads them instead of refitting)
       [--kept-only]  (only the states whose full-Bayes fit DIR keeps; empirical-Bayes fits
                       missing there are made)
-Writes validation/results/eb_vs_full_bayes.md (eb_vs_full_bayes-blocks.md with --leaves Block).
+Writes validation/results/eb_vs_full_bayes.md (eb_vs_full_bayes-blocks.md with --leaves Block,
+-estimated-sizes and -state-scan added to the name with those).
 """
 
 from __future__ import annotations
@@ -200,13 +207,14 @@ METHODS = {  # name -> dp.sample options; each samples on until converged, withi
                         "empirical_bayes": {"uncertainty": "none"}},
     "empirical-bayes-normal": {"inference": "empirical-bayes", "draws": 2000, "max_minutes": 60,
                                "empirical_bayes": {"uncertainty": "normal"}},
+    "state-scan": {"draws": 2000},  # StateScan, theta by empirical Bayes (blocks, leaf sizes estimated)
 }
 
 
 def fit_all(root: str, fits: Path | None, tag: str, seed: int, leaves: str = "Block_Group",
-            leaf_sizes: str = "published"):
-    """(table, {method: (fit, seconds)}) for METHODS, each fit read from ``fits`` where an
-    earlier run kept it; ``leaf_sizes`` as census_model's."""
+            leaf_sizes: str = "published", methods=tuple(METHODS)):
+    """(table, {method: (fit, seconds)}) for ``methods`` (of METHODS), each fit read from
+    ``fits`` where an earlier run kept it; ``leaf_sizes`` as census_model's."""
     import arviz as az
 
     import dpinfer as dp
@@ -216,13 +224,25 @@ def fit_all(root: str, fits: Path | None, tag: str, seed: int, leaves: str = "Bl
     nmf = dp.read_nmf(root, 19, levels=("US", "State", *LEVELS[:LEVELS.index(leaves) + 1]))
     table = census_table(nmf, leaves, "pl94-28")
     out = {}
-    for method, options in METHODS.items():
+    for method in methods:
+        options = METHODS[method]
         path = fits / f"{tag}-{method}.nc" if fits is not None else None
         if path is not None and path.exists():
             idata = az.from_netcdf(path)
             out[method] = (idata, float(idata.posterior.attrs.get("validation_seconds", np.nan)))
             continue
         start = time.perf_counter()
+        if method == "state-scan":
+            from dpinfer.io.nmf.state_scan import StateScan
+
+            n_counties = int(np.sum(table.areas.level.to_numpy() == "County"))
+            idata = StateScan(table, shards=min(n_counties, 2)).run(chains=2, random_seed=seed, **options)
+            seconds = time.perf_counter() - start
+            idata.posterior.attrs["validation_seconds"] = seconds
+            if path is not None:
+                idata.to_netcdf(path)
+            out[method] = (idata, seconds)
+            continue
         model = census_model(table, leaf_sizes=leaf_sizes)
         if "empirical_bayes" in options:  # as dpinfer nmf sets it (the leaf sizes drawn at blocks)
             options = options | {"empirical_bayes": empirical_bayes_settings(
@@ -290,6 +310,9 @@ def main(argv=None) -> None:
     parser.add_argument("--leaf-sizes", default="published", choices=("published", "estimated"),
                         help="census_model's leaf sizes (estimated: dpinfer nmf's default at block leaves; "
                              "results to a file of their own)")
+    parser.add_argument("--methods", nargs="+", choices=tuple(METHODS), default=None,
+                        help="the fits to make and compare (default: all that apply; state-scan only with "
+                             "--leaves Block --leaf-sizes estimated)")
     parser.add_argument("--fits", type=Path, default=None)
     parser.add_argument("--kept-only", action="store_true",
                         help="compare only the states whose full-Bayes fit --fits already keeps "
@@ -303,9 +326,18 @@ def main(argv=None) -> None:
     elif args.kept_only:
         parser.error("--kept-only compares with the full-Bayes fits kept in --fits DIR: give --fits")
     blocks = args.leaves == "Block"
+    scan = blocks and args.leaf_sizes == "estimated"
+    methods = args.methods or [m for m in METHODS if m != "state-scan" or scan]
+    if "state-scan" in methods and not scan:
+        parser.error("state-scan fits the model with the leaf sizes estimated at blocks: give --leaves Block "
+                     "--leaf-sizes estimated")
+    if "full-bayes" not in methods or len(methods) < 2:
+        parser.error("--methods must include full-bayes (the reference) and a method to compare with it")
     results = RESULTS.with_name(f"{RESULTS.stem}-blocks.md") if blocks else RESULTS
     if args.leaf_sizes == "estimated":
         results = results.with_name(f"{results.stem}-estimated-sizes.md")
+    if "state-scan" in methods:
+        results = results.with_name(f"{results.stem}-state-scan.md")
     levels = ("US", "State", *LEVELS[:LEVELS.index(args.leaves) + 1])
     sections = []
     for counties, seed in args.states:
@@ -317,13 +349,16 @@ def main(argv=None) -> None:
         with tempfile.TemporaryDirectory() as root:
             state = BLOCK_STATE if blocks else PRESETS["iowa"]
             dp.write_synthetic_nmf(root, **(state | {"n_counties": counties, "seed": seed}), levels=levels)
-            table, fits = fit_all(root, args.fits, tag, seed=11, leaves=args.leaves, leaf_sizes=args.leaf_sizes)
+            table, fits = fit_all(root, args.fits, tag, seed=11, leaves=args.leaves, leaf_sizes=args.leaf_sizes,
+                                  methods=methods)
         full = fits["full-bayes"][0]
         rows = {}
-        for method in ("empirical-bayes", "empirical-bayes-normal"):
+        for method in methods[1:] if methods[0] == "full-bayes" else [m for m in methods if m != "full-bayes"]:
             rows[method] = summary(compare(table, full, fits[method][0], args.leaves))
             print(tag, method, rows[method].to_string(), flush=True)
-        sections.append((tag, len(table.leaves), fits, rows, predictor_check(full, fits["empirical-bayes"][0])))
+        estimated = next((fits[m][0] for m in ("empirical-bayes", "state-scan") if m in fits), None)
+        sections.append((tag, len(table.leaves), fits, rows,
+                         predictor_check(full, estimated) if estimated is not None else "not run"))
         results.write_text(report(sections, args.leaves, args.leaf_sizes))  # after every state: a long run keeps what it has done
         print(f"wrote {results} ({len(sections)} states)", flush=True)
 
@@ -354,10 +389,15 @@ def report(sections, leaves: str = "Block_Group", leaf_sizes: str = "published")
              f"the leaf sizes {'estimated (parameters of the fit)' if leaf_sizes == 'estimated' else 'at their published totals'}. "
              "Bar: every "
              f"quantile (5%, 50%, 95%) of every target within {BAR:g} x the full-Bayes 90% interval's width "
-             f"of full Bayes's, beyond {Z:g} combined Monte Carlo standard errors. Two empirical-Bayes variants: "
-             f"the hyperparameters held at their estimate (`none`), and drawn every {EB['every']} draws, {EB['burn']} count "
-             "draws after each, from the normal "
-             "approximation of their posterior (`normal`, `dpinfer nmf`'s default).", ""]
+             f"of full Bayes's, beyond {Z:g} combined Monte Carlo standard errors. Compared with full Bayes: "
+             + "; ".join(text for method, text in (
+                 ("empirical-bayes", "`empirical-bayes`, the hyperparameters held at their estimate (`none`)"),
+                 ("empirical-bayes-normal", f"`empirical-bayes-normal`, drawn every {EB['every']} draws, "
+                                            f"{EB['burn']} count draws after each, from the normal approximation of "
+                                            "their posterior (`dpinfer nmf`'s default)"),
+                 ("state-scan", "`state-scan`, the sharded state scan (a shard a county, up to 2), its "
+                                "concentrations estimated by empirical Bayes from the shards' scores and held there"))
+                         if any(method in fits for _, _, fits, _, _ in sections)) + ".", ""]
     for tag, n_leaves, fits, rows, predictor in sections:
         lines += [f"## {tag} ({n_leaves} {unit} x 28 cells: {28 * n_leaves:,} counts)", ""]
         for method, (idata, seconds) in fits.items():

@@ -362,6 +362,43 @@ class StochasticApproximation:
         sd = 1.0 / np.sqrt(self.marginal)
         self.share = float(np.mean(self.mc_se <= self.tolerance * sd)) if self.mc_se is not None else 0.0
 
+    def saved(self) -> dict:
+        """Everything the iterates carry from one iteration to the next, as arrays (a
+        checkpoint's; :meth:`restored` continues from it exactly)."""
+        n = self.q.size
+
+        def rows(values):
+            return np.asarray(values, dtype=float).reshape(-1, n)
+
+        missing = np.full(n, np.nan)
+        return {"q": self.q, "t": self.t, "burned": -1 if self.burned is None else self.burned,
+                "D": missing if self.D is None else self.D, "V": missing if self.V is None else self.V,
+                "D_sum": np.broadcast_to(self.D_sum, (n,)), "V_sum": np.broadcast_to(self.V_sum, (n,)),
+                "steps": rows(self.steps), "averaged": rows(self.averaged), "at": rows(self.at),
+                "scores": rows(self.scores),
+                "mc_se": missing if self.mc_se is None else self.mc_se,
+                "marginal": missing if self.marginal is None else self.marginal, "share": self.share,
+                "settings": np.array([self.chains, self.burn_in, self.max_iterations, self.tolerance])}
+
+    @classmethod
+    def restored(cls, saved: dict) -> "StochasticApproximation":
+        """The iterates as :meth:`saved` left them."""
+        chains, burn_in, max_iterations, tolerance = np.asarray(saved["settings"]).tolist()
+        out = cls(saved["q"], int(chains), burn_in=int(burn_in), max_iterations=int(max_iterations),
+                  tolerance=float(tolerance))
+        out.t, out.share = int(saved["t"]), float(saved["share"])
+        out.burned = None if int(saved["burned"]) < 0 else int(saved["burned"])
+
+        def optional(name):
+            value = np.array(saved[name], dtype=float)
+            return None if np.all(np.isnan(value)) else value
+
+        out.D, out.V, out.mc_se, out.marginal = (optional(k) for k in ("D", "V", "mc_se", "marginal"))
+        out.D_sum, out.V_sum = np.array(saved["D_sum"], dtype=float), np.array(saved["V_sum"], dtype=float)
+        for name in ("steps", "averaged", "at", "scores"):
+            setattr(out, name, [row.copy() for row in np.asarray(saved[name], dtype=float)])
+        return out
+
     @property
     def phase(self) -> str:
         return "burn-in" if self.burned is None else "averaging"

@@ -157,6 +157,21 @@ class Shard:
             stepper.state.seconds = self.sweep_seconds
             checkpoint.save(c, stepper.state)
 
+    def restore(self, path: str) -> None:
+        """Continue every chain from the states :meth:`save` wrote to ``path`` (this shard's,
+        its model hash checked), under this shard's tuning and draws."""
+        checkpoint = Checkpoint(path, {"model": self.hash}, 0)
+        steppers = []
+        for c, s in enumerate(self.steppers):
+            state = checkpoint.load(c)
+            if state is None:
+                raise FileNotFoundError(f"{path} holds no state of chain {c}")
+            steppers.append(Stepper(self.compiled, self.blocks, state, tune=self.tune, draws=self.draws,
+                                    max_tree_depth=s.max_tree_depth, nuts_per_sweep=s.nuts_per_sweep,
+                                    counts_per_sweep=s.counts_per_sweep))
+        self.steppers = steppers
+        self.sweep_seconds = steppers[0].state.seconds
+
     def set_shared(self, values: dict) -> None:
         """Write the shared parameters' values (name -> array) into the model's data, and
         refill the count blocks' terms that depend on them."""

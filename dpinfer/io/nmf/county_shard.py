@@ -12,16 +12,19 @@ from __future__ import annotations
 import functools
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 
 from dpinfer._kernel import kernel
+from dpinfer.inference.checkpoint import replaced_privately
 from dpinfer.inference.empirical_bayes import PROBE
 from dpinfer.inference.shard import Shard
 from dpinfer.io.nmf.county_sizes import SUMMARIES, county_leaves, county_shapes_model
 from dpinfer.io.nmf.split_score import split_score
 from dpinfer.lattice.nested.split import ShardCounts
 
+SECONDS = ("build", "refill", "counts", "shapes")  # a shard's seconds, by step
 SHAPE_DATA = ("county_log_size", "sd_leaf", "log_split")  # what the shards' shape models take each iteration
 
 
@@ -200,6 +203,38 @@ class CountyShard:
         carried over); the counts kept from then on."""
         self.shapes.restart(tune, draws)
         self.tune, self.draws = tune, []
+
+    def save(self, path: str) -> None:
+        """The shard's state between two iterations, into the directory ``path`` (owner-only):
+        its counts, their random stream and statistics, the counts kept so far and its
+        seconds (``counts.npz``, data only) and its shapes' chain (``shapes/``,
+        :meth:`~dpinfer.inference.shard.Shard.save`). Everything else is refilled before it is
+        read."""
+        path = Path(path)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.shapes.save(str(path / "shapes"))
+        kept = np.stack(self.draws) if self.draws else np.zeros((0,) + self.counts.x.shape, np.int32)
+        with replaced_privately(path / "counts.npz") as tmp:
+            with open(tmp, "wb") as f:
+                np.savez(f, x=self.counts.x, stream=self.counts.stream, stats=self.counts.stats, kept=kept,
+                         timeline=np.array(self.timeline).reshape(-1, 3), tune=self.tune,
+                         seconds=np.array([self.seconds[k] for k in SECONDS]),
+                         so_far=np.asarray(getattr(self, "_so_far", np.zeros(3)), dtype=float))
+
+    def restore(self, path: str) -> None:
+        """Continue from the state :meth:`save` wrote to ``path`` (the same shard of the same
+        scan, built from the same seeds)."""
+        path = Path(path)
+        with np.load(path / "counts.npz", allow_pickle=False) as saved:
+            self.counts.set_counts(saved["x"])
+            self.counts.stream[...] = saved["stream"]
+            self.counts.stats[...] = saved["stats"]
+            self.draws = list(saved["kept"])
+            self.timeline = list(saved["timeline"])
+            self.tune = int(saved["tune"])
+            self.seconds.update(zip(SECONDS, saved["seconds"].tolist()))
+            self._so_far = saved["so_far"].tolist()
+        self.shapes.restore(str(path / "shapes"))
 
     def finish(self, thetas: dict) -> dict:
         """The kept counts (draws, n_leaves, n_cells) (None unless ``store_counts``), the leaf

@@ -31,8 +31,8 @@ score of theta and its curvature (:mod:`dpinfer.io.nmf.split_score`: each shard 
 to the counties', the driver the levels above from the counties' sizes and counts, summed)
 and the information about theta flowing through the shapes and sizes drawn with the counts (a
 probe along their NUTS metric); the chains' spread gives Louis's missing information. Then
-the chains continue, after a short warm-up, at the estimate: the posterior given it, which
-ignores theta's uncertainty (an approximation, named in ``posterior.attrs``; compared with the
+the chains continue, after a warm-up (200 iterations by default: :data:`EMPIRICAL_BAYES`), at
+the estimate: the posterior given it, which ignores theta's uncertainty (an approximation, named in ``posterior.attrs``; compared with the
 one-machine estimate in the validation tier). Unlike the one-machine estimate it does not
 average each cell's score over redrawings of that cell (Rao-Blackwell), so it needs more
 iterations to meet the same tolerance.
@@ -56,14 +56,16 @@ import math
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import xarray as xr
 from scipy.special import logsumexp
 
 from dpinfer._random_stream import new_stream
-from dpinfer._validation import check_count, check_flag, check_probability, check_seed
+from dpinfer._validation import check_count, check_flag, check_path, check_probability, check_seed
 from dpinfer.inference import convergence, planning
+from dpinfer.inference.checkpoint import Checkpoint, replaced_privately
 from dpinfer.inference.empirical_bayes import MAX_ITERATIONS, PROBE, StochasticApproximation
 from dpinfer.inference.engines.compiled import engine as compiled_engine
 from dpinfer.inference.engines.compiled.chains import NUTS_STATS, continued_state
@@ -72,13 +74,17 @@ from dpinfer.inference.sharded import SharedModel, checked_options, joined_summa
 from dpinfer.io.nmf.county_shard import CountyShard
 from dpinfer.io.nmf.county_sizes import SUMMARIES, county_leaves, county_sizes_model
 from dpinfer.io.nmf.model import ROOT_SHAPE, census_model, groupings_levels, root_mean, spine_groupings
+from dpinfer.io.nmf.scan_checkpoint import ScanCheckpoints, scan_identity
 from dpinfer.io.nmf.split_score import PRIOR_MEAN, prior_terms, split_score
 from dpinfer.io.nmf.table import CensusTable
 from dpinfer.lattice.nested.split import SplitGibbs, gathered
 from dpinfer.mechanisms.records import releases_of
 
-# the empirical-Bayes estimate's settings (empirical_bayes=): dpinfer.sample's defaults
-EMPIRICAL_BAYES = {"tune": 20, "burn_in": 30, "max_iterations": MAX_ITERATIONS, "tolerance": 0.2}
+# the empirical-Bayes estimate's settings (empirical_bayes=): dpinfer.sample's defaults but the
+# warm-up after it, in which the shapes' and sizes' NUTS adapt their step sizes afresh: with
+# dpinfer.sample's 20 iterations, on a 55-block state one of two chains sat all of its 500 draws in
+# a block's second mode (empty, 2% of the posterior; R-hat 1.9), with 200 none did (R-hat 1.03)
+EMPIRICAL_BAYES = {"tune": 200, "burn_in": 30, "max_iterations": MAX_ITERATIONS, "tolerance": 0.2}
 
 
 class StateScan:
@@ -212,13 +218,23 @@ class StateScan:
                                               pure=False))
         return [f.result() for f in futures]
 
-    def run(self, draws: int = 1000, tune: int = 1000, chains: int = 2, random_seed: int | None = None) -> xr.DataTree:
+    def run(self, draws: int = 1000, tune: int = 1000, chains: int = 2, random_seed: int | None = None, *,
+            checkpoint=None, checkpoint_every: int = 100, resume=None) -> xr.DataTree:
         """``chains`` chains of the scan in lock step. With ``log_split`` given, ``tune`` +
         ``draws`` iterations at it. Else first the empirical-Bayes estimate of theta (module
         docstring; ``empirical_bayes`` settings: ``burn_in``, ``max_iterations``, ``tolerance``
         as :func:`~dpinfer.inference.empirical_bayes.estimate`'s), then, as ``dpinfer.sample``
-        does, ``empirical_bayes["tune"]`` warm-up iterations (not ``tune``: the chains start in
-        equilibrium given the estimate) and ``draws`` at the estimate.
+        does, ``empirical_bayes["tune"]`` warm-up iterations (not ``tune``: the chains start
+        near equilibrium given the estimate; the NUTS step sizes adapt afresh) and ``draws`` at
+        the estimate.
+
+        ``checkpoint``: a new or empty directory where every ``checkpoint_every`` iterations
+        (the estimate's and the draws' counted together) the whole scan's state is written
+        (:mod:`dpinfer.io.nmf.scan_checkpoint`; on a cluster, a directory the workers share).
+        ``resume``: such a directory of a scan that stopped (interrupted, its driver killed, a
+        worker lost): the same call with ``resume=`` in place of ``checkpoint=`` (``random_seed``
+        may be left out) continues it from its last checkpoint, on this scan's client, and
+        gives what the uninterrupted scan gives; it keeps saving there.
 
         Returns a DataTree: ``posterior`` with ``county_log_size`` (L), ``sd_leaf``,
         ``leaf_effect`` (v) and, with ``store_counts``, ``counts``; in ``posterior.attrs`` the
@@ -231,30 +247,64 @@ class StateScan:
         are warned of (a RuntimeWarning)."""
         draws, tune, chains = (check_count(n, v, least) for n, v, least in
                                (("draws", draws, 1), ("tune", tune, 0), ("chains", chains, 1)))
-        seed = check_seed(random_seed)
-        seqs = np.random.SeedSequence(seed).spawn(chains)
-        estimate = None
-        if self.theta is None:
-            settings = self.empirical_bayes
-            theta = np.full((len(self.groupings), len(self.table.cells)), PRIOR_MEAN)
-            runs = [_ScanChain(self, s, theta, settings["max_iterations"], draws, c) for c, s in enumerate(seqs)]
-            estimate = self._estimate(runs, theta)
-            theta, tune = np.asarray(estimate["parameters"]["log_split"]), settings["tune"]
-            for r in runs:
-                r.restart(tune, draws)
-        else:
-            theta = self.theta
-            runs = [_ScanChain(self, s, theta, tune, draws, c) for c, s in enumerate(seqs)]
-        total, began, last = tune + draws, time.perf_counter(), time.perf_counter()
-        for i in range(total):
-            for r in runs:
-                r.iterate(theta, i)
-            now = time.perf_counter()
-            if self.progressbar and (now - last > 10.0 or i + 1 == total):
-                last = now
-                print(f"dpinfer: state scan, {chains} chain(s): {i + 1}/{total} iterations, "
-                      f"{(now - began) / (i + 1):.3g} s each", file=sys.stderr, flush=True)
+        checkpoint, resume = check_path("checkpoint", checkpoint), check_path("resume", resume)
+        checkpoint_every = check_count("checkpoint_every", checkpoint_every, 1)
+        if checkpoint is not None and resume is not None and checkpoint != resume:
+            raise ValueError(f"give checkpoint= or resume=, not both (resume={str(resume)!r} keeps saving there)")
+        if resume is not None and random_seed is None:  # the checkpointed scan's seed
+            random_seed = ScanCheckpoints.stored_entropy(resume)
+        seq = np.random.SeedSequence(check_seed(random_seed))
+        identity = scan_identity(self.table, self._identity_settings(draws, tune, chains), seq.entropy)
+        store = (None if checkpoint is None and resume is None else
+                 ScanCheckpoints.open(resume, checkpoint_every, identity) if resume is not None else
+                 ScanCheckpoints.create(checkpoint, checkpoint_every, identity))
+        saved = store.load() if resume is not None else None
+        resumed_at = saved[0] if saved is not None else None
+        seqs, estimate, done = seq.spawn(chains), None, 0
+        try:
+            if self.theta is None:
+                settings = self.empirical_bayes
+                theta0 = np.full((len(self.groupings), len(self.table.cells)), PRIOR_MEAN)
+                runs = [_ScanChain(self, s, theta0, settings["max_iterations"], draws, c) for c, s in enumerate(seqs)]
+                if saved is None or saved[1]["phase"] == "estimate":
+                    approximation = (StochasticApproximation(theta0.ravel(), chains, burn_in=settings["burn_in"],
+                                                             max_iterations=settings["max_iterations"],
+                                                             tolerance=settings["tolerance"])
+                                     if saved is None else self._restored(store, saved, runs))
+                    estimate = self._estimate(runs, theta0, approximation, store)
+                    saved = None
+                else:
+                    estimate = saved[1]["estimate"]
+                theta, tune = np.asarray(estimate["parameters"]["log_split"]), settings["tune"]
+                for r in runs:
+                    r.restart(tune, draws)
+            else:
+                theta = self.theta
+                runs = [_ScanChain(self, s, theta, tune, draws, c) for c, s in enumerate(seqs)]
+            if saved is not None:
+                done = self._restored(store, saved, runs)
+            before = estimate["iterations"] if estimate is not None else 0  # the estimate's, in the count
+            total, began, last = tune + draws, time.perf_counter(), time.perf_counter()
+            for i in range(done, total):
+                for r in runs:
+                    r.iterate(theta, i, store=store)
+                if store is not None and (before + i + 1) % store.every == 0 and i + 1 < total:
+                    store.save(before + i + 1, {"phase": "draws", "draw_iterations": i + 1, "estimate": estimate},
+                               {}, runs)
+                now = time.perf_counter()
+                if self.progressbar and (now - last > 10.0 or i + 1 == total):
+                    last = now
+                    print(f"dpinfer: state scan, {chains} chain(s): {i + 1}/{total} iterations, "
+                          f"{(now - began) / (i + 1 - done):.3g} s each", file=sys.stderr, flush=True)
+        except KeyboardInterrupt:
+            if store is not None:
+                print(f"dpinfer: the state scan was interrupted; its checkpoint {str(store.path)!r} holds iteration "
+                      f"{store.latest()}: run it again with resume={str(store.path)!r} to carry on",
+                      file=sys.stderr, flush=True)
+            raise
         tree = _datatree(self, [r.finish(theta) for r in runs], estimate)
+        if resumed_at is not None:
+            tree.posterior.attrs["resumed_at_iteration"] = int(resumed_at)
         edges = tree.posterior.attrs["open_box_edges_hit"]
         if edges:
             warnings.warn(f"dpinfer: the state scan's counts reached the edges of their boxes {edges} times: the "
@@ -271,26 +321,46 @@ class StateScan:
         convergence.report(result, show=self.progressbar)
         return tree
 
-    def _estimate(self, runs: list, theta0: np.ndarray) -> dict:
+    def _identity_settings(self, draws: int, tune: int, chains: int) -> dict:
+        """What a checkpoint of this scan must share with the scan resuming it."""
+        return {"level": self.level, "parts": [p.tolist() for p in self.parts],
+                "log_split": None if self.theta is None else self.theta.tolist(),
+                "empirical_bayes": self.empirical_bayes if self.theta is None else None,
+                "sampler": {k: v for k, v in self.settings.items()}, "tol": self.tol,
+                "store_counts": self.store_counts, "draws": draws, "tune": tune, "chains": chains}
+
+    @staticmethod
+    def _restored(store, saved: tuple, runs: list):
+        """The chains ``runs`` continued from the checkpoint ``saved`` ((iteration, JSON,
+        arrays)); returns the estimate's iterates (while estimating) or the draws' iterations
+        done."""
+        n, scan, arrays = saved
+        for c, r in enumerate(runs):
+            r.restore(store.chain_dir(n, c))
+        if scan["phase"] == "estimate":
+            return StochasticApproximation.restored(arrays)
+        return int(scan["draw_iterations"])
+
+    def _estimate(self, runs: list, theta0: np.ndarray, approximation: StochasticApproximation, store) -> dict:
         """The empirical-Bayes estimate of theta (module docstring) with the chains ``runs`` as
-        its E-steps; its report, as ``dpinfer.sample`` writes one."""
+        its E-steps, from the iterates ``approximation``; its report, as ``dpinfer.sample``
+        writes one. Checkpoints (``store``) every ``store.every`` iterations."""
         settings, began = self.empirical_bayes, time.perf_counter()
-        approximation = StochasticApproximation(theta0.ravel(), len(runs), burn_in=settings["burn_in"],
-                                                max_iterations=settings["max_iterations"],
-                                                tolerance=settings["tolerance"])
-        last = began
+        last, first = began, approximation.t
         while not approximation.finished():
             theta = approximation.q.reshape(theta0.shape)
-            scores = [r.iterate(theta, approximation.t, score=True) for r in runs]
+            scores = [r.iterate(theta, approximation.t, score=True, store=store) for r in runs]
             grads = np.array([g.ravel() for g, _, _ in scores])
             d = -np.mean([c.ravel() for _, c, _ in scores], axis=0)
             approximation.update(grads, d, coupling=np.mean([c.ravel() for _, _, c in scores], axis=0))
+            if store is not None and approximation.t % store.every == 0 and not approximation.finished():
+                store.save(approximation.t, {"phase": "estimate"}, approximation.saved(), runs)
             now = time.perf_counter()
             if self.progressbar and (now - last > 10.0 or approximation.finished()):
                 last = now
                 print(f"dpinfer: state scan, empirical Bayes of log_split: iteration {approximation.t} "
                       f"({approximation.phase}), {approximation.share:.0%} of the {theta.size} settled, "
-                      f"{(now - began) / approximation.t:.3g} s each", file=sys.stderr, flush=True)
+                      f"{(now - began) / (approximation.t - first):.3g} s each", file=sys.stderr, flush=True)
         result = approximation.result()
         shape = theta0.shape
 
@@ -316,7 +386,7 @@ class _ScanChain:
 
     def __init__(self, scan: StateScan, seq: np.random.SeedSequence, theta: np.ndarray, tune: int, draws: int,
                  chain: int):
-        self.scan, self.chain = scan, chain
+        self.scan, self.chain, self.tune, self.draws = scan, chain, tune, draws
         driver_seed, probe_seed, count_seed, score_seed, *shard_seeds = seq.spawn(4 + len(scan.parts))
         compiled = scan.driver.compiled
         q0 = compiled.initial_q(int(driver_seed.generate_state(1)[0]), scan.sizes_model)
@@ -340,10 +410,11 @@ class _ScanChain:
         self.seconds = {"refill": 0.0, "counts": 0.0, "shapes": 0.0, "sizes": 0.0, "scores": 0.0}
         self.timeline = []  # each iteration's seconds of each step
 
-    def iterate(self, theta: np.ndarray, i: int, score: bool = False):
+    def iterate(self, theta: np.ndarray, i: int, score: bool = False, store=None):
         """One iteration at ``theta`` (module docstring). With ``score``, then the
         empirical-Bayes estimate's reading of it: (score, curvature, coupling), each the shape
-        of theta, the prior's terms in the first two (:mod:`dpinfer.io.nmf.split_score`)."""
+        of theta, the prior's terms in the first two (:mod:`dpinfer.io.nmf.split_score`).
+        ``store``: the scan's checkpoints, named if a worker is lost."""
         scan, driver = self.scan, self.scan.driver
         shared = driver.theta(self.stepper.state.q) | {"log_split": theta}
         t0 = time.perf_counter()
@@ -362,9 +433,15 @@ class _ScanChain:
         except OSError as err:  # an actor's worker gone: the shard's counts and shapes with it
             if scan.client is None:
                 raise
+            if store is None:
+                then = "the scan had no checkpoint (checkpoint=), so its iterations are lost: run it again"
+            elif store.latest() == 0:
+                then = "it had written no checkpoint yet: run it again"
+            else:
+                then = (f"its checkpoint holds iteration {store.latest()}: run it again with "
+                        f"resume={str(store.path)!r} (the cluster's workers replaced) to carry on from there")
             raise RuntimeError(f"dpinfer: the state scan lost a shard's worker at iteration {i + 1} of chain "
-                               f"{self.chain} ({err}); the scan keeps no checkpoints yet, so the run's "
-                               "iterations are lost: run it again") from err
+                               f"{self.chain} ({err}); {then}") from err
         t5 = time.perf_counter()
         self.timeline.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4))
         for name, dt in zip(self.seconds, self.timeline[-1]):
@@ -405,6 +482,44 @@ class _ScanChain:
         gathered([sh.restart(tune, draws) for sh in self.shards])
         state = continued_state(self.scan.driver.compiled, self.stepper.state, len(NUTS_STATS), draws=draws)
         self.stepper = self.scan.driver.stepper(self.scan.settings, tune, draws, None, None, state=state)
+        self.tune, self.draws = tune, draws
+
+    def save(self, path: Path) -> None:
+        """The chain's state between two iterations into the directory ``path``
+        (:mod:`dpinfer.io.nmf.scan_checkpoint`): each shard's, written where it runs, and the
+        driver's."""
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        gathered([sh.save(str(path / f"shard-{k}")) for k, sh in enumerate(self.shards)])
+        (path / "driver").mkdir(mode=0o700, exist_ok=True)
+        Checkpoint(path / "driver", {"model": "state scan driver"}, 0).save(0, self.stepper.state)
+        with replaced_privately(path / "driver.npz") as tmp:
+            with open(tmp, "wb") as f:
+                np.savez(f, stream=self.stream, stats=self.stats, failed=self.failed,
+                         timeline=np.array(self.timeline).reshape(-1, len(self.seconds)),
+                         seconds=np.array(list(self.seconds.values())),
+                         score_rng=np.array(json.dumps(self.score_rng.bit_generator.state)),
+                         **{f"summary_{name}": value for name, value in self.summaries.items()})
+
+    def restore(self, path: Path) -> None:
+        """Continue from the state :meth:`save` wrote to ``path``: the shards' (each read where
+        it runs), then the driver's, the split sweep's top counts from the shards' roots."""
+        gathered([sh.restore(str(path / f"shard-{k}")) for k, sh in enumerate(self.shards)])
+        state = Checkpoint(path / "driver", {"model": "state scan driver"}, 0).load(0)
+        if state is None:
+            raise FileNotFoundError(f"{path / 'driver'} holds no state of the scan's driver")
+        self.stepper = self.scan.driver.stepper(self.scan.settings, self.tune, self.draws, None, None, state=state)
+        with np.load(path / "driver.npz", allow_pickle=False) as saved:
+            self.stream[...] = saved["stream"]
+            self.stats[...] = saved["stats"]
+            self.failed = int(saved["failed"])
+            self.timeline = [tuple(row) for row in saved["timeline"]]
+            self.seconds = dict(zip(self.seconds, saved["seconds"].tolist()))
+            self.score_rng.bit_generator.state = json.loads(str(saved["score_rng"]))
+            self.summaries = {name: saved[f"summary_{name}"] for name in self.summaries}
+        top = self.scan.gibbs.split.top
+        x_top = np.array(gathered([sh.root_sums() for sh in self.shards]), dtype=np.int64).reshape(len(self.shards),
+                                                                                                     -1)
+        self.state = (x_top, top.area_sums(x_top), top.term_sums(x_top).astype(np.int64))
 
     def finish(self, theta: np.ndarray) -> dict:
         """The chain's draws and records, gathered from its shards."""
@@ -468,8 +583,7 @@ def _datatree(scan: StateScan, runs: list, estimate: dict | None) -> xr.DataTree
             for rows, out in zip(leaves, r["outs"]):
                 counts[c][:, rows] = out["counts"]
         posterior["counts"] = (("chain", "draw", "geocode", "cell"), counts)
-    ds = xr.Dataset(posterior, coords={"chain": np.arange(len(runs)), "geocode": np.asarray(table.leaves),
-                                       "cell": np.asarray(table.cells)})
+    ds = xr.Dataset(posterior, coords={"chain": np.arange(len(runs))} | table.coords)
     ds.attrs["method"] = (f"sharded state scan given the split concentrations "
                           f"({'their empirical-Bayes estimate' if estimate is not None else 'as given'}): the counts "
                           "by the split sweep, each county's leaf-size shape by NUTS in its shard, the counties' "
