@@ -334,8 +334,8 @@ def test_the_scan_s_posterior_is_the_one_machine_engine_s(table):
 def test_the_scan_s_estimate_of_theta_is_the_one_machine_estimate(table):
     """theta by the scan's empirical Bayes (each shard's scores reduced with the driver's)
     against dp.sample's on census_model with the leaf sizes drawn (dpinfer nmf's settings at
-    blocks), both to a tolerance of a tenth of the approximate posterior sd: the 140 estimates
-    within 4.5 standard errors of their difference (the two Monte Carlo errors; a correct scan
+    blocks), both to a tolerance of a tenth of the approximate posterior sd: the estimates (140,
+    less any level that keeps its prior mode on both sides) within 4.5 standard errors of their difference (the two Monte Carlo errors; a correct scan
     fails with probability about 1e-3), their z-scores spread as N(0, 1) (sd below 1.3), and the
     approximate posterior sds agree (median ratio within 3%, 90% of the ratios within 15%: two
     one-machine estimates differ by as much, their secant-read sds of cells with most of the
@@ -358,9 +358,11 @@ def test_the_scan_s_estimate_of_theta_is_the_one_machine_estimate(table):
     def values(entry, key):
         return np.asarray(entry[key]["log_split"], dtype=float).ravel()
 
-    z = (values(ours, "parameters") - values(theirs, "parameters")) / np.hypot(values(ours, "mc_se"),
-                                                                                values(theirs, "mc_se"))
-    assert z.size == 140
+    se = np.hypot(values(ours, "mc_se"), values(theirs, "mc_se"))
+    moved = se > 0  # a level whose areas have one child each (the nation of one state) keeps its prior mode
+    np.testing.assert_allclose(values(ours, "parameters")[~moved], values(theirs, "parameters")[~moved], atol=1e-12)
+    z = (values(ours, "parameters") - values(theirs, "parameters"))[moved] / se[moved]
+    assert z.size >= 100
     assert np.abs(z).max() < 4.5, f"max |z| {np.abs(z).max():.2f} at {np.argmax(np.abs(z))}"
     assert z.std() < 1.3
     ratio = values(ours, "posterior_sd") / values(theirs, "posterior_sd")

@@ -385,7 +385,9 @@ def report(sections, leaves: str = "Block_Group", leaf_sizes: str = "published")
                  "issue 37, Must show 2)" if leaves == "Block_Group" else "issue 38, Must show 1: blocks as leaves)"), "",
              "Written by `validation/eb_vs_full_bayes.py"
              + (" --leaves Block" if leaves == "Block" else "")
-             + (" --leaf-sizes estimated" if leaf_sizes == "estimated" else "") + "` (its docstring has the method), "
+             + (" --leaf-sizes estimated" if leaf_sizes == "estimated" else "")
+             + (" --methods " + " ".join(sections[0][2]) if sections and "state-scan" in sections[0][2] else "")
+             + "` (its docstring has the method), "
              f"the leaf sizes {'estimated (parameters of the fit)' if leaf_sizes == 'estimated' else 'at their published totals'}. "
              "Bar: every "
              f"quantile (5%, 50%, 95%) of every target within {BAR:g} x the full-Bayes 90% interval's width "

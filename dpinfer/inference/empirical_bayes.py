@@ -25,7 +25,10 @@ the gradient NUTS uses (the compiled model's ``logp_grad``).
 
 The algorithm: a stochastic-approximation EM-gradient (Lange 1995's EM gradient, one Newton
 step on the complete-data log density per E-step; Delyon, Lavielle & Moulines 1999 and Gu &
-Kong 1998 for the stochastic approximation with MCMC draws). Each iteration t, every chain
+Kong 1998 for the stochastic approximation with MCMC draws). The iterates (the steps below, the
+averages, the stop) are :class:`StochasticApproximation`, fed each iteration's scores by
+:func:`estimate` for the compiled engine's chains and by the sharded state scan
+(:mod:`dpinfer.io.nmf.state_scan`, the scores reduced over its shards). Each iteration t, every chain
 
 1. draws the counts once given q_t by the engine's exact moves (the E-step; the chains' own
    random streams, their counts carried over from the last iteration, so each is a Markov
