@@ -32,10 +32,11 @@ to the counties', the driver the levels above from the counties' sizes and count
 and the information about theta flowing through the shapes and sizes drawn with the counts (a
 probe along their NUTS metric); the chains' spread gives Louis's missing information. Then
 the chains continue, after a warm-up (200 iterations by default: :data:`EMPIRICAL_BAYES`), at
-the estimate: the posterior given it, which ignores theta's uncertainty (an approximation, named in ``posterior.attrs``; compared with the
-one-machine estimate in the validation tier). Unlike the one-machine estimate it does not
-average each cell's score over redrawings of that cell (Rao-Blackwell), so it needs more
-iterations to meet the same tolerance.
+the estimate: the posterior given it, which ignores theta's uncertainty (an approximation,
+named in ``posterior.attrs``; compared with the one-machine estimate in the validation tier).
+Unlike the one-machine estimate it does not average each cell's score over redrawings of that
+cell (Rao-Blackwell), so it needs more iterations to meet the same tolerance (at 12 Iowa-shaped
+counties, more than the default 300: ``benchmarks/README.md``).
 
 Between the driver and a shard travel, each iteration, the sizes and theta (a number a county
 and a row a level), one message and one sum per direction of the split sweep, the four
@@ -44,8 +45,9 @@ the counts and the shapes stay where they are drawn until the end. A shard runs 
 process or as a Dask actor on one worker; the chains advance in lock step, one after another
 within an iteration.
 
-What it does not do yet: checkpoint, or carry on after a lost worker (it stops with a
-RuntimeError naming the iteration).
+Checkpoints (``run(checkpoint=...)``, :mod:`dpinfer.io.nmf.scan_checkpoint`) resume a scan that
+stopped to the uninterrupted scan's draws. What it does not do yet: carry on by itself after a
+lost worker (it stops with a RuntimeError naming the iteration and the checkpoint to resume).
 """
 
 from __future__ import annotations
@@ -287,7 +289,7 @@ class StateScan:
             total, began, last = tune + draws, time.perf_counter(), time.perf_counter()
             for i in range(done, total):
                 for r in runs:
-                    r.iterate(theta, i, store=store)
+                    r.iterate(theta, before + i, store=store)
                 if store is not None and (before + i + 1) % store.every == 0 and i + 1 < total:
                     store.save(before + i + 1, {"phase": "draws", "draw_iterations": i + 1, "estimate": estimate},
                                {}, runs)
@@ -411,7 +413,8 @@ class _ScanChain:
         self.timeline = []  # each iteration's seconds of each step
 
     def iterate(self, theta: np.ndarray, i: int, score: bool = False, store=None):
-        """One iteration at ``theta`` (module docstring). With ``score``, then the
+        """Iteration ``i`` (counted from 0 over the estimate's and the draws' together, as the
+        checkpoints count them) at ``theta`` (module docstring). With ``score``, then the
         empirical-Bayes estimate's reading of it: (score, curvature, coupling), each the shape
         of theta, the prior's terms in the first two (:mod:`dpinfer.io.nmf.split_score`).
         ``store``: the scan's checkpoints, named if a worker is lost."""
@@ -591,7 +594,7 @@ def _datatree(scan: StateScan, runs: list, estimate: dict | None) -> xr.DataTree
     if estimate is not None:
         ds.attrs["dpinfer_empirical_bayes"] = json.dumps(estimate)
     # JSON, a list over chains: each step's seconds in all, and each iteration's (the driver's
-    # refill, counts, shapes, sizes; each shard's own refill, counts, shapes)
+    # refill, counts, shapes, sizes, the estimate's scores; each shard's own refill, counts, shapes)
     ds.attrs["seconds"] = json.dumps([r["seconds"] | {"shards": [o["seconds"] for o in r["outs"]]} for r in runs])
     ds.attrs["timeline"] = json.dumps([{"driver": r["timeline"].tolist(),
                                         "shards": [o["timeline"].tolist() for o in r["outs"]]} for r in runs])
