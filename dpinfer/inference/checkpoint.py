@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,6 +187,74 @@ class Checkpoint:
         values["counts"] = values["counts"].astype(np.int64)
         values["draws_counts"] = values["draws_counts"].astype(np.int64)
         return ChainState(**values, done=done, seconds=seconds)
+
+
+class RoundCheckpoints:
+    """A checkpoint directory written round by round by a fit spread over workers (a sharded
+    fit's sweeps, :func:`dpinfer.sample_sharded`; a state scan's iterations,
+    :mod:`dpinfer.io.nmf.scan_checkpoint`): ``checkpoint.json`` records what the fit is (its
+    ``identity``), each checkpoint is a ``<ROUND>-<n>`` directory whose parts the workers write
+    where they run, and ``latest.json`` names the last whole one, written once all its files
+    are; the older one is then removed, so a fit killed while writing resumes from the one
+    before. Owner-only (0o700). Subclasses name ``ROUND`` and ``KIND`` (for messages)."""
+
+    ROUND = "round"
+    KIND = "dpinfer"
+
+    def __init__(self, path, every: int, identity: dict):
+        if isinstance(every, bool) or int(every) != every or every < 1:
+            raise ValueError(f"checkpoint_every must be a whole number >= 1, got {every!r}")
+        self.path, self.every, self.identity = Path(path), int(every), identity
+
+    @classmethod
+    def create(cls, path, every: int, identity: dict):
+        """A new checkpoint directory at ``path`` (absent or empty)."""
+        out = cls(path, every, identity)
+        if out.path.exists() and any(out.path.iterdir()):
+            raise FileExistsError(f"checkpoint={str(path)!r} is not empty; give a new or empty directory, or "
+                                  f"resume={str(path)!r} to continue the fit it holds")
+        out.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(out.path, 0o700)
+        out._write_identity()
+        return out
+
+    @classmethod
+    def read(cls, path) -> dict:
+        """The identity the checkpoint at ``path`` records."""
+        file = Path(path) / _IDENTITY_FILE
+        if not file.exists():
+            raise FileNotFoundError(f"resume={str(path)!r} holds no {cls.KIND} checkpoint ({file} is missing)")
+        return json.loads(file.read_text())
+
+    @classmethod
+    def stored_entropy(cls, path) -> int:
+        return int(cls.read(path)["entropy"])
+
+    def _write_identity(self) -> None:
+        with replaced_privately(self.path / _IDENTITY_FILE) as tmp:
+            tmp.write_text(json.dumps(self.identity, indent=1))
+
+    def round_dir(self, n: int) -> Path:
+        return self.path / f"{self.ROUND}-{n:09d}"
+
+    def latest(self) -> int:
+        """The round of the last whole checkpoint (0: none yet)."""
+        latest = self.path / "latest.json"
+        return json.loads(latest.read_text())[self.ROUND] if latest.exists() else 0
+
+    def commit(self, n: int) -> None:
+        """Round ``n``'s checkpoint is whole: name it in ``latest.json``, remove the others."""
+        with replaced_privately(self.path / "latest.json") as tmp:
+            tmp.write_text(json.dumps({self.ROUND: n}))
+        for old in self.path.glob(f"{self.ROUND}-*"):
+            if old != self.round_dir(n):
+                shutil.rmtree(old)
+
+    def clear(self) -> None:
+        """Remove every checkpoint (a fit starting again)."""
+        (self.path / "latest.json").unlink(missing_ok=True)
+        for old in self.path.glob(f"{self.ROUND}-*"):
+            shutil.rmtree(old)
 
 
 def check_same_fit(path, stored: dict, ident: dict, other_model: str, extra=()) -> None:

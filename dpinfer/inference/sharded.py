@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -54,9 +52,9 @@ from dpinfer.inference import convergence, recovery
 from dpinfer.inference.checkpoint import (
     Checkpoint,
     CheckpointMismatchError,
+    RoundCheckpoints,
     check_same_fit,
     model_hash,
-    replaced_privately,
     versions,
 )
 from dpinfer.inference.engines.compiled import engine as compiled_engine
@@ -444,18 +442,19 @@ class _Fit:
                 self.store.save(self.shards, self.steppers, self.done)
 
 
-class _SweepCheckpoints:
-    """A sharded fit's checkpoint directory (``sample_sharded``'s ``checkpoint``): every
-    ``every`` sweeps a ``sweep-<n>`` directory with the driver's chains (``shared``) and each
-    shard's (``shard-<k>``), :class:`~dpinfer.inference.checkpoint.Checkpoint`'s files; then
-    ``latest.json`` names it and the older one is removed. ``checkpoint.json`` records what
-    the fit is (versions, the shared model's hash, settings, the shards' groups, the seed's
-    entropy) and the widenings made so far, so that a new driver can resume it (:meth:`open`)."""
+class _SweepCheckpoints(RoundCheckpoints):
+    """A sharded fit's checkpoint directory (``sample_sharded``'s ``checkpoint``;
+    :class:`~dpinfer.inference.checkpoint.RoundCheckpoints`): every ``every`` sweeps a
+    ``sweep-<n>`` directory with the driver's chains (``shared``) and each shard's
+    (``shard-<k>``), :class:`~dpinfer.inference.checkpoint.Checkpoint`'s files.
+    ``checkpoint.json`` records what the fit is (versions, the shared model's hash, settings,
+    the shards' groups, the seed's entropy) and the widenings made so far, so that a new driver
+    can resume it (:meth:`open`)."""
+
+    ROUND, KIND = "sweep", "sharded dpinfer"
 
     def __init__(self, path, every: int, identity: dict):
-        if isinstance(every, bool) or int(every) != every or every < 1:
-            raise ValueError(f"checkpoint_every must be a whole number >= 1, got {every!r}")
-        self.path, self.every, self.identity = Path(path), int(every), identity
+        super().__init__(path, every, identity)
         self.n_shards = len(identity["shards"])
         self.driver_hash = identity["model"]
 
@@ -465,45 +464,27 @@ class _SweepCheckpoints:
 
     @classmethod
     def create(cls, path, every: int, identity: dict) -> "_SweepCheckpoints":
-        """A new checkpoint directory at ``path`` (absent or empty)."""
-        out = cls(path, every, dict(identity, widenings=[]))
-        if out.path.exists() and any(out.path.iterdir()):
-            raise FileExistsError(f"checkpoint={str(path)!r} is not empty; give a new or empty directory, or "
-                                  f"resume={str(path)!r} to continue the fit it holds")
-        out.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(out.path, 0o700)
-        out._write_identity()
-        return out
+        """A new checkpoint directory at ``path`` (absent or empty), no widening made yet."""
+        return super().create(path, every, dict(identity, widenings=[]))
 
     @classmethod
     def open(cls, path, every: int, identity: dict) -> "_SweepCheckpoints":
         """The checkpoint at ``path`` to resume, after checking that it is this fit's
         (:class:`CheckpointMismatchError` naming every difference)."""
-        stored = _SweepCheckpoints.read(path)
+        stored = cls.read(path)
         shards = ([f"its shards hold the groups {_runs(stored['shards'])}, now {_runs(identity['shards'])} (give "
                    "the same groups, shards and weights)"] if stored["shards"] != identity["shards"] else [])
         check_same_fit(path, stored, identity, "its shared model is another (its structure or data hash differently)",
                        shards)
         return cls(path, every, stored)
 
-    @staticmethod
-    def read(path) -> dict:
-        file = Path(path) / "checkpoint.json"
-        if not file.exists():
-            raise FileNotFoundError(f"resume={str(path)!r} holds no sharded dpinfer checkpoint ({file} is missing)")
-        stored = json.loads(file.read_text())
+    @classmethod
+    def read(cls, path) -> dict:
+        stored = super().read(path)
         if "entropy" not in stored:
             raise CheckpointMismatchError(f"resume={str(path)!r} was written by a dpinfer that could not resume "
                                           "a sharded fit; start it again with checkpoint=")
         return stored
-
-    @staticmethod
-    def stored_entropy(path) -> int:
-        return int(_SweepCheckpoints.read(path)["entropy"])
-
-    def _write_identity(self) -> None:
-        with replaced_privately(self.path / "checkpoint.json") as tmp:
-            tmp.write_text(json.dumps(self.identity, indent=1))
 
     def widened(self, failed: dict, counts: dict) -> None:
         """Note a widening before the fit starts again: shard -> {latent: bound}, and shard ->
@@ -521,41 +502,23 @@ class _SweepCheckpoints:
         return [({int(k): f for k, f in failed.items()}, {int(k): c for k, c in near.items()})
                 for failed, near in zip(rounds, counts)]
 
-    def _sweep_dir(self, sweep: int) -> Path:
-        return self.path / f"sweep-{sweep:09d}"
-
     def shard_paths(self, sweep: int) -> list | None:
-        return None if sweep == 0 else [str(self._sweep_dir(sweep) / f"shard-{k}") for k in range(self.n_shards)]
+        return None if sweep == 0 else [str(self.round_dir(sweep) / f"shard-{k}") for k in range(self.n_shards)]
 
     def save(self, shard_list: list, steppers: list, sweep: int) -> None:
         """Every shard's chains (each written by its own worker), then the driver's."""
         _call_each(shard_list, "save", self.shard_paths(sweep))
-        shared = self._sweep_dir(sweep) / "shared"
+        shared = self.round_dir(sweep) / "shared"
         shared.mkdir(mode=0o700, parents=True, exist_ok=True)
         checkpoint = Checkpoint(shared, {"model": self.driver_hash}, 0)
         for c, stepper in enumerate(steppers):
             checkpoint.save(c, stepper.state)
-        with replaced_privately(self.path / "latest.json") as tmp:
-            tmp.write_text(json.dumps({"sweep": sweep}))
-        for old in self.path.glob("sweep-*"):
-            if old != self._sweep_dir(sweep):
-                shutil.rmtree(old)
-
-    def clear(self) -> None:
-        """Remove every checkpoint (a fit starting again)."""
-        (self.path / "latest.json").unlink(missing_ok=True)
-        for old in self.path.glob("sweep-*"):
-            shutil.rmtree(old)
-
-    def latest(self) -> int:
-        """The sweep of the last whole checkpoint (0: none yet)."""
-        latest = self.path / "latest.json"
-        return json.loads(latest.read_text())["sweep"] if latest.exists() else 0
+        self.commit(sweep)
 
     def driver_states(self, sweep: int) -> list | None:
         if sweep == 0:
             return None
-        checkpoint = Checkpoint(self._sweep_dir(sweep) / "shared", {"model": self.driver_hash}, 0)
+        checkpoint = Checkpoint(self.round_dir(sweep) / "shared", {"model": self.driver_hash}, 0)
         states, c = [], 0
         while checkpoint.chain_file(c).exists():
             states.append(checkpoint.load(c))

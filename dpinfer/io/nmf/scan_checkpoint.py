@@ -29,13 +29,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
-from dpinfer.inference.checkpoint import CheckpointMismatchError, check_same_fit, replaced_privately, versions
+from dpinfer.inference.checkpoint import (
+    CheckpointMismatchError,
+    RoundCheckpoints,
+    check_same_fit,
+    replaced_privately,
+    versions,
+)
 
 FORMAT = 1
 
@@ -59,24 +63,11 @@ def scan_identity(table, settings: dict, entropy) -> dict:
             "settings": settings, "entropy": str(entropy)}
 
 
-class ScanCheckpoints:
-    """A scan's checkpoint directory (module docstring), written every ``every`` iterations."""
+class ScanCheckpoints(RoundCheckpoints):
+    """A scan's checkpoint directory (module docstring;
+    :class:`~dpinfer.inference.checkpoint.RoundCheckpoints`), written every ``every`` iterations."""
 
-    def __init__(self, path, every: int, identity: dict):
-        self.path, self.every, self.identity = Path(path), int(every), identity
-
-    @classmethod
-    def create(cls, path, every: int, identity: dict) -> "ScanCheckpoints":
-        """A new checkpoint directory at ``path`` (absent or empty)."""
-        out = cls(path, every, identity)
-        if out.path.exists() and any(out.path.iterdir()):
-            raise FileExistsError(f"checkpoint={str(path)!r} is not empty; give a new or empty directory, or "
-                                  f"resume={str(path)!r} to continue the scan it holds")
-        out.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(out.path, 0o700)
-        with replaced_privately(out.path / "checkpoint.json") as tmp:
-            tmp.write_text(json.dumps(identity, indent=1))
-        return out
+    ROUND, KIND = "iteration", "state scan"
 
     @classmethod
     def open(cls, path, every: int, identity: dict) -> "ScanCheckpoints":
@@ -87,38 +78,20 @@ class ScanCheckpoints:
             raise CheckpointMismatchError(f"resume={str(path)!r} is not a state scan's checkpoint of format {FORMAT}")
         check_same_fit(path, stored, identity, "it belongs to another table (its tree, cells or release hash "
                                                "differently)")
-        if ScanCheckpoints(path, every, stored).latest() == 0:
+        out = cls(path, every, stored)
+        if out.latest() == 0:
             raise FileNotFoundError(f"resume={str(path)!r} holds no whole checkpoint yet (the scan stopped before "
                                     "its first): start it again with checkpoint=")
-        return cls(path, every, stored)
-
-    @staticmethod
-    def read(path) -> dict:
-        file = Path(path) / "checkpoint.json"
-        if not file.exists():
-            raise FileNotFoundError(f"resume={str(path)!r} holds no state scan checkpoint ({file} is missing)")
-        return json.loads(file.read_text())
-
-    @staticmethod
-    def stored_entropy(path) -> int:
-        return int(ScanCheckpoints.read(path)["entropy"])
-
-    def iteration_dir(self, n: int) -> Path:
-        return self.path / f"iteration-{n:09d}"
+        return out
 
     def chain_dir(self, n: int, chain: int) -> Path:
-        return self.iteration_dir(n) / f"chain-{chain}"
-
-    def latest(self) -> int:
-        """The iteration of the last whole checkpoint (0: none yet)."""
-        latest = self.path / "latest.json"
-        return json.loads(latest.read_text())["iteration"] if latest.exists() else 0
+        return self.round_dir(n) / f"chain-{chain}"
 
     def save(self, n: int, scan: dict, arrays: dict, chains: list) -> None:
         """Iteration ``n``'s checkpoint: every chain's parts (``chain.save(dir)``, each shard
         written where it runs), the scan's own (``scan`` JSON, ``arrays`` .npz), then
         ``latest.json``; the older checkpoint removed."""
-        directory = self.iteration_dir(n)
+        directory = self.round_dir(n)
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         for c, chain in enumerate(chains):
             chain.save(self.chain_dir(n, c))
@@ -127,16 +100,12 @@ class ScanCheckpoints:
                 np.savez(f, **arrays)
         with replaced_privately(directory / "scan.json") as tmp:
             tmp.write_text(json.dumps(scan))
-        with replaced_privately(self.path / "latest.json") as tmp:
-            tmp.write_text(json.dumps({"iteration": n}))
-        for old in self.path.glob("iteration-*"):
-            if old != directory:
-                shutil.rmtree(old)
+        self.commit(n)
 
     def load(self) -> tuple[int, dict, dict]:
         """(the iteration, the scan's JSON, its arrays) of the last whole checkpoint."""
         n = self.latest()
-        directory = self.iteration_dir(n)
+        directory = self.round_dir(n)
         with np.load(directory / "scan.npz", allow_pickle=False) as saved:
             arrays = {name: saved[name] for name in saved.files}
         return n, json.loads((directory / "scan.json").read_text()), arrays
