@@ -35,8 +35,8 @@ the chains continue, after a warm-up (200 iterations by default: :data:`EMPIRICA
 the estimate: the posterior given it, which ignores theta's uncertainty (an approximation,
 named in ``posterior.attrs``; compared with the one-machine estimate in the validation tier).
 Unlike the one-machine estimate it does not average each cell's score over redrawings of that
-cell (Rao-Blackwell), so it needs more iterations to meet the same tolerance (at 12 Iowa-shaped
-counties, more than the default 300: ``benchmarks/README.md``).
+cell (Rao-Blackwell), so it needs more iterations to meet the same tolerance (695 at 12
+Iowa-shaped counties, where the default 1,000 is set: ``benchmarks/README.md``).
 
 Between the driver and a shard travel, each iteration, the sizes and theta (a number a county
 and a row a level), one message and one sum per direction of the split sweep, the four
@@ -68,7 +68,7 @@ from dpinfer._random_stream import new_stream
 from dpinfer._validation import check_count, check_flag, check_path, check_probability, check_seed
 from dpinfer.inference import convergence, planning
 from dpinfer.inference.checkpoint import Checkpoint, replaced_privately
-from dpinfer.inference.empirical_bayes import MAX_ITERATIONS, PROBE, StochasticApproximation
+from dpinfer.inference.empirical_bayes import PROBE, StochasticApproximation
 from dpinfer.inference.engines.compiled import engine as compiled_engine
 from dpinfer.inference.engines.compiled.chains import NUTS_STATS, continued_state
 from dpinfer.inference.sample import unsettled
@@ -82,11 +82,13 @@ from dpinfer.io.nmf.table import CensusTable
 from dpinfer.lattice.nested.split import SplitGibbs, gathered
 from dpinfer.mechanisms.records import releases_of
 
-# the empirical-Bayes estimate's settings (empirical_bayes=): dpinfer.sample's defaults but the
-# warm-up after it, in which the shapes' and sizes' NUTS adapt their step sizes afresh: with
-# dpinfer.sample's 20 iterations, on a 55-block state one of two chains sat all of its 500 draws in
-# a block's second mode (empty, 2% of the posterior; R-hat 1.9), with 200 none did (R-hat 1.03)
-EMPIRICAL_BAYES = {"tune": 200, "burn_in": 30, "max_iterations": MAX_ITERATIONS, "tolerance": 0.2}
+# the empirical-Bayes estimate's settings (empirical_bayes=): dpinfer.sample's defaults but two.
+# The warm-up after it, in which the shapes' and sizes' NUTS adapt their step sizes afresh: with
+# dpinfer.sample's 20, on a 55-block state one of two chains sat all of its 500 draws in a
+# block's second mode (empty, 2% of the posterior; R-hat 1.9), with 200 none did (R-hat 1.03).
+# The iterations at most: without the one-machine estimate's Rao-Blackwell average it needs
+# more; on 12 Iowa-shaped counties it settled after 695 (benchmarks/README.md)
+EMPIRICAL_BAYES = {"tune": 200, "burn_in": 30, "max_iterations": 1000, "tolerance": 0.2}
 
 
 class StateScan:
