@@ -97,6 +97,7 @@ class CountyShard:
         self.draws = []
         self.seconds = {"build": time.perf_counter() - began, "refill": 0.0, "counts": 0.0, "shapes": 0.0}
         self.timeline = []  # each iteration's seconds of (refill, counts, shapes) here
+        self._so_far = [0.0, 0.0, 0.0]  # those steps' seconds up to the last iteration
 
     def refill(self, shared: dict, log_U: float, outer) -> None:
         """Before the count sweep: the sizes, scale and theta ``shared`` into the shape model;
@@ -170,7 +171,7 @@ class CountyShard:
             self.draws.append(self.counts.x.astype(np.int32))
         self.seconds["shapes"] += time.perf_counter() - began
         so_far = [self.seconds[step] for step in ("refill", "counts", "shapes")]
-        self.timeline.append(np.subtract(so_far, self._so_far) if self.timeline else np.asarray(so_far))
+        self.timeline.append(np.subtract(so_far, self._so_far))
         self._so_far = so_far
         return out
 
@@ -219,7 +220,7 @@ class CountyShard:
                 np.savez(f, x=self.counts.x, stream=self.counts.stream, stats=self.counts.stats, kept=kept,
                          timeline=np.array(self.timeline).reshape(-1, 3), tune=self.tune,
                          seconds=np.array([self.seconds[k] for k in SECONDS]),
-                         so_far=np.asarray(getattr(self, "_so_far", np.zeros(3)), dtype=float))
+                         so_far=np.asarray(self._so_far, dtype=float))
 
     def restore(self, path: str) -> None:
         """Continue from the state :meth:`save` wrote to ``path`` (the same shard of the same
